@@ -1,0 +1,22 @@
+//! Gangway's vocabulary: integer resources, nodes with their GPUs and topology,
+//! job specs (gangs of replicas), queues with quotas, and job states.
+//!
+//! This crate does no I/O. Its serde types are the API's types, so the server,
+//! the simulator and the CLI all speak the same language.
+
+pub mod job;
+pub mod node;
+pub mod queue;
+pub mod resources;
+
+pub use job::{
+    CheckpointPolicy, JobId, JobSpec, JobState, PriorityClass, ReplicaResources, RestartPolicy,
+    SpecError, TopologyConstraint,
+};
+pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
+pub use queue::{Quota, QueueSpec, ResourceLimits};
+pub use resources::{Resource, Resources};
+
+/// Time in whole seconds on the scheduler's clock (wall-clock epoch seconds in
+/// the server, trace-relative seconds in the simulator).
+pub type Time = u64;

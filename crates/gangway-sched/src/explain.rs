@@ -1,0 +1,172 @@
+//! Why a job waits, as data (for the API and dashboard) and as a sentence (for people).
+
+use crate::capacity::NodeIdx;
+use crate::placement::FitFailure;
+use crate::quota::{QuotaBlock, QuotaLimit};
+use crate::state::ClusterState;
+use gangway_core::{JobId, Resource, Time};
+use serde::Serialize;
+
+/// The reason a job was left pending this cycle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WaitReason {
+    /// Its queue's quota does not admit it.
+    Quota(QuotaBlock),
+    /// Not enough free GPUs in the shape it needs.
+    NoFit(FitFailure),
+    /// It holds the backfill reservation and starts when running jobs end.
+    Reserved {
+        /// Estimated start.
+        start_at: Time,
+        /// Nodes set aside.
+        nodes: u32,
+    },
+    /// It would fit, but only on GPUs set aside for the head-of-line gang.
+    BehindReservation {
+        /// The gang holding the reservation.
+        holder: JobId,
+        /// When that gang is expected to start.
+        start_at: Time,
+    },
+    /// Victims were signalled to checkpoint; it starts when they exit.
+    AwaitingPreemption {
+        /// Victims still running their grace period.
+        victims: u32,
+    },
+    /// Victims were chosen this cycle.
+    Preempting {
+        /// Jobs being preempted for it.
+        victims: Vec<JobId>,
+        /// Longest grace period among them.
+        grace_seconds: u64,
+    },
+}
+
+/// A pending job's explanation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Explanation {
+    /// The job.
+    pub job: JobId,
+    /// Why it waits.
+    pub reason: WaitReason,
+    /// Estimated start, where a reservation or preemption gives one.
+    pub estimated_start: Option<Time>,
+}
+
+fn node_name(state: &ClusterState, n: NodeIdx) -> &str {
+    state
+        .nodes()
+        .get(n as usize)
+        .map_or("?", |n| n.spec.name.as_str())
+}
+
+fn queue_name(state: &ClusterState, q: u32) -> &str {
+    state
+        .queues()
+        .get(q as usize)
+        .map_or("?", |q| q.spec.name.as_str())
+}
+
+fn unit(r: Resource) -> &'static str {
+    r.unit()
+}
+
+fn duration(secs: u64) -> String {
+    if secs < 120 {
+        format!("{secs}s")
+    } else if secs < 2 * 3600 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60)
+    }
+}
+
+impl Explanation {
+    /// A sentence a person can act on, e.g.
+    /// `queue research is at quota 32/32 GPUs and cannot borrow: cohort lab has 0 idle`.
+    pub fn render(&self, state: &ClusterState, now: Time) -> String {
+        match &self.reason {
+            WaitReason::Quota(b) => {
+                let q = queue_name(state, b.queue);
+                let u = unit(b.resource);
+                let at = b.at.map_or("the cluster", |a| queue_name(state, a));
+                match b.limit_kind {
+                    QuotaLimit::NonPreemptibleNominal => format!(
+                        "queue {} is at {}/{} {u} of nominal quota and this job is not preemptible, so it may not borrow (needs {} more)",
+                        at, b.demand, b.limit, b.request
+                    ),
+                    QuotaLimit::BorrowingLimit if b.at == Some(b.queue) => format!(
+                        "queue {q} is at its limit {}/{} {u} (nominal + borrowing limit); the job needs {} more",
+                        b.demand, b.limit, b.request
+                    ),
+                    _ => {
+                        let kind = if b.at.is_some() { "cohort" } else { "" };
+                        let holder = if kind.is_empty() {
+                            at.to_string()
+                        } else {
+                            format!("{kind} {at}")
+                        };
+                        match b.queue_nominal {
+                            Some(nom) if b.queue_used + b.request > nom => format!(
+                                "queue {q} is at quota {}/{nom} {u} and cannot borrow: {holder} has {} idle (needs {})",
+                                b.queue_used, b.idle(), b.request
+                            ),
+                            _ => format!(
+                                "{holder} is full: {}/{} {u} used or kept for other queues; the job needs {}{}",
+                                b.demand,
+                                b.limit,
+                                b.request,
+                                if b.can_reclaim { " (reclaiming lent quota)" } else { "" }
+                            ),
+                        }
+                    }
+                }
+            }
+            WaitReason::NoFit(FitFailure::OneNode {
+                need,
+                largest_free,
+                node,
+            }) => match node {
+                Some(n) => format!(
+                    "needs {need} GPUs on one node; largest free block is {largest_free} on node {}",
+                    node_name(state, *n)
+                ),
+                None => format!("needs {need} GPUs on one node; no matching node has a free GPU"),
+            },
+            WaitReason::NoFit(FitFailure::Spread {
+                replicas,
+                gpus_per_replica,
+                hostable,
+                one_leaf,
+            }) => format!(
+                "needs {replicas} replicas × {gpus_per_replica} GPUs{}; free GPUs can host only {hostable}",
+                if *one_leaf { " under one leaf switch" } else { "" }
+            ),
+            WaitReason::Reserved { start_at, nodes } => format!(
+                "head of line: {nodes} nodes reserved, estimated start at t+{} when running jobs end",
+                duration(start_at.saturating_sub(now))
+            ),
+            WaitReason::BehindReservation { holder, start_at } => format!(
+                "reserved to start at t+{} behind job {holder}; free GPUs are held for it",
+                duration(start_at.saturating_sub(now))
+            ),
+            WaitReason::AwaitingPreemption { victims } => {
+                format!("waiting for {victims} preempted job(s) to checkpoint and exit")
+            }
+            WaitReason::Preempting {
+                victims,
+                grace_seconds,
+            } => format!(
+                "preempting {} job(s) ({}); starts after their {}s checkpoint grace",
+                victims.len(),
+                victims
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                grace_seconds
+            ),
+        }
+    }
+}

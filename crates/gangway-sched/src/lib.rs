@@ -1,0 +1,429 @@
+//! Gangway's scheduling core: pure and deterministic.
+//!
+//! [`schedule`] reads a [`ClusterState`] and returns [`Decisions`]: gangs to
+//! bind, jobs to preempt, the backfill reservation, and an explanation for
+//! every job left pending. It does no I/O and mutates nothing; the caller (the
+//! server or the simulator) applies the decisions through `ClusterState`'s
+//! methods. The same state and `now` always give the same decisions.
+//!
+//! A cycle, in the spirit of Volcano's actions and the Kubernetes framework:
+//! 1. **order**: priority class, then DRF fair share between queues, then submit time ([`order`]);
+//! 2. **admit**: quota with borrowing and lending limits ([`quota`]);
+//! 3. **allocate**: all-or-nothing, topology- and fragmentation-aware placement ([`placement`]);
+//! 4. **preempt / reclaim**: victims that free one placeable shape at least lost work ([`preempt`]);
+//! 5. **reserve and backfill**: the head-of-line gang that does not fit gets a
+//!    reservation; later jobs may use its nodes only if they end before it
+//!    starts or can be preempted by it ([`backfill`]).
+
+pub mod backfill;
+pub mod bitset;
+pub mod capacity;
+pub mod explain;
+pub mod order;
+pub mod placement;
+pub mod preempt;
+pub mod quota;
+pub mod state;
+
+pub use capacity::{Capacity, NodeIdx, QueueId};
+pub use explain::{Explanation, WaitReason};
+pub use placement::FitFailure;
+pub use quota::{QuotaBlock, QuotaLimit};
+pub use state::{
+    ClusterState, Job, JobStatus, Placement, Rejection, ReplicaPlacement, RunInfo, StateConfig,
+    StateError,
+};
+
+use bitset::Bitset;
+use gangway_core::{JobId, Resources, Time, TopologyConstraint};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// Policy switches for a cycle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Reserve GPUs for the head-of-line gang and backfill around it.
+    pub backfill: bool,
+    /// Preempt lower-priority work and reclaim lent quota.
+    pub preemption: bool,
+    /// Use DRF fair share between queues (otherwise submit order within a priority).
+    pub fair_share: bool,
+    /// Most gangs that may hold a reservation at once.
+    pub max_reservations: usize,
+    /// Most preemption searches per cycle (each is a few placements).
+    pub max_preemption_searches: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            backfill: true,
+            preemption: true,
+            fair_share: true,
+            max_reservations: 1,
+            max_preemption_searches: 16,
+        }
+    }
+}
+
+/// Start a gang.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bind {
+    /// Job.
+    pub job: JobId,
+    /// Where.
+    pub placement: Placement,
+    /// Whether it started on GPUs reserved for another gang (it ends before that gang starts, or is preemptible by it).
+    pub backfilled: bool,
+}
+
+/// Why a job is preempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptReason {
+    /// A higher-priority job needs its GPUs.
+    Priority,
+    /// Its queue borrowed quota that the owner reclaims.
+    Reclaim,
+}
+
+/// Signal a job to checkpoint and stop; it is requeued.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Preempt {
+    /// The victim.
+    pub job: JobId,
+    /// Who needs the GPUs.
+    pub by: JobId,
+    /// Seconds between the checkpoint signal and the kill.
+    pub grace_seconds: u64,
+    /// Why.
+    pub reason: PreemptReason,
+    /// GPU-seconds since the victim's last checkpoint.
+    pub lost_work_gpu_seconds: u64,
+}
+
+/// GPUs set aside for the head-of-line gang.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reservation {
+    /// The gang.
+    pub job: JobId,
+    /// Estimated start (when enough running jobs are expected to end).
+    pub start_at: Time,
+    /// Nodes it will use.
+    pub nodes: Vec<NodeIdx>,
+}
+
+/// Figures about one cycle.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CycleStats {
+    /// Pending jobs looked at.
+    pub considered: usize,
+    /// Placement searches run (cache misses).
+    pub placement_searches: usize,
+    /// Jobs answered from the per-shape failure cache.
+    pub cache_hits: usize,
+    /// Free GPUs after the binds.
+    pub free_gpus: u64,
+}
+
+/// The outcome of a cycle.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Decisions {
+    /// Gangs to start, in decision order.
+    pub binds: Vec<Bind>,
+    /// Jobs to preempt.
+    pub preemptions: Vec<Preempt>,
+    /// Reservations for head-of-line gangs.
+    pub reservations: Vec<Reservation>,
+    /// Every pending job that was not bound, with why.
+    pub pending: Vec<Explanation>,
+    /// Figures.
+    pub stats: CycleStats,
+}
+
+/// Runs one scheduling cycle. Pure: reads `state`, returns decisions.
+pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decisions {
+    let mut s = Session::new(state, now, cfg);
+    for level in state.pending.values() {
+        let mut walk = order::LevelWalk::new(state, level, cfg.fair_share);
+        while let Some(id) = walk.next(&s.cap) {
+            s.consider(id);
+        }
+    }
+    s.decisions.stats.free_gpus = s.cap.free_total;
+    s.decisions
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    per: Resources,
+    mask: u64,
+    constraint: TopologyConstraint,
+    replicas: u32,
+    min: u32,
+    all_reserved_excluded: bool,
+}
+
+/// One cycle's private working state.
+pub(crate) struct Session<'a> {
+    pub(crate) state: &'a ClusterState,
+    pub(crate) now: Time,
+    pub(crate) cfg: &'a SchedulerConfig,
+    /// Free capacity as this cycle's binds consume it.
+    pub(crate) cap: Capacity,
+    /// Nodes reserved for head-of-line gangs.
+    pub(crate) reserved: Bitset,
+    fail_cache: HashMap<ShapeKey, FitFailure>,
+    /// Victims chosen this cycle.
+    pub(crate) victims: HashSet<JobId>,
+    /// Jobs bound this cycle: estimated end, id, index into `decisions.binds`.
+    pub(crate) bound: Vec<(Time, JobId, usize)>,
+    pub(crate) preempt_searches: usize,
+    pub(crate) decisions: Decisions,
+}
+
+impl<'a> Session<'a> {
+    fn new(state: &'a ClusterState, now: Time, cfg: &'a SchedulerConfig) -> Self {
+        let n = state.nodes().len();
+        Session {
+            state,
+            now,
+            cfg,
+            cap: state.capacity.clone(),
+            reserved: Bitset::new(n),
+            fail_cache: HashMap::new(),
+            victims: HashSet::new(),
+            bound: Vec::new(),
+            preempt_searches: 0,
+            decisions: Decisions::default(),
+        }
+    }
+
+    fn explain(&mut self, job: JobId, reason: WaitReason, estimated_start: Option<Time>) {
+        self.decisions.pending.push(Explanation {
+            job,
+            reason,
+            estimated_start,
+        });
+    }
+
+    /// Whether `job` may use nodes reserved for the head-of-line gangs.
+    fn may_use_reserved(&self, job: &Job) -> bool {
+        self.decisions.reservations.iter().all(|r| {
+            let ends_before = job
+                .spec
+                .runtime_seconds
+                .is_some_and(|rt| self.now + rt <= r.start_at);
+            let holder_prio = self.state.job(r.job).map_or(i32::MIN, |h| h.priority);
+            ends_before || (job.spec.is_preemptible() && job.priority < holder_prio)
+        })
+    }
+
+    pub(crate) fn request<'b>(&self, job: &Job, replicas: u32, exclude: Option<&'b Bitset>) -> placement::Request<'b> {
+        placement::Request {
+            replicas,
+            per: job.per_replica(),
+            class_mask: self.state.class_mask(&job.spec),
+            constraint: job.spec.topology,
+            exclude,
+        }
+    }
+
+    /// Places `job` with between `min` and `max` replicas on `cap`, largest first.
+    pub(crate) fn place_elastic(
+        &self,
+        cap: &Capacity,
+        job: &Job,
+        min: u32,
+        max: u32,
+        exclude: Option<&Bitset>,
+    ) -> Result<Placement, FitFailure> {
+        let first = placement::place(self.state, cap, &self.request(job, max, exclude));
+        let Err(fail) = first else { return first };
+        if min >= max || placement::place(self.state, cap, &self.request(job, min, exclude)).is_err() {
+            return Err(fail);
+        }
+        let (mut lo, mut hi) = (min, max - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if placement::place(self.state, cap, &self.request(job, mid, exclude)).is_ok() {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        placement::place(self.state, cap, &self.request(job, lo, exclude))
+    }
+
+    fn cached_place(&mut self, job: &Job, kq: u32, min: u32, all_reserved: bool) -> Result<Placement, FitFailure> {
+        let key = ShapeKey {
+            per: job.per_replica(),
+            mask: self.state.class_mask(&job.spec),
+            constraint: job.spec.topology,
+            replicas: kq,
+            min,
+            all_reserved_excluded: all_reserved,
+        };
+        if let Some(f) = self.fail_cache.get(&key) {
+            self.decisions.stats.cache_hits += 1;
+            return Err(*f);
+        }
+        self.decisions.stats.placement_searches += 1;
+        let exclude = if all_reserved { Some(&self.reserved) } else { None };
+        let r = self.place_elastic(&self.cap, job, min, kq, exclude);
+        if let Err(f) = r {
+            self.fail_cache.insert(key, f);
+        }
+        r
+    }
+
+    fn bind(&mut self, job: &Job, placement: Placement, backfilled: bool) {
+        let per = job.per_replica();
+        for rp in &placement.replicas {
+            self.cap
+                .take(&self.state.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+        }
+        self.cap
+            .charge(&self.state.queues, job.queue, per * placement.replicas.len() as u64, true);
+        let est = self.now
+            + job
+                .spec
+                .runtime_seconds
+                .unwrap_or(self.state.config.default_runtime_seconds);
+        self.bound.push((est, job.id, self.decisions.binds.len()));
+        self.decisions.binds.push(Bind {
+            job: job.id,
+            placement,
+            backfilled,
+        });
+    }
+
+    /// Gives the victims' resources to a preemptor for the rest of the cycle:
+    /// on the session's capacity the victims are gone and the preemptor holds
+    /// `p`, so no later job in this cycle takes what the preemptor waits for.
+    pub(crate) fn claim(&mut self, job: &Job, victims: &[&Job], p: &Placement) {
+        for v in victims {
+            preempt::release_into(self.state, &mut self.cap, v);
+        }
+        let per = job.per_replica();
+        for rp in &p.replicas {
+            self.cap
+                .take(&self.state.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+        }
+        self.cap
+            .charge(&self.state.queues, job.queue, per * p.replicas.len() as u64, true);
+    }
+
+    fn consider(&mut self, id: JobId) {
+        let state = self.state;
+        let Some(job) = state.job(id) else { return };
+        self.decisions.stats.considered += 1;
+        let per = job.per_replica();
+        let min = job.spec.min_gang();
+        let preemptible = job.spec.is_preemptible();
+        let kq = match quota::max_admissible(state, &self.cap, job.queue, per, min, job.spec.replicas, preemptible) {
+            Ok(k) => k,
+            Err(block) => {
+                if block.can_reclaim && self.cfg.preemption {
+                    if let Some(reason) = self.awaiting_victims(job, min) {
+                        return self.explain(id, reason, None);
+                    }
+                    if let Some(reason) = preempt::try_preempt(self, job, min, PreemptReason::Reclaim) {
+                        return self.explain(id, reason, None);
+                    }
+                }
+                return self.explain(id, WaitReason::Quota(block), None);
+            }
+        };
+        let use_reserved = self.may_use_reserved(job);
+        let has_reservation = !self.decisions.reservations.is_empty();
+        match self.cached_place(job, kq, min, !use_reserved) {
+            Ok(p) => {
+                let backfilled = has_reservation && p.nodes().iter().any(|n| self.reserved.contains(*n as usize));
+                self.bind(job, p, backfilled);
+                return;
+            }
+            Err(fail) => {
+                if !use_reserved && self.cached_place(job, kq, min, false).is_ok() {
+                    let r = &self.decisions.reservations[0];
+                    let reason = WaitReason::BehindReservation {
+                        holder: r.job,
+                        start_at: r.start_at,
+                    };
+                    return self.explain(id, reason, None);
+                }
+                if self.cfg.preemption {
+                    if let Some(reason) = self.awaiting_victims(job, min) {
+                        return self.explain(id, reason, None);
+                    }
+                    if let Some(reason) = preempt::try_preempt(self, job, min, PreemptReason::Priority) {
+                        return self.explain(id, reason, None);
+                    }
+                    if quota::within_nominal(state, &self.cap, job.queue, per * u64::from(min)) {
+                        if let Some(reason) = preempt::try_preempt(self, job, min, PreemptReason::Reclaim) {
+                            return self.explain(id, reason, None);
+                        }
+                    }
+                }
+                if let Some(block) = quota::borrow_block(state, &self.cap, job.queue, per * u64::from(min)) {
+                    return self.explain(id, WaitReason::Quota(block), None);
+                }
+                if self.cfg.backfill && self.decisions.reservations.len() < self.cfg.max_reservations {
+                    if let Some(r) = backfill::reserve(self, job, kq.max(min)) {
+                        let reason = WaitReason::Reserved {
+                            start_at: r.start_at,
+                            nodes: r.nodes.len() as u32,
+                        };
+                        let eta = r.start_at;
+                        for n in &r.nodes {
+                            self.reserved.insert(*n as usize);
+                        }
+                        self.decisions.reservations.push(r);
+                        return self.explain(id, reason, Some(eta));
+                    }
+                }
+                self.explain(id, WaitReason::NoFit(fail), None);
+            }
+        }
+    }
+
+    /// If victims signalled earlier for `job` are still in their grace period
+    /// and their exit lets it start, it just waits for them (holding the nodes)
+    /// instead of preempting more.
+    fn awaiting_victims(&mut self, job: &Job, min: u32) -> Option<WaitReason> {
+        let state = self.state;
+        let mine: Vec<&Job> = state
+            .preempting
+            .iter()
+            .filter(|(_, by)| **by == job.id)
+            .filter_map(|(v, _)| state.job(*v))
+            .collect();
+        if mine.is_empty() {
+            return None;
+        }
+        let mut trial = self.cap.clone();
+        for v in &mine {
+            preempt::release_into(state, &mut trial, v);
+        }
+        let per = job.per_replica();
+        quota::check(state, &trial, job.queue, per * u64::from(min), job.spec.is_preemptible()).ok()?;
+        let p = self.place_elastic(&trial, job, min, min, None).ok()?;
+        self.claim(job, &mine, &p);
+        Some(WaitReason::AwaitingPreemption {
+            victims: mine.len() as u32,
+        })
+    }
+}
+
+/// Applies a cycle's decisions to `state`: binds start, victims are marked as
+/// preempting (the caller requeues them when they exit). Stops at the first
+/// decision the state refuses, which a correct cycle never produces.
+pub fn apply(state: &mut ClusterState, d: &Decisions, now: Time) -> Result<(), StateError> {
+    for b in &d.binds {
+        state.bind(b.job, b.placement.clone(), now)?;
+    }
+    for p in &d.preemptions {
+        state.mark_preempting(p.job, p.by, now)?;
+    }
+    Ok(())
+}

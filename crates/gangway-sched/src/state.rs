@@ -1,0 +1,1190 @@
+//! The cluster as the scheduler sees it: nodes, topology, queues, jobs, and the
+//! incrementally maintained indexes (free capacity, pending order, running jobs
+//! by estimated end). Callers (server, simulator) mutate it through the methods
+//! here; [`crate::schedule`] only reads it.
+
+use crate::bitset::Bitset;
+use crate::capacity::{Capacity, NodeIdx, QueueId};
+use gangway_core::{
+    JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources, SpecError, Time, TopologyConstraint,
+    TopologyLevel,
+};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use thiserror::Error;
+
+/// Most GPUs one node may have (free masks are `u64`).
+pub const MAX_GPUS_PER_NODE: usize = 64;
+/// Most distinct (model, memory) GPU classes in one cluster.
+pub const MAX_GPU_CLASSES: usize = 64;
+
+/// A GPU model and memory size; nodes are grouped by it in the free index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuClass {
+    /// Model name.
+    pub model: String,
+    /// Memory per GPU in GiB.
+    pub memory_gib: u32,
+    /// Most GPUs any node of this class has.
+    pub max_gpus: u32,
+}
+
+/// A node plus what the scheduler derives from its spec.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// As registered.
+    pub spec: NodeSpec,
+    /// GPU class; `None` for a node without GPUs.
+    pub class: Option<u16>,
+    /// Leaf switch index.
+    pub leaf: u32,
+    /// Spine index.
+    pub spine: u32,
+    /// GPU masks of each NVLink island.
+    pub islands: Vec<u64>,
+    /// Mask of healthy GPUs.
+    pub healthy: u64,
+    /// NotReady nodes (missed heartbeats) get no new work.
+    pub ready: bool,
+}
+
+impl NodeInfo {
+    /// Whether new work may be placed here.
+    pub fn schedulable(&self) -> bool {
+        self.ready && !self.spec.cordoned
+    }
+
+    /// The device indices (`CUDA_VISIBLE_DEVICES`) of the GPUs in `mask`.
+    pub fn device_indices(&self, mask: u64) -> Vec<u32> {
+        self.spec
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, g)| g.index)
+            .collect()
+    }
+}
+
+/// A leaf switch (rack).
+#[derive(Clone, Debug)]
+pub struct Leaf {
+    /// Name.
+    pub name: String,
+    /// Spine index.
+    pub spine: u32,
+    /// Its nodes, ascending.
+    pub nodes: Vec<NodeIdx>,
+}
+
+/// A spine (pod).
+#[derive(Clone, Debug)]
+pub struct Spine {
+    /// Name.
+    pub name: String,
+    /// Its leaves, ascending.
+    pub leaves: Vec<u32>,
+}
+
+/// A queue plus its place in the tree.
+#[derive(Clone, Debug)]
+pub struct QueueInfo {
+    /// As declared.
+    pub spec: QueueSpec,
+    /// Parent index; `None` under the cluster root.
+    pub parent: Option<QueueId>,
+    /// Itself, then its ancestors up to a top-level queue.
+    pub path: Vec<QueueId>,
+    /// Its children.
+    pub children: Vec<QueueId>,
+}
+
+impl QueueInfo {
+    /// The part of its nominal quota it never lends: siblings can not borrow it
+    /// even while it is idle (nominal minus lending limit).
+    pub fn floor(&self) -> Resources {
+        let mut out = Resources::ZERO;
+        for r in Resource::ALL {
+            let (Some(nom), Some(lend)) = (
+                self.spec.quota.nominal.get(r),
+                self.spec.quota.lending_limit.get(r),
+            ) else {
+                continue;
+            };
+            *out.get_mut(r) = nom.saturating_sub(lend);
+        }
+        out
+    }
+
+    /// Whether `usage` is above nominal for some quota-managed resource.
+    pub fn over_nominal(&self, usage: &Resources) -> bool {
+        Resource::ALL.iter().any(|r| {
+            self.spec
+                .quota
+                .nominal
+                .get(*r)
+                .is_some_and(|n| usage.get(*r) > n)
+        })
+    }
+
+    /// Whether the queue has a nominal quota for any resource.
+    pub fn has_nominal(&self) -> bool {
+        Resource::ALL
+            .iter()
+            .any(|r| self.spec.quota.nominal.get(*r).is_some())
+    }
+}
+
+/// One replica's GPUs on one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplicaPlacement {
+    /// Node index.
+    pub node: NodeIdx,
+    /// GPU mask on that node (bit i = `spec.gpus[i]`).
+    pub gpus: u64,
+}
+
+/// Where every replica of a gang runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    /// One entry per replica, in rank order.
+    pub replicas: Vec<ReplicaPlacement>,
+    /// The widest topology level the gang spans.
+    pub level: TopologyLevel,
+}
+
+impl Placement {
+    /// Distinct nodes used, ascending.
+    pub fn nodes(&self) -> Vec<NodeIdx> {
+        let mut v: Vec<NodeIdx> = self.replicas.iter().map(|r| r.node).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Total GPUs.
+    pub fn gpus(&self) -> u64 {
+        self.replicas
+            .iter()
+            .map(|r| u64::from(r.gpus.count_ones()))
+            .sum()
+    }
+}
+
+/// A running job's bookkeeping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunInfo {
+    /// When it started (this attempt).
+    pub started: Time,
+    /// Where it runs.
+    pub placement: Placement,
+    /// Estimated end, for reservations and backfill.
+    pub est_end: Time,
+    /// Set once the checkpoint signal has been sent.
+    pub preempting: Option<Time>,
+    /// Last checkpoint the job reported, if any.
+    pub last_checkpoint: Option<Time>,
+}
+
+/// Where a job is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobStatus {
+    /// Waiting.
+    Pending,
+    /// Holding GPUs.
+    Running(RunInfo),
+}
+
+/// A job known to the scheduler.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Id.
+    pub id: JobId,
+    /// Spec as submitted.
+    pub spec: JobSpec,
+    /// Queue index.
+    pub queue: QueueId,
+    /// Numeric priority.
+    pub priority: i32,
+    /// Submission time; requeued jobs keep theirs so they do not lose their place.
+    pub submitted: Time,
+    /// Where it is.
+    pub status: JobStatus,
+    /// Times it was preempted or restarted.
+    pub requeues: u32,
+}
+
+impl Job {
+    /// Resources of one replica.
+    pub fn per_replica(&self) -> Resources {
+        self.spec.resources.resources()
+    }
+
+    /// Resources the job holds (running) or would hold with `replicas`.
+    pub fn usage(&self, replicas: u32) -> Resources {
+        self.per_replica() * u64::from(replicas)
+    }
+
+    /// GPU-seconds of work lost if preempted at `now`: work since the last checkpoint.
+    pub fn lost_work_gpu_seconds(&self, now: Time) -> u64 {
+        let JobStatus::Running(run) = &self.status else {
+            return 0;
+        };
+        let gpus = run.placement.gpus();
+        let since = match (run.last_checkpoint, self.spec.checkpoint.interval_seconds) {
+            (Some(c), _) => now.saturating_sub(c.max(run.started)),
+            (None, Some(i)) if i > 0 => now.saturating_sub(run.started) % i,
+            _ => now.saturating_sub(run.started),
+        };
+        gpus * since
+    }
+}
+
+/// A request that can never be satisfied by this cluster, or a bad call.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Rejection {
+    /// Structural spec problem.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// Queue does not exist.
+    #[error("queue: unknown queue {0:?}")]
+    UnknownQueue(String),
+    /// Id reused.
+    #[error("job {0} already exists")]
+    DuplicateJob(JobId),
+    /// Model not present.
+    #[error("resources.gpu_model: no node has {model} GPUs (cluster has: {available})")]
+    NoSuchModel {
+        /// Asked for.
+        model: String,
+        /// What exists.
+        available: String,
+    },
+    /// No GPU has enough memory.
+    #[error("resources.min_gpu_memory_gib: {need} GiB requested but the largest matching GPU has {max} GiB")]
+    GpuMemory {
+        /// Asked for.
+        need: u32,
+        /// Largest available.
+        max: u32,
+    },
+    /// A replica larger than any node.
+    #[error("resources.gpus: {need} GPUs per replica but no matching node has more than {max}")]
+    ReplicaTooLarge {
+        /// Asked for.
+        need: u64,
+        /// Largest node.
+        max: u64,
+    },
+    /// CPU or memory per replica larger than any node.
+    #[error("resources.{resource}: {need} {unit} per replica but no matching node has more than {max}")]
+    ReplicaResourceTooLarge {
+        /// Which resource.
+        resource: Resource,
+        /// Unit.
+        unit: &'static str,
+        /// Asked for.
+        need: u64,
+        /// Largest node.
+        max: u64,
+    },
+    /// `topology: node` for a gang larger than any node.
+    #[error("topology: the gang needs {need} GPUs on one node but no matching node has more than {max}")]
+    GangTooLargeForNode {
+        /// Asked for.
+        need: u64,
+        /// Largest node.
+        max: u64,
+    },
+    /// `topology: leaf` for a gang larger than any leaf.
+    #[error("topology: the gang needs {need} GPUs under one leaf switch but no leaf has more than {max}")]
+    GangTooLargeForLeaf {
+        /// Asked for.
+        need: u64,
+        /// Largest leaf.
+        max: u64,
+    },
+    /// More than the whole cluster.
+    #[error("the gang needs {need} GPUs but the cluster has only {have} matching GPUs")]
+    ExceedsCluster {
+        /// Asked for.
+        need: u64,
+        /// Matching GPUs in the cluster.
+        have: u64,
+    },
+    /// More than the queue could ever get.
+    #[error("queue {queue}: the gang needs {need} {resource} but {limit_kind} allows at most {limit}")]
+    ExceedsQueueLimit {
+        /// Queue whose limit is hit.
+        queue: String,
+        /// Which resource.
+        resource: Resource,
+        /// Asked for.
+        need: u64,
+        /// The limit.
+        limit: u64,
+        /// "nominal + borrowing limit" or "nominal (non-preemptible jobs cannot borrow)".
+        limit_kind: &'static str,
+    },
+}
+
+/// A problem with a call that changes the cluster state.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StateError {
+    /// Node name reused.
+    #[error("node {0:?} already exists")]
+    DuplicateNode(String),
+    /// Bad node spec.
+    #[error("node {node:?}: {problem}")]
+    BadNode {
+        /// Node name.
+        node: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Bad queue spec.
+    #[error("queue {queue:?}: {problem}")]
+    BadQueue {
+        /// Queue name.
+        queue: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Unknown job.
+    #[error("job {0} is not known")]
+    UnknownJob(JobId),
+    /// Unknown node.
+    #[error("node {0} is not known")]
+    UnknownNode(String),
+    /// Wrong state for the call.
+    #[error("job {job} is {actual}, expected {expected}")]
+    WrongStatus {
+        /// Job.
+        job: JobId,
+        /// What it is.
+        actual: &'static str,
+        /// What the call needs.
+        expected: &'static str,
+    },
+    /// A bind that would double-book or overcommit.
+    #[error("job {job}: node {node} cannot take the placement ({why})")]
+    Conflict {
+        /// Job.
+        job: JobId,
+        /// Node name.
+        node: String,
+        /// Which check failed.
+        why: &'static str,
+    },
+}
+
+/// Knobs of the state itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateConfig {
+    /// Runtime assumed for jobs that declare none, for reservation estimates only.
+    pub default_runtime_seconds: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            default_runtime_seconds: 4 * 3600,
+        }
+    }
+}
+
+/// Pending jobs of one priority level, per queue, oldest first.
+pub type PendingLevel = BTreeMap<QueueId, BTreeSet<(Time, JobId)>>;
+
+/// The scheduler's whole view of the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    pub(crate) config: StateConfig,
+    pub(crate) nodes: Vec<NodeInfo>,
+    node_by_name: HashMap<String, NodeIdx>,
+    pub(crate) leaves: Vec<Leaf>,
+    leaf_by_name: HashMap<String, u32>,
+    pub(crate) spines: Vec<Spine>,
+    spine_by_name: HashMap<String, u32>,
+    pub(crate) classes: Vec<GpuClass>,
+    pub(crate) queues: Vec<QueueInfo>,
+    queue_by_name: HashMap<String, QueueId>,
+    pub(crate) capacity: Capacity,
+    /// Healthy GPUs, CPU and memory of schedulable nodes.
+    pub(crate) total: Resources,
+    pub(crate) jobs: HashMap<JobId, Job>,
+    pub(crate) pending: BTreeMap<Reverse<i32>, PendingLevel>,
+    pending_count: usize,
+    pub(crate) running_by_end: BTreeSet<(Time, JobId)>,
+    pub(crate) node_jobs: Vec<Vec<JobId>>,
+    /// Victims in their grace period, with the job they were preempted for.
+    pub(crate) preempting: BTreeMap<JobId, JobId>,
+    multi_island: bool,
+}
+
+impl ClusterState {
+    /// An empty cluster.
+    pub fn new(config: StateConfig) -> Self {
+        ClusterState {
+            config,
+            capacity: Capacity::default(),
+            ..Default::default()
+        }
+    }
+
+    // ---------- read access ----------
+
+    /// All nodes, by index.
+    pub fn nodes(&self) -> &[NodeInfo] {
+        &self.nodes
+    }
+    /// Node index by name.
+    pub fn node_index(&self, name: &str) -> Option<NodeIdx> {
+        self.node_by_name.get(name).copied()
+    }
+    /// Leaf switches.
+    pub fn leaves(&self) -> &[Leaf] {
+        &self.leaves
+    }
+    /// Spines.
+    pub fn spines(&self) -> &[Spine] {
+        &self.spines
+    }
+    /// GPU classes.
+    pub fn classes(&self) -> &[GpuClass] {
+        &self.classes
+    }
+    /// Queues, by index.
+    pub fn queues(&self) -> &[QueueInfo] {
+        &self.queues
+    }
+    /// Queue index by name.
+    pub fn queue_index(&self, name: &str) -> Option<QueueId> {
+        self.queue_by_name.get(name).copied()
+    }
+    /// Live free capacity and queue usage.
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
+    }
+    /// Usage of a queue's subtree.
+    pub fn queue_usage(&self, q: QueueId) -> Resources {
+        self.capacity.usage[q as usize]
+    }
+    /// Healthy schedulable capacity.
+    pub fn total(&self) -> Resources {
+        self.total
+    }
+    /// A job by id.
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+    /// Every job, in id order.
+    pub fn jobs_sorted(&self) -> Vec<&Job> {
+        let mut v: Vec<&Job> = self.jobs.values().collect();
+        v.sort_by_key(|j| j.id);
+        v
+    }
+    /// Number of pending jobs.
+    pub fn pending_count(&self) -> usize {
+        self.pending_count
+    }
+    /// Number of running jobs.
+    pub fn running_count(&self) -> usize {
+        self.running_by_end.len()
+    }
+    /// Running jobs by estimated end, earliest first.
+    pub fn running_by_end(&self) -> impl Iterator<Item = (Time, JobId)> + '_ {
+        self.running_by_end.iter().copied()
+    }
+    /// Jobs running on a node.
+    pub fn jobs_on(&self, n: NodeIdx) -> &[JobId] {
+        &self.node_jobs[n as usize]
+    }
+    /// Free GPUs that cannot host a job of `k` GPUs on one node: the
+    /// fragmentation that keeps big jobs waiting although GPUs are idle.
+    pub fn fragmented_gpus(&self, k: u32) -> u64 {
+        let k = u64::from(k.max(1));
+        self.capacity
+            .free
+            .iter()
+            .map(|m| u64::from(m.count_ones()) % k)
+            .sum()
+    }
+    /// Whether some node has more than one NVLink island.
+    pub fn has_multi_island_nodes(&self) -> bool {
+        self.multi_island
+    }
+    /// Free GPUs.
+    pub fn free_gpus(&self) -> u64 {
+        self.capacity.free_total
+    }
+
+    // ---------- topology and queues ----------
+
+    /// Declares a queue; its parent must already exist.
+    pub fn add_queue(&mut self, spec: QueueSpec) -> Result<QueueId, StateError> {
+        let bad = |problem: &str| StateError::BadQueue {
+            queue: spec.name.clone(),
+            problem: problem.to_string(),
+        };
+        if spec.name.trim().is_empty() {
+            return Err(bad("name must not be empty"));
+        }
+        if self.queue_by_name.contains_key(&spec.name) {
+            return Err(bad("already exists"));
+        }
+        if spec.weight == 0 {
+            return Err(bad("weight must be at least 1"));
+        }
+        let parent = match &spec.parent {
+            Some(p) => Some(
+                self.queue_index(p)
+                    .ok_or_else(|| bad(&format!("parent {p:?} does not exist")))?,
+            ),
+            None => None,
+        };
+        let id = self.queues.len() as QueueId;
+        let mut path = vec![id];
+        if let Some(p) = parent {
+            path.extend(self.queues[p as usize].path.iter().copied());
+        }
+        let info = QueueInfo {
+            spec,
+            parent,
+            path,
+            children: Vec::new(),
+        };
+        self.queue_by_name.insert(info.spec.name.clone(), id);
+        self.queues.push(info);
+        if let Some(p) = parent {
+            self.queues[p as usize].children.push(id);
+        }
+        self.capacity.usage.push(Resources::ZERO);
+        self.capacity.demand.push(Resources::ZERO);
+        self.capacity.recompute_demand(&self.queues);
+        Ok(id)
+    }
+
+    /// Registers a node.
+    pub fn add_node(&mut self, spec: NodeSpec) -> Result<NodeIdx, StateError> {
+        let bad = |problem: String| StateError::BadNode {
+            node: spec.name.clone(),
+            problem,
+        };
+        if self.node_by_name.contains_key(&spec.name) {
+            return Err(StateError::DuplicateNode(spec.name));
+        }
+        if spec.gpus.len() > MAX_GPUS_PER_NODE {
+            return Err(bad(format!(
+                "{} GPUs; at most {MAX_GPUS_PER_NODE} per node are supported",
+                spec.gpus.len()
+            )));
+        }
+        let mut class = None;
+        if let Some(first) = spec.gpus.first() {
+            if spec
+                .gpus
+                .iter()
+                .any(|g| g.model != first.model || g.memory_gib != first.memory_gib)
+            {
+                return Err(bad("all GPUs of a node must have the same model and memory".into()));
+            }
+            let mut seen = BTreeSet::new();
+            if !spec.gpus.iter().all(|g| seen.insert(g.index)) {
+                return Err(bad("GPU indices must be unique".into()));
+            }
+            let n = spec.gpus.len() as u32;
+            let pos = self
+                .classes
+                .iter()
+                .position(|c| c.model == first.model && c.memory_gib == first.memory_gib);
+            let c = match pos {
+                Some(c) => {
+                    let cl = &mut self.classes[c];
+                    cl.max_gpus = cl.max_gpus.max(n);
+                    c
+                }
+                None => {
+                    if self.classes.len() == MAX_GPU_CLASSES {
+                        return Err(bad("too many distinct GPU models".into()));
+                    }
+                    self.classes.push(GpuClass {
+                        model: first.model.clone(),
+                        memory_gib: first.memory_gib,
+                        max_gpus: n,
+                    });
+                    self.capacity
+                        .index
+                        .push(vec![Bitset::default(); MAX_GPUS_PER_NODE + 1]);
+                    self.classes.len() - 1
+                }
+            };
+            class = Some(c as u16);
+        }
+        let spine = match self.spine_by_name.get(&spec.spine) {
+            Some(s) => *s,
+            None => {
+                let s = self.spines.len() as u32;
+                self.spines.push(Spine {
+                    name: spec.spine.clone(),
+                    leaves: Vec::new(),
+                });
+                self.spine_by_name.insert(spec.spine.clone(), s);
+                s
+            }
+        };
+        let leaf = match self.leaf_by_name.get(&spec.leaf) {
+            Some(l) => {
+                if self.leaves[*l as usize].spine != spine {
+                    return Err(bad(format!(
+                        "leaf {:?} is already under spine {:?}",
+                        spec.leaf, self.spines[self.leaves[*l as usize].spine as usize].name
+                    )));
+                }
+                *l
+            }
+            None => {
+                let l = self.leaves.len() as u32;
+                self.leaves.push(Leaf {
+                    name: spec.leaf.clone(),
+                    spine,
+                    nodes: Vec::new(),
+                });
+                self.leaf_by_name.insert(spec.leaf.clone(), l);
+                self.spines[spine as usize].leaves.push(l);
+                self.capacity.leaf_free.push(0);
+                l
+            }
+        };
+        let mut islands: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut healthy = 0u64;
+        for (i, g) in spec.gpus.iter().enumerate() {
+            *islands.entry(g.island).or_default() |= 1 << i;
+            if g.healthy {
+                healthy |= 1 << i;
+            }
+        }
+        let idx = self.nodes.len() as NodeIdx;
+        self.multi_island |= islands.len() > 1;
+        self.node_by_name.insert(spec.name.clone(), idx);
+        self.leaves[leaf as usize].nodes.push(idx);
+        let info = NodeInfo {
+            class,
+            leaf,
+            spine,
+            islands: islands.into_values().collect(),
+            healthy,
+            ready: true,
+            spec,
+        };
+        let cap = &mut self.capacity;
+        cap.free.push(0);
+        cap.alloc.push(0);
+        cap.free_cpu.push(info.spec.cpu_millis);
+        cap.free_mem.push(info.spec.memory_mib);
+        for per_class in &mut cap.index {
+            for b in per_class.iter_mut() {
+                b.grow(self.nodes.len() + 1);
+            }
+        }
+        self.nodes.push(info);
+        self.node_jobs.push(Vec::new());
+        self.capacity.refresh_node(&self.nodes, idx);
+        self.recount_total();
+        Ok(idx)
+    }
+
+    fn recount_total(&mut self) {
+        let mut t = Resources::ZERO;
+        for n in self.nodes.iter().filter(|n| n.schedulable()) {
+            t += Resources {
+                gpus: u64::from(n.healthy.count_ones()),
+                cpu_millis: n.spec.cpu_millis,
+                memory_mib: n.spec.memory_mib,
+            };
+        }
+        self.total = t;
+    }
+
+    fn node_mut(&mut self, node: &str) -> Result<NodeIdx, StateError> {
+        self.node_index(node)
+            .ok_or_else(|| StateError::UnknownNode(node.to_string()))
+    }
+
+    /// Marks one GPU (by position in the node's list) healthy or not.
+    /// An unhealthy GPU is never assigned again until it is marked healthy.
+    pub fn set_gpu_health(&mut self, node: &str, gpu: usize, healthy: bool) -> Result<(), StateError> {
+        let n = self.node_mut(node)?;
+        let info = &mut self.nodes[n as usize];
+        if gpu >= info.spec.gpus.len() {
+            return Err(StateError::BadNode {
+                node: node.to_string(),
+                problem: format!("has no GPU at position {gpu}"),
+            });
+        }
+        info.spec.gpus[gpu].healthy = healthy;
+        if healthy {
+            info.healthy |= 1 << gpu;
+        } else {
+            info.healthy &= !(1 << gpu);
+        }
+        self.capacity.refresh_node(&self.nodes, n);
+        self.recount_total();
+        Ok(())
+    }
+
+    /// Cordons (no new work) or uncordons a node.
+    pub fn set_cordoned(&mut self, node: &str, cordoned: bool) -> Result<(), StateError> {
+        let n = self.node_mut(node)?;
+        self.nodes[n as usize].spec.cordoned = cordoned;
+        self.capacity.refresh_node(&self.nodes, n);
+        self.recount_total();
+        Ok(())
+    }
+
+    /// Marks a node Ready or NotReady (missed heartbeats).
+    pub fn set_ready(&mut self, node: &str, ready: bool) -> Result<(), StateError> {
+        let n = self.node_mut(node)?;
+        self.nodes[n as usize].ready = ready;
+        self.capacity.refresh_node(&self.nodes, n);
+        self.recount_total();
+        Ok(())
+    }
+
+    // ---------- validation ----------
+
+    /// Class mask of GPU classes a replica may use.
+    pub fn class_mask(&self, spec: &JobSpec) -> u64 {
+        let r = &spec.resources;
+        let mut m = 0u64;
+        for (i, c) in self.classes.iter().enumerate() {
+            let model_ok = r.gpu_model.as_ref().is_none_or(|x| x.eq_ignore_ascii_case(&c.model));
+            let mem_ok = r.min_gpu_memory_gib.is_none_or(|x| c.memory_gib >= x);
+            if model_ok && mem_ok {
+                m |= 1 << i;
+            }
+        }
+        m
+    }
+
+    /// Rejects requests this cluster and its queues could never satisfy, naming the field.
+    pub fn validate(&self, spec: &JobSpec) -> Result<QueueId, Rejection> {
+        spec.validate()?;
+        let q = self
+            .queue_index(&spec.queue)
+            .ok_or_else(|| Rejection::UnknownQueue(spec.queue.clone()))?;
+        let r = &spec.resources;
+        let per = r.resources();
+        let min_gang = u64::from(spec.min_gang());
+        if r.gpus > 0 {
+            if let Some(model) = &r.gpu_model {
+                if !self.classes.iter().any(|c| c.model.eq_ignore_ascii_case(model)) {
+                    let mut names: Vec<&str> = self.classes.iter().map(|c| c.model.as_str()).collect();
+                    names.sort_unstable();
+                    names.dedup();
+                    return Err(Rejection::NoSuchModel {
+                        model: model.clone(),
+                        available: if names.is_empty() { "none".into() } else { names.join(", ") },
+                    });
+                }
+            }
+            let mask = self.class_mask(spec);
+            if mask == 0 {
+                let max = self
+                    .classes
+                    .iter()
+                    .filter(|c| r.gpu_model.as_ref().is_none_or(|x| x.eq_ignore_ascii_case(&c.model)))
+                    .map(|c| c.memory_gib)
+                    .max()
+                    .unwrap_or(0);
+                return Err(Rejection::GpuMemory {
+                    need: r.min_gpu_memory_gib.unwrap_or(0),
+                    max,
+                });
+            }
+            let max_node = self.max_node_gpus(mask);
+            if u64::from(r.gpus) > max_node {
+                return Err(Rejection::ReplicaTooLarge {
+                    need: r.gpus.into(),
+                    max: max_node,
+                });
+            }
+            let need = min_gang * u64::from(r.gpus);
+            if spec.topology == TopologyConstraint::Node && need > max_node {
+                return Err(Rejection::GangTooLargeForNode { need, max: max_node });
+            }
+            if spec.topology == TopologyConstraint::Leaf {
+                let max_leaf = self.max_leaf_gpus(mask);
+                if need > max_leaf {
+                    return Err(Rejection::GangTooLargeForLeaf { need, max: max_leaf });
+                }
+            }
+            let have: u64 = self
+                .nodes
+                .iter()
+                .filter(|n| n.class.is_some_and(|c| mask & (1 << c) != 0))
+                .map(|n| n.spec.gpus.len() as u64)
+                .sum();
+            if need > have {
+                return Err(Rejection::ExceedsCluster { need, have });
+            }
+        }
+        for (res, need, max) in [
+            (
+                Resource::CpuMillis,
+                per.cpu_millis,
+                self.nodes.iter().map(|n| n.spec.cpu_millis).max().unwrap_or(0),
+            ),
+            (
+                Resource::MemoryMib,
+                per.memory_mib,
+                self.nodes.iter().map(|n| n.spec.memory_mib).max().unwrap_or(0),
+            ),
+        ] {
+            if need > max {
+                return Err(Rejection::ReplicaResourceTooLarge {
+                    resource: res,
+                    unit: res.unit(),
+                    need,
+                    max,
+                });
+            }
+        }
+        let gang = per * min_gang;
+        for &n in &self.queues[q as usize].path {
+            let quota = &self.queues[n as usize].spec.quota;
+            for res in Resource::ALL {
+                let Some(nom) = quota.nominal.get(res) else {
+                    continue;
+                };
+                let (limit, kind) = if !spec.is_preemptible() {
+                    (nom, "nominal (non-preemptible jobs cannot borrow)")
+                } else if let Some(b) = quota.borrowing_limit.get(res) {
+                    (nom + b, "nominal + borrowing limit")
+                } else {
+                    continue;
+                };
+                if gang.get(res) > limit {
+                    return Err(Rejection::ExceedsQueueLimit {
+                        queue: self.queues[n as usize].spec.name.clone(),
+                        resource: res,
+                        need: gang.get(res),
+                        limit,
+                        limit_kind: kind,
+                    });
+                }
+            }
+        }
+        Ok(q)
+    }
+
+    /// Largest GPU count of a node in the classes of `mask`.
+    pub fn max_node_gpus(&self, mask: u64) -> u64 {
+        self.classes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, c)| u64::from(c.max_gpus))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn max_leaf_gpus(&self, mask: u64) -> u64 {
+        self.leaves
+            .iter()
+            .map(|l| {
+                l.nodes
+                    .iter()
+                    .map(|&n| &self.nodes[n as usize])
+                    .filter(|n| n.class.is_some_and(|c| mask & (1 << c) != 0))
+                    .map(|n| n.spec.gpus.len() as u64)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    // ---------- job lifecycle ----------
+
+    /// Accepts a job as pending after validating it.
+    pub fn submit(&mut self, id: JobId, spec: JobSpec, now: Time) -> Result<(), Rejection> {
+        if self.jobs.contains_key(&id) {
+            return Err(Rejection::DuplicateJob(id));
+        }
+        let queue = self.validate(&spec)?;
+        let job = Job {
+            id,
+            priority: spec.priority.value(),
+            spec,
+            queue,
+            submitted: now,
+            status: JobStatus::Pending,
+            requeues: 0,
+        };
+        self.push_pending(&job);
+        self.jobs.insert(id, job);
+        Ok(())
+    }
+
+    fn push_pending(&mut self, job: &Job) {
+        self.pending
+            .entry(Reverse(job.priority))
+            .or_default()
+            .entry(job.queue)
+            .or_default()
+            .insert((job.submitted, job.id));
+        self.pending_count += 1;
+    }
+
+    fn pop_pending(&mut self, job: &Job) {
+        let key = Reverse(job.priority);
+        if let Some(level) = self.pending.get_mut(&key) {
+            if let Some(set) = level.get_mut(&job.queue) {
+                if set.remove(&(job.submitted, job.id)) {
+                    self.pending_count -= 1;
+                }
+                if set.is_empty() {
+                    level.remove(&job.queue);
+                }
+            }
+            if level.is_empty() {
+                self.pending.remove(&key);
+            }
+        }
+    }
+
+    fn status_name(s: &JobStatus) -> &'static str {
+        match s {
+            JobStatus::Pending => "pending",
+            JobStatus::Running(r) if r.preempting.is_some() => "preempting",
+            JobStatus::Running(_) => "running",
+        }
+    }
+
+    /// Binds a pending job to `placement`. Fails, changing nothing, if any GPU
+    /// is not free or a node lacks CPU/memory: a GPU is never double-booked.
+    pub fn bind(&mut self, id: JobId, placement: Placement, now: Time) -> Result<(), StateError> {
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
+        if job.status != JobStatus::Pending {
+            return Err(StateError::WrongStatus {
+                job: id,
+                actual: Self::status_name(&job.status),
+                expected: "pending",
+            });
+        }
+        let per = job.per_replica();
+        let n_rep = placement.replicas.len() as u32;
+        if n_rep < job.spec.min_gang() || n_rep > job.spec.replicas {
+            return Err(StateError::Conflict {
+                job: id,
+                node: String::new(),
+                why: "replica count outside min_replicas..=replicas",
+            });
+        }
+        // Check the whole gang before touching anything: all or nothing.
+        let mut need: BTreeMap<NodeIdx, (u64, u64, u64)> = BTreeMap::new();
+        for rp in &placement.replicas {
+            let Some(info) = self.nodes.get(rp.node as usize) else {
+                return Err(StateError::UnknownNode(rp.node.to_string()));
+            };
+            let conflict = |why| StateError::Conflict {
+                job: id,
+                node: info.spec.name.clone(),
+                why,
+            };
+            if u64::from(rp.gpus.count_ones()) != per.gpus {
+                return Err(conflict("replica GPU count differs from the spec"));
+            }
+            let e = need.entry(rp.node).or_default();
+            if e.0 & rp.gpus != 0 {
+                return Err(conflict("two replicas share a GPU"));
+            }
+            e.0 |= rp.gpus;
+            e.1 += per.cpu_millis;
+            e.2 += per.memory_mib;
+        }
+        for (&n, &(mask, cpu, mem)) in &need {
+            let info = &self.nodes[n as usize];
+            let conflict = |why| StateError::Conflict {
+                job: id,
+                node: info.spec.name.clone(),
+                why,
+            };
+            if self.capacity.free[n as usize] & mask != mask {
+                return Err(conflict("GPU not free"));
+            }
+            if self.capacity.free_cpu[n as usize] < cpu {
+                return Err(conflict("not enough CPU"));
+            }
+            if self.capacity.free_mem[n as usize] < mem {
+                return Err(conflict("not enough memory"));
+            }
+        }
+        for (&n, &(mask, cpu, mem)) in &need {
+            self.capacity.take(&self.nodes, n, mask, cpu, mem);
+            self.node_jobs[n as usize].push(id);
+        }
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?.clone();
+        self.pop_pending(&job);
+        self.capacity
+            .charge(&self.queues, job.queue, per * u64::from(n_rep), true);
+        let est_end = now + job.spec.runtime_seconds.unwrap_or(self.config.default_runtime_seconds);
+        self.running_by_end.insert((est_end, id));
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.status = JobStatus::Running(RunInfo {
+                started: now,
+                placement,
+                est_end,
+                preempting: None,
+                last_checkpoint: None,
+            });
+        }
+        Ok(())
+    }
+
+    fn running_mut(&mut self, id: JobId) -> Result<&mut RunInfo, StateError> {
+        let job = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+        let actual = Self::status_name(&job.status);
+        match &mut job.status {
+            JobStatus::Running(r) => Ok(r),
+            JobStatus::Pending => Err(StateError::WrongStatus {
+                job: id,
+                actual,
+                expected: "running",
+            }),
+        }
+    }
+
+    /// Records that the checkpoint signal was sent to `id` on behalf of `by`;
+    /// the job keeps its GPUs until it exits (then call [`Self::requeue`]).
+    pub fn mark_preempting(&mut self, id: JobId, by: JobId, now: Time) -> Result<(), StateError> {
+        let r = self.running_mut(id)?;
+        r.preempting.get_or_insert(now);
+        self.preempting.insert(id, by);
+        Ok(())
+    }
+
+    /// Victims in their grace period and who they were preempted for.
+    pub fn preempting(&self) -> impl Iterator<Item = (JobId, JobId)> + '_ {
+        self.preempting.iter().map(|(v, b)| (*v, *b))
+    }
+
+    /// Records a checkpoint the job reported (reduces the work a preemption loses).
+    pub fn record_checkpoint(&mut self, id: JobId, at: Time) -> Result<(), StateError> {
+        self.running_mut(id)?.last_checkpoint = Some(at);
+        Ok(())
+    }
+
+    fn release(&mut self, id: JobId) -> Result<Job, StateError> {
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
+        let JobStatus::Running(run) = &job.status else {
+            return Err(StateError::WrongStatus {
+                job: id,
+                actual: "pending",
+                expected: "running",
+            });
+        };
+        let run = run.clone();
+        let queue = job.queue;
+        let per = job.per_replica();
+        for rp in &run.placement.replicas {
+            self.capacity
+                .give(&self.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+            let v = &mut self.node_jobs[rp.node as usize];
+            if let Some(p) = v.iter().position(|j| *j == id) {
+                v.swap_remove(p);
+            }
+        }
+        self.capacity.charge(
+            &self.queues,
+            queue,
+            per * run.placement.replicas.len() as u64,
+            false,
+        );
+        self.running_by_end.remove(&(run.est_end, id));
+        self.preempting.remove(&id);
+        let job = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+        job.status = JobStatus::Pending;
+        Ok(job.clone())
+    }
+
+    /// A running job ended (success, failure or kill): frees its GPUs and forgets it.
+    pub fn finish(&mut self, id: JobId) -> Result<Job, StateError> {
+        let job = self.release(id)?;
+        self.jobs.remove(&id);
+        Ok(job)
+    }
+
+    /// A running job was stopped (preempted, or its gang failed): frees its GPUs
+    /// and puts it back in line, keeping its submission time.
+    pub fn requeue(&mut self, id: JobId) -> Result<(), StateError> {
+        let job = self.release(id)?;
+        self.push_pending(&job);
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.requeues += 1;
+        }
+        Ok(())
+    }
+
+    /// Removes a job in any state (cancellation).
+    pub fn cancel(&mut self, id: JobId) -> Result<Job, StateError> {
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
+        if matches!(job.status, JobStatus::Running(_)) {
+            return self.finish(id);
+        }
+        let job = job.clone();
+        self.pop_pending(&job);
+        self.jobs.remove(&id);
+        Ok(job)
+    }
+
+    /// Checks the internal indexes against a recount from scratch; used by
+    /// tests and debug assertions. Returns a description of the first mismatch.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut alloc = vec![0u64; self.nodes.len()];
+        let mut cpu = vec![0u64; self.nodes.len()];
+        let mut mem = vec![0u64; self.nodes.len()];
+        let mut usage = vec![Resources::ZERO; self.queues.len()];
+        for j in self.jobs.values() {
+            if let JobStatus::Running(r) = &j.status {
+                for rp in &r.placement.replicas {
+                    let n = rp.node as usize;
+                    if alloc[n] & rp.gpus != 0 {
+                        return Err(format!("GPU double-booked on node {n} by job {}", j.id));
+                    }
+                    alloc[n] |= rp.gpus;
+                    cpu[n] += j.spec.resources.cpu_millis;
+                    mem[n] += j.spec.resources.memory_mib;
+                }
+                for &q in &self.queues[j.queue as usize].path {
+                    usage[q as usize] += j.usage(r.placement.replicas.len() as u32);
+                }
+            }
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if alloc[i] != self.capacity.alloc[i] {
+                return Err(format!("alloc mask mismatch on node {i}"));
+            }
+            if cpu[i] > n.spec.cpu_millis || mem[i] > n.spec.memory_mib {
+                return Err(format!("node {i} overcommitted"));
+            }
+            let want = if n.schedulable() { n.healthy & !alloc[i] } else { 0 };
+            if want != self.capacity.free[i] {
+                return Err(format!("free mask mismatch on node {i}"));
+            }
+            if let Some(c) = n.class {
+                for (k, b) in self.capacity.index[c as usize].iter().enumerate() {
+                    let expect = n.schedulable() && k == want.count_ones() as usize;
+                    if b.contains(i) != expect {
+                        return Err(format!("index mismatch on node {i} bucket {k}"));
+                    }
+                }
+            }
+        }
+        if usage != self.capacity.usage {
+            return Err("queue usage mismatch".into());
+        }
+        Ok(())
+    }
+}
