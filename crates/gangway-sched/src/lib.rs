@@ -176,6 +176,9 @@ pub(crate) struct Session<'a> {
     fail_cache: HashMap<ShapeKey, FitFailure>,
     /// Victims chosen this cycle.
     pub(crate) victims: HashSet<JobId>,
+    /// Quota still charged to this cycle's victims (queue, amount): normal
+    /// admission keeps counting it, preemptors' feasibility checks do not.
+    pub(crate) victim_quota: Vec<(QueueId, Resources)>,
     /// Jobs bound this cycle: estimated end, id, index into `decisions.binds`.
     pub(crate) bound: Vec<(Time, JobId, usize)>,
     pub(crate) preempt_searches: usize,
@@ -193,6 +196,7 @@ impl<'a> Session<'a> {
             reserved: Bitset::new(n),
             fail_cache: HashMap::new(),
             victims: HashSet::new(),
+            victim_quota: Vec::new(),
             bound: Vec::new(),
             preempt_searches: 0,
             decisions: Decisions::default(),
@@ -298,17 +302,58 @@ impl<'a> Session<'a> {
         });
     }
 
-    /// Gives the victims' resources to a preemptor for the rest of the cycle:
-    /// on the session's capacity the victims are gone and the preemptor holds
-    /// `p`, so no later job in this cycle takes what the preemptor waits for.
+    /// Gives the victims' GPUs to a preemptor for the rest of the cycle: on the
+    /// session's capacity the preemptor holds `p`, so no later job in this
+    /// cycle takes what the preemptor waits for.
+    /// A copy of the session capacity for a preemptor's what-if: the quota of
+    /// victims already chosen this cycle counts as gone (it went to their preemptors).
+    pub(crate) fn trial(&self) -> Capacity {
+        let mut t = self.cap.clone();
+        for (q, r) in &self.victim_quota {
+            t.charge(&self.state.queues, *q, *r, false);
+        }
+        t
+    }
+
+    /// Whatever of the victims' GPUs, CPU and memory the preemptor does not use
+    /// stays unavailable: the victims hold it until they exit.
     pub(crate) fn claim(&mut self, job: &Job, victims: &[&Job], p: &Placement) {
+        let mut held: std::collections::BTreeMap<NodeIdx, (u64, u64, u64)> = Default::default();
+        // Quota stays charged to the victims until they exit, so nobody else in
+        // their queue takes it in between; the preemptor is charged on top.
         for v in victims {
-            preempt::release_into(self.state, &mut self.cap, v);
+            if let JobStatus::Running(r) = &v.status {
+                let vp = v.per_replica();
+                self.victim_quota
+                    .push((v.queue, vp * r.placement.replicas.len() as u64));
+                for rp in &r.placement.replicas {
+                    self.cap
+                        .give(&self.state.nodes, rp.node, rp.gpus, vp.cpu_millis, vp.memory_mib);
+                }
+                for rp in &r.placement.replicas {
+                    let e = held.entry(rp.node).or_default();
+                    e.0 |= rp.gpus;
+                    e.1 += vp.cpu_millis;
+                    e.2 += vp.memory_mib;
+                }
+            }
         }
         let per = job.per_replica();
         for rp in &p.replicas {
             self.cap
                 .take(&self.state.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+            if let Some(e) = held.get_mut(&rp.node) {
+                e.0 &= !rp.gpus;
+                e.1 = e.1.saturating_sub(per.cpu_millis);
+                e.2 = e.2.saturating_sub(per.memory_mib);
+            }
+        }
+        for (n, (mask, cpu, mem)) in held {
+            let i = n as usize;
+            let mask = mask & self.cap.free[i];
+            let cpu = cpu.min(self.cap.free_cpu[i]);
+            let mem = mem.min(self.cap.free_mem[i]);
+            self.cap.take(&self.state.nodes, n, mask, cpu, mem);
         }
         self.cap
             .charge(&self.state.queues, job.queue, per * p.replicas.len() as u64, true);
@@ -401,7 +446,7 @@ impl<'a> Session<'a> {
         if mine.is_empty() {
             return None;
         }
-        let mut trial = self.cap.clone();
+        let mut trial = self.trial();
         for v in &mine {
             preempt::release_into(state, &mut trial, v);
         }

@@ -41,7 +41,7 @@ struct Candidate<'a> {
 }
 
 fn feasible(s: &Session<'_>, job: &Job, min: u32, victims: &[&Job]) -> Option<Placement> {
-    let mut trial = s.cap.clone();
+    let mut trial = s.trial();
     for v in victims {
         release_into(s.state, &mut trial, v);
     }

@@ -123,7 +123,11 @@ pub fn check(
         let d = cap.root_demand.get(res);
         // Only the queues' kept (non-lendable) quota is a quota matter at the root;
         // a gang larger than what is physically free is explained by placement.
-        let physical = cap.root_usage.get(res) + req.get(res) > total.get(res);
+        let free = match res {
+            Resource::Gpus => cap.free_total,
+            _ => total.get(res).saturating_sub(cap.root_usage.get(res)),
+        };
+        let physical = req.get(res) > free;
         if delta.get(res) > 0 && d + delta.get(res) > total.get(res) && !physical {
             return Err(QuotaBlock {
                 queue: q,

@@ -231,6 +231,9 @@ fn fair_quotas_keep_one_team_from_taking_every_gpu() {
     let mut preemptions = Vec::new();
     for round in 0..4 {
         preemptions.extend(d.cycle().preemptions.clone());
+        if std::env::var("GW_DEBUG").is_ok() {
+            eprintln!("round {round}: {} preemptions; nlp0: {}; speech0: {}", preemptions.len(), d.reason(nlp[15]), d.reason(speech[0]));
+        }
         d.advance(40 + round * 30);
     }
     d.cycle();

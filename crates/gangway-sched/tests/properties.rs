@@ -1,0 +1,343 @@
+//! Property tests of the scheduler's invariants over random clusters, queue
+//! trees and job streams.
+
+mod common;
+
+use common::Driver;
+use gangway_core::{
+    Gpu, JobSpec, NodeSpec, PriorityClass, QueueSpec, ResourceLimits, Resources, TopologyConstraint,
+};
+use gangway_sched::placement::{place, Request};
+use gangway_sched::{quota, schedule, ClusterState, JobStatus, SchedulerConfig, StateConfig};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug)]
+struct NodeGen {
+    gpus: u32,
+    islands: bool,
+    unhealthy: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+struct QueueGen {
+    nominal: Option<u64>,
+    borrow: Option<u64>,
+    lend: Option<u64>,
+    weight: u32,
+}
+
+#[derive(Clone, Debug)]
+struct JobGen {
+    queue: usize,
+    replicas: u32,
+    gpus: u32,
+    prio: usize,
+    preemptible: Option<bool>,
+    runtime: Option<u64>,
+    actual: u64,
+    arrival: u64,
+    elastic: bool,
+    topology: usize,
+}
+
+fn node_gen() -> impl Strategy<Value = NodeGen> {
+    (prop::sample::select(vec![2u32, 4, 8]), any::<bool>(), prop::option::weighted(0.15, 0u32..8))
+        .prop_map(|(gpus, islands, unhealthy)| NodeGen { gpus, islands, unhealthy })
+}
+
+fn queue_gen() -> impl Strategy<Value = QueueGen> {
+    (
+        prop::option::weighted(0.8, 0u64..24),
+        prop::option::weighted(0.5, 0u64..16),
+        prop::option::weighted(0.4, 0u64..16),
+        1u32..4,
+    )
+        .prop_map(|(nominal, borrow, lend, weight)| QueueGen { nominal, borrow, lend, weight })
+}
+
+fn job_gen(queues: usize) -> impl Strategy<Value = JobGen> {
+    (
+        0..queues,
+        prop::sample::select(vec![1u32, 1, 1, 2, 3, 4]),
+        prop::sample::select(vec![1u32, 1, 1, 2, 4, 8]),
+        0usize..4,
+        prop::option::of(any::<bool>()),
+        prop::option::weighted(0.7, 10u64..400),
+        10u64..600,
+        0u64..15,
+        any::<bool>(),
+        0usize..4,
+    )
+        .prop_map(
+            |(queue, replicas, gpus, prio, preemptible, runtime, actual, arrival, elastic, topology)| JobGen {
+                queue,
+                replicas,
+                gpus,
+                prio,
+                preemptible,
+                runtime,
+                actual,
+                arrival,
+                elastic,
+                topology,
+            },
+        )
+}
+
+type World = (Vec<Vec<NodeGen>>, Vec<QueueGen>, Vec<JobGen>);
+
+fn world() -> impl Strategy<Value = World> {
+    (
+        prop::collection::vec(prop::collection::vec(node_gen(), 1..4), 1..4),
+        prop::collection::vec(queue_gen(), 1..4),
+    )
+        .prop_flat_map(|(leaves, queues)| {
+            let n = queues.len();
+            (Just(leaves), Just(queues), prop::collection::vec(job_gen(n), 1..60))
+        })
+}
+
+fn build(leaves: &[Vec<NodeGen>], queues: &[QueueGen]) -> ClusterState {
+    let mut s = ClusterState::new(StateConfig {
+        default_runtime_seconds: 300,
+    });
+    let mut i = 0;
+    for (l, nodes) in leaves.iter().enumerate() {
+        for n in nodes {
+            let gpus = (0..n.gpus)
+                .map(|g| Gpu {
+                    index: g,
+                    model: "H100".into(),
+                    memory_gib: 80,
+                    healthy: n.unhealthy != Some(g),
+                    island: if n.islands { g / 2 } else { 0 },
+                })
+                .collect();
+            let mut spec = NodeSpec::uniform(&format!("n{i}"), &format!("leaf{l}"), &format!("spine{}", l / 2), 0, "H100", 80);
+            spec.gpus = gpus;
+            spec.cpu_millis = 64_000;
+            spec.memory_mib = 1 << 20;
+            s.add_node(spec).expect("node");
+            i += 1;
+        }
+    }
+    // An organisation queue over team queues.
+    let total: u64 = queues.iter().filter_map(|q| q.nominal).sum();
+    s.add_queue(QueueSpec::gpus("org", None, total)).expect("org");
+    for (k, q) in queues.iter().enumerate() {
+        let mut spec = QueueSpec::unlimited(&format!("team{k}"), Some("org"));
+        spec.weight = q.weight;
+        spec.quota.nominal.gpus = q.nominal;
+        spec.quota.borrowing_limit.gpus = q.borrow;
+        spec.quota.lending_limit.gpus = q.lend;
+        s.add_queue(spec).expect("team");
+    }
+    s
+}
+
+fn spec(j: &JobGen) -> JobSpec {
+    let mut s = JobSpec::new("j", &format!("team{}", j.queue), j.replicas, j.gpus);
+    s.priority = [PriorityClass::Low, PriorityClass::Normal, PriorityClass::High, PriorityClass::Production][j.prio];
+    s.preemptible = j.preemptible;
+    s.runtime_seconds = j.runtime;
+    s.checkpoint.grace_seconds = 20;
+    s.min_replicas = (j.elastic && j.replicas > 1).then_some(1);
+    s.topology = [
+        TopologyConstraint::Auto,
+        TopologyConstraint::Auto,
+        TopologyConstraint::Any,
+        TopologyConstraint::Leaf,
+    ][j.topology];
+    s
+}
+
+/// Independent recomputation of demand (usage plus children's kept quota) per queue.
+fn demand(s: &ClusterState, q: usize, usage: &[Resources]) -> u64 {
+    let info = &s.queues()[q];
+    let own = usage[q].gpus - info.children.iter().map(|c| usage[*c as usize].gpus).sum::<u64>();
+    own + info
+        .children
+        .iter()
+        .map(|&c| demand(s, c as usize, usage).max(s.queues()[c as usize].floor().gpus))
+        .sum::<u64>()
+}
+
+fn check_quotas(s: &ClusterState) -> Result<(), TestCaseError> {
+    let n = s.queues().len();
+    let mut usage = vec![Resources::ZERO; n];
+    let mut fixed = vec![0u64; n];
+    for j in s.jobs_sorted() {
+        if let JobStatus::Running(r) = &j.status {
+            let u = j.usage(r.placement.replicas.len() as u32);
+            for &q in &s.queues()[j.queue as usize].path {
+                usage[q as usize] += u;
+                if !j.spec.is_preemptible() {
+                    fixed[q as usize] += u.gpus;
+                }
+            }
+        }
+    }
+    for (q, info) in s.queues().iter().enumerate() {
+        let quota = &info.spec.quota;
+        if let Some(nom) = quota.nominal.gpus {
+            prop_assert!(fixed[q] <= nom, "non-preemptible work borrowed in {}", info.spec.name);
+            if let Some(b) = quota.borrowing_limit.gpus {
+                let d = demand(s, q, &usage);
+                prop_assert!(d <= nom + b, "queue {} demand {d} > nominal {nom} + borrowing {b}", info.spec.name);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_preemptors_fit(d: &Driver) -> Result<(), TestCaseError> {
+    let out = &d.last;
+    if out.preemptions.is_empty() {
+        return Ok(());
+    }
+    let mut trial = d.state.clone();
+    for p in &out.preemptions {
+        trial.requeue(p.job).expect("victim was running");
+    }
+    let mut preemptors: Vec<_> = out.preemptions.iter().map(|p| p.by).collect();
+    preemptors.dedup();
+    for by in preemptors {
+        let job = trial.job(by).expect("preemptor pending").clone();
+        let min = job.spec.min_gang();
+        let per = job.per_replica();
+        prop_assert!(
+            quota::check(&trial, trial.capacity(), job.queue, per * u64::from(min), job.spec.is_preemptible()).is_ok(),
+            "preemptor {by} still blocked by quota"
+        );
+        let req = Request {
+            replicas: min,
+            per,
+            class_mask: trial.class_mask(&job.spec),
+            constraint: job.spec.topology,
+            exclude: None,
+        };
+        let p = place(&trial, trial.capacity(), &req);
+        prop_assert!(p.is_ok(), "preemptor {by} does not fit after its victims leave: {p:?}");
+        trial.bind(by, p.expect("checked"), d.now).expect("binds");
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn scheduler_invariants_hold((leaves, queues, jobs) in world()) {
+        let state = build(&leaves, &queues);
+        let mut d = Driver::new(state);
+        let mut by_arrival: BTreeMap<u64, Vec<&JobGen>> = BTreeMap::new();
+        for j in &jobs {
+            by_arrival.entry(j.arrival).or_default().push(j);
+        }
+        let mut gang_sizes = BTreeMap::new();
+        for step in 0..40u64 {
+            d.advance(step * 25);
+            for j in by_arrival.get(&step).into_iter().flatten() {
+                let s = spec(j);
+                if d.state.validate(&s).is_ok() {
+                    let id = d.submit(s.clone(), Some(j.actual));
+                    gang_sizes.insert(id, s);
+                }
+            }
+            // Determinism: the same state gives the same decisions.
+            let again = schedule(&d.state, d.now, &d.cfg);
+            let out = d.cycle().clone();
+            prop_assert_eq!(&again, &out);
+            // Gangs all-or-nothing, within their elastic bounds, exact GPUs per replica.
+            for b in &out.binds {
+                let s = &gang_sizes[&b.job];
+                let n = b.placement.replicas.len() as u32;
+                prop_assert!(n >= s.min_gang() && n <= s.replicas);
+                for r in &b.placement.replicas {
+                    prop_assert_eq!(u64::from(r.gpus.count_ones()), u64::from(s.resources.gpus));
+                    let node = &d.state.nodes()[r.node as usize];
+                    prop_assert_eq!(r.gpus & !node.healthy, 0, "unhealthy GPU assigned");
+                }
+                if s.topology == TopologyConstraint::Leaf {
+                    let leaves: std::collections::BTreeSet<_> =
+                        b.placement.nodes().iter().map(|n| d.state.nodes()[*n as usize].leaf).collect();
+                    prop_assert_eq!(leaves.len(), 1);
+                }
+            }
+            // Every pending job is explained exactly once.
+            prop_assert_eq!(out.pending.len() + out.binds.len(), out.stats.considered);
+            if std::env::var("GW_DEBUG").is_ok() {
+                let t0 = d.state.queue_index("team0").expect("q");
+                eprintln!("t={} team0={} binds={:?} pre={:?}", d.now, d.state.queue_usage(t0).gpus,
+                    out.binds.iter().map(|b| (b.job, b.placement.replicas.len())).collect::<Vec<_>>(),
+                    out.preemptions.iter().map(|p| (p.job, p.by)).collect::<Vec<_>>());
+            }
+            check_quotas(&d.state)?;
+            check_preemptors_fit(&d)?;
+            // Preemption only of preemptible, lower-priority or borrowing work.
+            for p in &out.preemptions {
+                let v = d.state.job(p.job).expect("victim");
+                prop_assert!(v.spec.is_preemptible());
+            }
+        }
+    }
+
+    #[test]
+    fn head_gang_is_not_starved(
+        nodes in 2usize..6,
+        sizes in prop::collection::vec(prop::sample::select(vec![1u32, 1, 2, 4]), 50..200),
+        runtimes in prop::collection::vec(20u64..200, 200),
+        per_step in 1usize..4,
+        gang_at in 2usize..10,
+    ) {
+        let mut s = ClusterState::new(StateConfig::default());
+        for i in 0..nodes {
+            s.add_node(NodeSpec::uniform(&format!("n{i}"), "leaf0", "spine0", 4, "A100", 40)).expect("node");
+        }
+        s.add_queue(QueueSpec::unlimited("q", None)).expect("queue");
+        let mut d = Driver::new(s);
+        let total = (nodes * 4) as u32;
+        let mut next = 0;
+        let mut gang = None;
+        let mut promised: Option<u64> = None;
+        for step in 0..2000u64 {
+            d.advance(step * 10);
+            for _ in 0..per_step {
+                let g = sizes[next % sizes.len()];
+                let rt = runtimes[next % runtimes.len()];
+                next += 1;
+                let mut j = JobSpec::new("small", "q", 1, g);
+                j.runtime_seconds = Some(rt);
+                d.submit(j, None);
+            }
+            if step as usize == gang_at {
+                let mut j = JobSpec::new("gang", "q", total, 1);
+                j.runtime_seconds = Some(100);
+                gang = Some(d.submit(j, None));
+            }
+            let out = d.cycle().clone();
+            let Some(g) = gang else { continue };
+            if d.is_running(g) {
+                if let Some(p) = promised {
+                    prop_assert!(d.now <= p + 10, "started at {} after promising {}", d.now, p);
+                }
+                return Ok(());
+            }
+            if let Some(r) = out.reservations.iter().find(|r| r.job == g) {
+                if let Some(p) = promised {
+                    prop_assert!(r.start_at <= p, "reservation slipped from {} to {}", p, r.start_at);
+                }
+                promised = Some(promised.map_or(r.start_at, |p| p.min(r.start_at)));
+            }
+        }
+        prop_assert!(false, "the whole-cluster gang never started");
+    }
+}
+
+#[test]
+fn cycle_stats_and_config_are_sane() {
+    let cfg = SchedulerConfig::default();
+    assert!(cfg.backfill && cfg.preemption && cfg.fair_share);
+    let _ = ResourceLimits::default();
+}
