@@ -6,9 +6,7 @@ use std::fmt;
 use thiserror::Error;
 
 /// Cluster-unique job id, assigned at submission.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct JobId(pub u64);
 
@@ -361,11 +359,19 @@ mod tests {
         assert_eq!(s.validate(), Err(SpecError::NoReplicas));
         s.replicas = 4;
         s.min_replicas = Some(5);
-        assert!(s.validate().unwrap_err().to_string().starts_with("min_replicas"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("min_replicas"));
         s.min_replicas = Some(2);
         assert_eq!(s.validate(), Ok(()));
         s.resources.gpus = 1000;
-        assert!(s.validate().unwrap_err().to_string().contains("resources.gpus"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("resources.gpus"));
     }
 
     #[test]

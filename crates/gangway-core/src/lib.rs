@@ -14,7 +14,7 @@ pub use job::{
     SpecError, TopologyConstraint,
 };
 pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
-pub use queue::{Quota, QueueSpec, ResourceLimits};
+pub use queue::{QueueSpec, Quota, ResourceLimits};
 pub use resources::{Resource, Resources};
 
 /// Time in whole seconds on the scheduler's clock (wall-clock epoch seconds in

@@ -62,10 +62,7 @@ impl Resources {
 
     /// A vector with only GPUs set.
     pub fn gpus(gpus: u64) -> Self {
-        Resources {
-            gpus,
-            ..Self::ZERO
-        }
+        Resources { gpus, ..Self::ZERO }
     }
 
     /// The amount of one resource.

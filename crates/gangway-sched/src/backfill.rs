@@ -21,7 +21,9 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Job, replicas: u32) -> Option<Reser
     let req = s.request(job, replicas, None);
     let per = req.per;
     let need = per.gpus * u64::from(replicas);
-    let single = per.gpus > 0 && need <= state.max_node_gpus(req.class_mask) && job.spec.topology != TopologyConstraint::Any;
+    let single = per.gpus > 0
+        && need <= state.max_node_gpus(req.class_mask)
+        && job.spec.topology != TopologyConstraint::Any;
     let leaf_only = job.spec.topology == TopologyConstraint::Leaf;
     let nodes = state.nodes();
     // Hostable replicas per node and per leaf, kept up to date as jobs are released.
@@ -29,10 +31,15 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Job, replicas: u32) -> Option<Reser
         nodes[n]
             .class
             .map_or(per.gpus == 0, |c| req.class_mask & (1 << c) != 0)
-
     };
     let mut h: Vec<u64> = (0..nodes.len())
-        .map(|n| if class_ok(n) { hostable(&nodes[n], &trial, n, &per) } else { 0 })
+        .map(|n| {
+            if class_ok(n) {
+                hostable(&nodes[n], &trial, n, &per)
+            } else {
+                0
+            }
+        })
         .collect();
     let mut leaf_h = vec![0u64; state.leaves().len()];
     for (n, v) in h.iter().enumerate() {

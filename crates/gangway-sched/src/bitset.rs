@@ -49,7 +49,10 @@ impl Bitset {
     }
 
     /// Members in ascending order that are not in `exclude`.
-    pub fn iter_excluding<'a>(&'a self, exclude: Option<&'a Bitset>) -> impl Iterator<Item = usize> + 'a {
+    pub fn iter_excluding<'a>(
+        &'a self,
+        exclude: Option<&'a Bitset>,
+    ) -> impl Iterator<Item = usize> + 'a {
         self.words.iter().enumerate().flat_map(move |(wi, &w)| {
             let ex = exclude.and_then(|e| e.words.get(wi)).copied().unwrap_or(0);
             let mut bits = w & !ex;
@@ -84,7 +87,10 @@ mod tests {
         assert_eq!(b.iter().collect::<Vec<_>>(), vec![0, 63, 130, 199]);
         let mut ex = Bitset::new(200);
         ex.insert(130);
-        assert_eq!(b.iter_excluding(Some(&ex)).collect::<Vec<_>>(), vec![0, 63, 199]);
+        assert_eq!(
+            b.iter_excluding(Some(&ex)).collect::<Vec<_>>(),
+            vec![0, 63, 199]
+        );
         assert!(b.contains(199) && !b.contains(64) && !b.contains(10_000));
         assert!(!b.is_empty());
     }

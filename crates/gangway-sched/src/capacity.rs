@@ -36,6 +36,9 @@ pub struct Capacity {
     /// nominal quota it does not lend. Quota limits are checked against it, so
     /// nobody borrows what a sibling keeps for itself.
     pub demand: Vec<Resources>,
+    /// Per queue: usage of its subtree by non-preemptible jobs, which must stay
+    /// within nominal at every level (they cannot be reclaimed).
+    pub fixed: Vec<Resources>,
     /// Usage charged to the cluster root (all queues).
     pub root_usage: Resources,
     /// Demand on the whole cluster.
@@ -99,14 +102,26 @@ impl Capacity {
         self.set_free(nodes, n, m);
     }
 
-    /// Adds `r` (or removes it, when `add` is false) to queue `q` and all its ancestors.
-    pub fn charge(&mut self, queues: &[QueueInfo], q: QueueId, r: Resources, add: bool) {
+    /// Adds `r` (or removes it, when `add` is false) to queue `q` and all its
+    /// ancestors; `fixed` for non-preemptible jobs.
+    pub fn charge(
+        &mut self,
+        queues: &[QueueInfo],
+        q: QueueId,
+        r: Resources,
+        add: bool,
+        fixed: bool,
+    ) {
         let sign = if add { 1i128 } else { -1 };
         let mut delta = Resource::ALL.map(|res| sign * i128::from(r.get(res)));
         for &n in &queues[q as usize].path {
             let n = n as usize;
             let u = &mut self.usage[n];
             *u = if add { *u + r } else { *u - r };
+            if fixed {
+                let f = &mut self.fixed[n];
+                *f = if add { *f + r } else { *f - r };
+            }
             let floor = queues[n].floor();
             let d = &mut self.demand[n];
             for (i, res) in Resource::ALL.iter().enumerate() {

@@ -93,7 +93,7 @@ impl Explanation {
                 let at = b.at.map_or("the cluster", |a| queue_name(state, a));
                 match b.limit_kind {
                     QuotaLimit::NonPreemptibleNominal => format!(
-                        "queue {} is at {}/{} {u} of nominal quota and this job is not preemptible, so it may not borrow (needs {} more)",
+                        "queue {} has {}/{} {u} of its nominal quota held by non-preemptible jobs; this job is not preemptible, so it may not borrow (needs {} more)",
                         at, b.demand, b.limit, b.request
                     ),
                     QuotaLimit::BorrowingLimit if b.at == Some(b.queue) => format!(

@@ -102,6 +102,17 @@ pub struct Preempt {
     pub lost_work_gpu_seconds: u64,
 }
 
+/// Where a preemptor will start once its victims have exited.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedStart {
+    /// The preemptor.
+    pub job: JobId,
+    /// The GPUs its victims free, plus free ones.
+    pub placement: Placement,
+    /// The victims it waits for.
+    pub after: Vec<JobId>,
+}
+
 /// GPUs set aside for the head-of-line gang.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Reservation {
@@ -135,6 +146,8 @@ pub struct Decisions {
     pub preemptions: Vec<Preempt>,
     /// Reservations for head-of-line gangs.
     pub reservations: Vec<Reservation>,
+    /// Where preemptors will start when their victims exit.
+    pub planned: Vec<PlannedStart>,
     /// Every pending job that was not bound, with why.
     pub pending: Vec<Explanation>,
     /// Figures.
@@ -174,11 +187,12 @@ pub(crate) struct Session<'a> {
     /// Nodes reserved for head-of-line gangs.
     pub(crate) reserved: Bitset,
     fail_cache: HashMap<ShapeKey, FitFailure>,
+    fits_cache: HashMap<ShapeKey, bool>,
     /// Victims chosen this cycle.
     pub(crate) victims: HashSet<JobId>,
     /// Quota still charged to this cycle's victims (queue, amount): normal
     /// admission keeps counting it, preemptors' feasibility checks do not.
-    pub(crate) victim_quota: Vec<(QueueId, Resources)>,
+    pub(crate) victim_quota: Vec<(QueueId, Resources, bool)>,
     /// Jobs bound this cycle: estimated end, id, index into `decisions.binds`.
     pub(crate) bound: Vec<(Time, JobId, usize)>,
     pub(crate) preempt_searches: usize,
@@ -195,6 +209,7 @@ impl<'a> Session<'a> {
             cap: state.capacity.clone(),
             reserved: Bitset::new(n),
             fail_cache: HashMap::new(),
+            fits_cache: HashMap::new(),
             victims: HashSet::new(),
             victim_quota: Vec::new(),
             bound: Vec::new(),
@@ -223,7 +238,12 @@ impl<'a> Session<'a> {
         })
     }
 
-    pub(crate) fn request<'b>(&self, job: &Job, replicas: u32, exclude: Option<&'b Bitset>) -> placement::Request<'b> {
+    pub(crate) fn request<'b>(
+        &self,
+        job: &Job,
+        replicas: u32,
+        exclude: Option<&'b Bitset>,
+    ) -> placement::Request<'b> {
         placement::Request {
             replicas,
             per: job.per_replica(),
@@ -244,7 +264,9 @@ impl<'a> Session<'a> {
     ) -> Result<Placement, FitFailure> {
         let first = placement::place(self.state, cap, &self.request(job, max, exclude));
         let Err(fail) = first else { return first };
-        if min >= max || placement::place(self.state, cap, &self.request(job, min, exclude)).is_err() {
+        if min >= max
+            || placement::place(self.state, cap, &self.request(job, min, exclude)).is_err()
+        {
             return Err(fail);
         }
         let (mut lo, mut hi) = (min, max - 1);
@@ -259,7 +281,13 @@ impl<'a> Session<'a> {
         placement::place(self.state, cap, &self.request(job, lo, exclude))
     }
 
-    fn cached_place(&mut self, job: &Job, kq: u32, min: u32, all_reserved: bool) -> Result<Placement, FitFailure> {
+    fn cached_place(
+        &mut self,
+        job: &Job,
+        kq: u32,
+        min: u32,
+        all_reserved: bool,
+    ) -> Result<Placement, FitFailure> {
         let key = ShapeKey {
             per: job.per_replica(),
             mask: self.state.class_mask(&job.spec),
@@ -273,7 +301,11 @@ impl<'a> Session<'a> {
             return Err(*f);
         }
         self.decisions.stats.placement_searches += 1;
-        let exclude = if all_reserved { Some(&self.reserved) } else { None };
+        let exclude = if all_reserved {
+            Some(&self.reserved)
+        } else {
+            None
+        };
         let r = self.place_elastic(&self.cap, job, min, kq, exclude);
         if let Err(f) = r {
             self.fail_cache.insert(key, f);
@@ -281,14 +313,43 @@ impl<'a> Session<'a> {
         r
     }
 
+    /// Whether the job would fit if the reservation did not exist (cached per
+    /// shape for the cycle; only used to explain the wait).
+    fn fits_unreserved(&mut self, job: &Job, kq: u32, min: u32) -> bool {
+        let key = ShapeKey {
+            per: job.per_replica(),
+            mask: self.state.class_mask(&job.spec),
+            constraint: job.spec.topology,
+            replicas: kq,
+            min,
+            all_reserved_excluded: false,
+        };
+        if let Some(f) = self.fits_cache.get(&key) {
+            return *f;
+        }
+        let fits = self.cached_place(job, kq, min, false).is_ok();
+        self.fits_cache.insert(key, fits);
+        fits
+    }
+
     fn bind(&mut self, job: &Job, placement: Placement, backfilled: bool) {
         let per = job.per_replica();
         for rp in &placement.replicas {
-            self.cap
-                .take(&self.state.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+            self.cap.take(
+                &self.state.nodes,
+                rp.node,
+                rp.gpus,
+                per.cpu_millis,
+                per.memory_mib,
+            );
         }
-        self.cap
-            .charge(&self.state.queues, job.queue, per * placement.replicas.len() as u64, true);
+        self.cap.charge(
+            &self.state.queues,
+            job.queue,
+            per * placement.replicas.len() as u64,
+            true,
+            !job.spec.is_preemptible(),
+        );
         let est = self.now
             + job
                 .spec
@@ -309,8 +370,8 @@ impl<'a> Session<'a> {
     /// victims already chosen this cycle counts as gone (it went to their preemptors).
     pub(crate) fn trial(&self) -> Capacity {
         let mut t = self.cap.clone();
-        for (q, r) in &self.victim_quota {
-            t.charge(&self.state.queues, *q, *r, false);
+        for (q, r, fixed) in &self.victim_quota {
+            t.charge(&self.state.queues, *q, *r, false, *fixed);
         }
         t
     }
@@ -324,11 +385,19 @@ impl<'a> Session<'a> {
         for v in victims {
             if let JobStatus::Running(r) = &v.status {
                 let vp = v.per_replica();
-                self.victim_quota
-                    .push((v.queue, vp * r.placement.replicas.len() as u64));
+                self.victim_quota.push((
+                    v.queue,
+                    vp * r.placement.replicas.len() as u64,
+                    !v.spec.is_preemptible(),
+                ));
                 for rp in &r.placement.replicas {
-                    self.cap
-                        .give(&self.state.nodes, rp.node, rp.gpus, vp.cpu_millis, vp.memory_mib);
+                    self.cap.give(
+                        &self.state.nodes,
+                        rp.node,
+                        rp.gpus,
+                        vp.cpu_millis,
+                        vp.memory_mib,
+                    );
                 }
                 for rp in &r.placement.replicas {
                     let e = held.entry(rp.node).or_default();
@@ -340,8 +409,13 @@ impl<'a> Session<'a> {
         }
         let per = job.per_replica();
         for rp in &p.replicas {
-            self.cap
-                .take(&self.state.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+            self.cap.take(
+                &self.state.nodes,
+                rp.node,
+                rp.gpus,
+                per.cpu_millis,
+                per.memory_mib,
+            );
             if let Some(e) = held.get_mut(&rp.node) {
                 e.0 &= !rp.gpus;
                 e.1 = e.1.saturating_sub(per.cpu_millis);
@@ -355,8 +429,25 @@ impl<'a> Session<'a> {
             let mem = mem.min(self.cap.free_mem[i]);
             self.cap.take(&self.state.nodes, n, mask, cpu, mem);
         }
-        self.cap
-            .charge(&self.state.queues, job.queue, per * p.replicas.len() as u64, true);
+        self.cap.charge(
+            &self.state.queues,
+            job.queue,
+            per * p.replicas.len() as u64,
+            true,
+            !job.spec.is_preemptible(),
+        );
+        self.decisions.planned.push(PlannedStart {
+            job: job.id,
+            placement: p.clone(),
+            after: victims.iter().map(|v| v.id).collect(),
+        });
+    }
+
+    fn eta(&self, reason: &WaitReason) -> Option<Time> {
+        match reason {
+            WaitReason::Preempting { grace_seconds, .. } => Some(self.now + grace_seconds),
+            _ => None,
+        }
     }
 
     fn consider(&mut self, id: JobId) {
@@ -366,15 +457,26 @@ impl<'a> Session<'a> {
         let per = job.per_replica();
         let min = job.spec.min_gang();
         let preemptible = job.spec.is_preemptible();
-        let kq = match quota::max_admissible(state, &self.cap, job.queue, per, min, job.spec.replicas, preemptible) {
+        let kq = match quota::max_admissible(
+            state,
+            &self.cap,
+            job.queue,
+            per,
+            min,
+            job.spec.replicas,
+            preemptible,
+        ) {
             Ok(k) => k,
             Err(block) => {
                 if block.can_reclaim && self.cfg.preemption {
                     if let Some(reason) = self.awaiting_victims(job, min) {
                         return self.explain(id, reason, None);
                     }
-                    if let Some(reason) = preempt::try_preempt(self, job, min, PreemptReason::Reclaim) {
-                        return self.explain(id, reason, None);
+                    if let Some(reason) =
+                        preempt::try_preempt(self, job, min, PreemptReason::Reclaim)
+                    {
+                        let eta = self.eta(&reason);
+                        return self.explain(id, reason, eta);
                     }
                 }
                 return self.explain(id, WaitReason::Quota(block), None);
@@ -384,12 +486,14 @@ impl<'a> Session<'a> {
         let has_reservation = !self.decisions.reservations.is_empty();
         match self.cached_place(job, kq, min, !use_reserved) {
             Ok(p) => {
-                let backfilled = has_reservation && p.nodes().iter().any(|n| self.reserved.contains(*n as usize));
+                let backfilled = has_reservation
+                    && p.nodes()
+                        .iter()
+                        .any(|n| self.reserved.contains(*n as usize));
                 self.bind(job, p, backfilled);
-                return;
             }
             Err(fail) => {
-                if !use_reserved && self.cached_place(job, kq, min, false).is_ok() {
+                if !use_reserved && self.fits_unreserved(job, kq, min) {
                     let r = &self.decisions.reservations[0];
                     let reason = WaitReason::BehindReservation {
                         holder: r.job,
@@ -401,19 +505,29 @@ impl<'a> Session<'a> {
                     if let Some(reason) = self.awaiting_victims(job, min) {
                         return self.explain(id, reason, None);
                     }
-                    if let Some(reason) = preempt::try_preempt(self, job, min, PreemptReason::Priority) {
-                        return self.explain(id, reason, None);
+                    if let Some(reason) =
+                        preempt::try_preempt(self, job, min, PreemptReason::Priority)
+                    {
+                        let eta = self.eta(&reason);
+                        return self.explain(id, reason, eta);
                     }
                     if quota::within_nominal(state, &self.cap, job.queue, per * u64::from(min)) {
-                        if let Some(reason) = preempt::try_preempt(self, job, min, PreemptReason::Reclaim) {
-                            return self.explain(id, reason, None);
+                        if let Some(reason) =
+                            preempt::try_preempt(self, job, min, PreemptReason::Reclaim)
+                        {
+                            let eta = self.eta(&reason);
+                            return self.explain(id, reason, eta);
                         }
                     }
                 }
-                if let Some(block) = quota::borrow_block(state, &self.cap, job.queue, per * u64::from(min)) {
+                if let Some(block) =
+                    quota::borrow_block(state, &self.cap, job.queue, per * u64::from(min))
+                {
                     return self.explain(id, WaitReason::Quota(block), None);
                 }
-                if self.cfg.backfill && self.decisions.reservations.len() < self.cfg.max_reservations {
+                if self.cfg.backfill
+                    && self.decisions.reservations.len() < self.cfg.max_reservations
+                {
                     if let Some(r) = backfill::reserve(self, job, kq.max(min)) {
                         let reason = WaitReason::Reserved {
                             start_at: r.start_at,
@@ -451,7 +565,14 @@ impl<'a> Session<'a> {
             preempt::release_into(state, &mut trial, v);
         }
         let per = job.per_replica();
-        quota::check(state, &trial, job.queue, per * u64::from(min), job.spec.is_preemptible()).ok()?;
+        quota::check(
+            state,
+            &trial,
+            job.queue,
+            per * u64::from(min),
+            job.spec.is_preemptible(),
+        )
+        .ok()?;
         let p = self.place_elastic(&trial, job, min, min, None).ok()?;
         self.claim(job, &mine, &p);
         Some(WaitReason::AwaitingPreemption {

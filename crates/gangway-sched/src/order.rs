@@ -18,12 +18,13 @@ pub fn weighted_share(state: &ClusterState, cap: &Capacity, q: QueueId) -> u64 {
 }
 
 type Key = (u64, Time, usize);
+type QueueCursor<'a> = (QueueId, Peekable<btree_set::Iter<'a, (Time, JobId)>>);
 
 /// Walks one priority level's pending jobs in fair-share order.
 pub struct LevelWalk<'a> {
     state: &'a ClusterState,
     fair: bool,
-    queues: Vec<(QueueId, Peekable<btree_set::Iter<'a, (Time, JobId)>>)>,
+    queues: Vec<QueueCursor<'a>>,
     heap: BinaryHeap<Reverse<Key>>,
     repush: Option<usize>,
 }

@@ -57,7 +57,11 @@ pub enum FitFailure {
 }
 
 /// Places a gang on `cap`, or says why it cannot.
-pub fn place(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Result<Placement, FitFailure> {
+pub fn place(
+    state: &ClusterState,
+    cap: &Capacity,
+    req: &Request<'_>,
+) -> Result<Placement, FitFailure> {
     let g = req.per.gpus;
     let need = g * u64::from(req.replicas);
     let max_node = if g == 0 {
@@ -97,14 +101,14 @@ fn class_ok(info: &NodeInfo, mask: u64, g: u64) -> bool {
 /// How many replicas of `per` fit in what node `n` has free.
 pub(crate) fn hostable(info: &NodeInfo, cap: &Capacity, n: usize, per: &Resources) -> u64 {
     let mut h = u64::MAX;
-    if per.gpus > 0 {
-        h = h.min(u64::from(cap.free[n].count_ones()) / per.gpus);
-    }
-    if per.cpu_millis > 0 {
-        h = h.min(cap.free_cpu[n] / per.cpu_millis);
-    }
-    if per.memory_mib > 0 {
-        h = h.min(cap.free_mem[n] / per.memory_mib);
+    for (have, per) in [
+        (u64::from(cap.free[n].count_ones()), per.gpus),
+        (cap.free_cpu[n], per.cpu_millis),
+        (cap.free_mem[n], per.memory_mib),
+    ] {
+        if let Some(k) = have.checked_div(per) {
+            h = h.min(k);
+        }
     }
     if !info.schedulable() || h == u64::MAX {
         0
@@ -123,11 +127,17 @@ fn place_one_node(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Op
     let fits = |n: usize, one_island: bool| {
         let info = &state.nodes()[n];
         hostable(info, cap, n, &req.per) >= r
-            && (!one_island || info.islands.iter().any(|m| u64::from((cap.free[n] & m).count_ones()) >= need))
+            && (!one_island
+                || info
+                    .islands
+                    .iter()
+                    .any(|m| u64::from((cap.free[n] & m).count_ones()) >= need))
     };
     let chosen = if g == 0 {
         (0..state.nodes().len()).find(|&n| {
-            req.exclude.is_none_or(|e| !e.contains(n)) && class_ok(&state.nodes()[n], 0, 0) && fits(n, false)
+            req.exclude.is_none_or(|e| !e.contains(n))
+                && class_ok(&state.nodes()[n], 0, 0)
+                && fits(n, false)
         })
     } else {
         let mut found = None;
@@ -139,7 +149,10 @@ fn place_one_node(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Op
                     if req.class_mask & (1 << c) == 0 {
                         continue;
                     }
-                    if let Some(n) = buckets[f].iter_excluding(req.exclude).find(|&n| fits(n, one_island)) {
+                    if let Some(n) = buckets[f]
+                        .iter_excluding(req.exclude)
+                        .find(|&n| fits(n, one_island))
+                    {
                         best = Some(best.map_or(n, |b: usize| b.min(n)));
                     }
                 }
@@ -246,7 +259,11 @@ pub fn pick_gpus(info: &NodeInfo, free: u64, g: u64, replicas: u32) -> Option<(V
     Some((out, false))
 }
 
-fn largest_block(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> (u64, Option<NodeIdx>) {
+fn largest_block(
+    state: &ClusterState,
+    cap: &Capacity,
+    req: &Request<'_>,
+) -> (u64, Option<NodeIdx>) {
     let top = state.max_node_gpus(req.class_mask) as usize;
     for f in (1..=top).rev() {
         let mut best: Option<usize> = None;
@@ -265,7 +282,11 @@ fn largest_block(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> (u6
     (0, None)
 }
 
-fn place_spread(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Result<Placement, FitFailure> {
+fn place_spread(
+    state: &ClusterState,
+    cap: &Capacity,
+    req: &Request<'_>,
+) -> Result<Placement, FitFailure> {
     let g = req.per.gpus;
     let want = u64::from(req.replicas);
     let nodes = state.nodes();
@@ -278,7 +299,9 @@ fn place_spread(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Resu
         if g == 0 || cap.leaf_free[li] >= g {
             for &n in &leaf.nodes {
                 let ni = n as usize;
-                if req.exclude.is_some_and(|e| e.contains(ni)) || !class_ok(&nodes[ni], req.class_mask, g) {
+                if req.exclude.is_some_and(|e| e.contains(ni))
+                    || !class_ok(&nodes[ni], req.class_mask, g)
+                {
                     continue;
                 }
                 let h = hostable(&nodes[ni], cap, ni, &req.per);
@@ -314,7 +337,13 @@ fn place_spread(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Resu
             ls.sort_by_key(|&l| (std::cmp::Reverse(per_leaf[l].0), l));
         };
         let spines = state.spines();
-        let spine_total = |s: usize| -> u64 { spines[s].leaves.iter().map(|&l| per_leaf[l as usize].0).sum() };
+        let spine_total = |s: usize| -> u64 {
+            spines[s]
+                .leaves
+                .iter()
+                .map(|&l| per_leaf[l as usize].0)
+                .sum()
+        };
         let best_spine = (0..spines.len())
             .filter(|&s| spine_total(s) >= want)
             .min_by_key(|&s| (spine_total(s), s));
@@ -361,7 +390,11 @@ fn place_spread(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Resu
             let k = h.min(left);
             let info = &nodes[n as usize];
             let (masks, _) = pick_gpus(info, cap.free[n as usize], g, k as u32).ok_or(fail(0))?;
-            replicas.extend(masks.into_iter().map(|gpus| ReplicaPlacement { node: n, gpus }));
+            replicas.extend(
+                masks
+                    .into_iter()
+                    .map(|gpus| ReplicaPlacement { node: n, gpus }),
+            );
             left -= k;
         }
         if left == 0 {
@@ -390,9 +423,15 @@ pub fn span_level(state: &ClusterState, replicas: &[ReplicaPlacement]) -> Topolo
             TopologyLevel::Node
         };
     }
-    if replicas.iter().all(|r| nodes[r.node as usize].leaf == f.leaf) {
+    if replicas
+        .iter()
+        .all(|r| nodes[r.node as usize].leaf == f.leaf)
+    {
         TopologyLevel::Leaf
-    } else if replicas.iter().all(|r| nodes[r.node as usize].spine == f.spine) {
+    } else if replicas
+        .iter()
+        .all(|r| nodes[r.node as usize].spine == f.spine)
+    {
         TopologyLevel::Spine
     } else {
         TopologyLevel::Cluster

@@ -22,9 +22,21 @@ pub fn release_into(state: &ClusterState, cap: &mut Capacity, job: &Job) {
 pub fn release_placement(state: &ClusterState, cap: &mut Capacity, job: &Job, p: &Placement) {
     let per = job.per_replica();
     for rp in &p.replicas {
-        cap.give(state.nodes(), rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+        cap.give(
+            state.nodes(),
+            rp.node,
+            rp.gpus,
+            per.cpu_millis,
+            per.memory_mib,
+        );
     }
-    cap.charge(state.queues(), job.queue, per * p.replicas.len() as u64, false);
+    cap.charge(
+        state.queues(),
+        job.queue,
+        per * p.replicas.len() as u64,
+        false,
+        !job.spec.is_preemptible(),
+    );
 }
 
 fn related(state: &ClusterState, a: QueueId, b: QueueId) -> bool {
@@ -58,7 +70,12 @@ fn feasible(s: &Session<'_>, job: &Job, min: u32, victims: &[&Job]) -> Option<Pl
 
 /// Tries to make room for `job` (with `min` replicas) by preempting. On success
 /// records the preemptions, holds the target nodes and returns the reason to show.
-pub(crate) fn try_preempt(s: &mut Session<'_>, job: &Job, min: u32, reason: PreemptReason) -> Option<WaitReason> {
+pub(crate) fn try_preempt(
+    s: &mut Session<'_>,
+    job: &Job,
+    min: u32,
+    reason: PreemptReason,
+) -> Option<WaitReason> {
     if s.preempt_searches >= s.cfg.max_preemption_searches {
         return None;
     }
@@ -68,7 +85,10 @@ pub(crate) fn try_preempt(s: &mut Session<'_>, job: &Job, min: u32, reason: Pree
     let mut cands: Vec<Candidate<'_>> = Vec::new();
     for (_, vid) in state.running_by_end() {
         let Some(v) = state.job(vid) else { continue };
-        if !v.spec.is_preemptible() || s.victims.contains(&vid) || state.preempting.contains_key(&vid) {
+        if !v.spec.is_preemptible()
+            || s.victims.contains(&vid)
+            || state.preempting.contains_key(&vid)
+        {
             continue;
         }
         let b = *borrowing
@@ -82,7 +102,9 @@ pub(crate) fn try_preempt(s: &mut Session<'_>, job: &Job, min: u32, reason: Pree
             continue;
         }
         let lost = v.lost_work_gpu_seconds(now);
-        let JobStatus::Running(r) = &v.status else { continue };
+        let JobStatus::Running(r) = &v.status else {
+            continue;
+        };
         let tiebreak = u64::MAX - r.started; // newest first among equals
         let cost = match reason {
             PreemptReason::Priority => (lost, v.priority, tiebreak),
@@ -98,7 +120,10 @@ pub(crate) fn try_preempt(s: &mut Session<'_>, job: &Job, min: u32, reason: Pree
     let per = job.per_replica();
     let need = per.gpus * u64::from(min);
     let single = need <= state.max_node_gpus(state.class_mask(&job.spec))
-        && matches!(job.spec.topology, TopologyConstraint::Auto | TopologyConstraint::Node);
+        && matches!(
+            job.spec.topology,
+            TopologyConstraint::Auto | TopologyConstraint::Node
+        );
     let chosen = if single && per.gpus > 0 {
         per_node_search(s, job, min, &cands)
     } else {
@@ -166,7 +191,9 @@ fn per_node_search<'a, 'b>(
         let mut lost = 0;
         for &i in idxs {
             let v = cands[i].job;
-            let JobStatus::Running(run) = &v.status else { continue };
+            let JobStatus::Running(run) = &v.status else {
+                continue;
+            };
             let vp = v.per_replica();
             for rp in run.placement.replicas.iter().filter(|rp| rp.node == n) {
                 g += u64::from((rp.gpus & info.healthy).count_ones());

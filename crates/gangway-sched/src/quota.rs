@@ -97,15 +97,17 @@ pub fn check(
                 can_reclaim: false,
             };
             if let Some(nom) = quota.nominal.get(res) {
-                if req.get(res) > 0 && !preemptible && usage.get(res) + req.get(res) > nom {
-                    return Err(mk(QuotaLimit::NonPreemptibleNominal, nom, usage.get(res)));
+                let fixed = cap.fixed[n as usize].get(res);
+                if req.get(res) > 0 && !preemptible && fixed + req.get(res) > nom {
+                    return Err(mk(QuotaLimit::NonPreemptibleNominal, nom, fixed));
                 }
                 if let Some(b) = quota.borrowing_limit.get(res) {
                     if delta.get(res) > 0 && d_new > nom + b {
                         let mut blk = mk(QuotaLimit::BorrowingLimit, nom + b, demand.get(res));
                         // Reclaim applies when the gang stays within nominal below this level
                         // and it is the children's borrowing that fills this queue.
-                        blk.can_reclaim = within_nominal && n != q && usage.get(res) + req.get(res) <= nom + b;
+                        blk.can_reclaim =
+                            within_nominal && n != q && usage.get(res) + req.get(res) <= nom + b;
                         return Err(blk);
                     }
                 }
@@ -192,11 +194,9 @@ pub fn within_nominal(state: &ClusterState, cap: &Capacity, q: QueueId, req: Res
             continue;
         }
         return Resource::ALL.iter().all(|res| {
-            info.spec
-                .quota
-                .nominal
-                .get(*res)
-                .is_none_or(|nom| req.get(*res) == 0 || cap.usage[n as usize].get(*res) + req.get(*res) <= nom)
+            info.spec.quota.nominal.get(*res).is_none_or(|nom| {
+                req.get(*res) == 0 || cap.usage[n as usize].get(*res) + req.get(*res) <= nom
+            })
         });
     }
     false
@@ -206,15 +206,25 @@ pub fn within_nominal(state: &ClusterState, cap: &Capacity, q: QueueId, req: Res
 /// above nominal): the quota view of why it waits, when the cohort it borrows
 /// from has less idle than it needs. Borrowers wait for idle quota; they do not
 /// reclaim and do not hold reservations.
-pub fn borrow_block(state: &ClusterState, cap: &Capacity, q: QueueId, req: Resources) -> Option<QuotaBlock> {
+pub fn borrow_block(
+    state: &ClusterState,
+    cap: &Capacity,
+    q: QueueId,
+    req: Resources,
+) -> Option<QuotaBlock> {
     let queues = state.queues();
     let path = &queues[q as usize].path;
-    let first = path.iter().position(|&n| queues[n as usize].has_nominal())?;
+    let first = path
+        .iter()
+        .position(|&n| queues[n as usize].has_nominal())?;
     let n = path[first];
     let nominal = queues[n as usize].spec.quota.nominal;
-    let res = Resource::ALL
-        .into_iter()
-        .find(|r| req.get(*r) > 0 && nominal.get(*r).is_some_and(|nom| cap.usage[n as usize].get(*r) + req.get(*r) > nom))?;
+    let res = Resource::ALL.into_iter().find(|r| {
+        req.get(*r) > 0
+            && nominal
+                .get(*r)
+                .is_some_and(|nom| cap.usage[n as usize].get(*r) + req.get(*r) > nom)
+    })?;
     // The cohort: the next ancestor with a nominal quota for `res`, else the cluster.
     let cohort = path[first + 1..]
         .iter()

@@ -278,7 +278,9 @@ pub enum Rejection {
         max: u64,
     },
     /// CPU or memory per replica larger than any node.
-    #[error("resources.{resource}: {need} {unit} per replica but no matching node has more than {max}")]
+    #[error(
+        "resources.{resource}: {need} {unit} per replica but no matching node has more than {max}"
+    )]
     ReplicaResourceTooLarge {
         /// Which resource.
         resource: Resource,
@@ -290,7 +292,9 @@ pub enum Rejection {
         max: u64,
     },
     /// `topology: node` for a gang larger than any node.
-    #[error("topology: the gang needs {need} GPUs on one node but no matching node has more than {max}")]
+    #[error(
+        "topology: the gang needs {need} GPUs on one node but no matching node has more than {max}"
+    )]
     GangTooLargeForNode {
         /// Asked for.
         need: u64,
@@ -314,7 +318,9 @@ pub enum Rejection {
         have: u64,
     },
     /// More than the queue could ever get.
-    #[error("queue {queue}: the gang needs {need} {resource} but {limit_kind} allows at most {limit}")]
+    #[error(
+        "queue {queue}: the gang needs {need} {resource} but {limit_kind} allows at most {limit}"
+    )]
     ExceedsQueueLimit {
         /// Queue whose limit is hit.
         queue: String,
@@ -561,6 +567,7 @@ impl ClusterState {
             self.queues[p as usize].children.push(id);
         }
         self.capacity.usage.push(Resources::ZERO);
+        self.capacity.fixed.push(Resources::ZERO);
         self.capacity.demand.push(Resources::ZERO);
         self.capacity.recompute_demand(&self.queues);
         Ok(id)
@@ -588,7 +595,9 @@ impl ClusterState {
                 .iter()
                 .any(|g| g.model != first.model || g.memory_gib != first.memory_gib)
             {
-                return Err(bad("all GPUs of a node must have the same model and memory".into()));
+                return Err(bad(
+                    "all GPUs of a node must have the same model and memory".into(),
+                ));
             }
             let mut seen = BTreeSet::new();
             if !spec.gpus.iter().all(|g| seen.insert(g.index)) {
@@ -714,7 +723,12 @@ impl ClusterState {
 
     /// Marks one GPU (by position in the node's list) healthy or not.
     /// An unhealthy GPU is never assigned again until it is marked healthy.
-    pub fn set_gpu_health(&mut self, node: &str, gpu: usize, healthy: bool) -> Result<(), StateError> {
+    pub fn set_gpu_health(
+        &mut self,
+        node: &str,
+        gpu: usize,
+        healthy: bool,
+    ) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
         let info = &mut self.nodes[n as usize];
         if gpu >= info.spec.gpus.len() {
@@ -759,7 +773,10 @@ impl ClusterState {
         let r = &spec.resources;
         let mut m = 0u64;
         for (i, c) in self.classes.iter().enumerate() {
-            let model_ok = r.gpu_model.as_ref().is_none_or(|x| x.eq_ignore_ascii_case(&c.model));
+            let model_ok = r
+                .gpu_model
+                .as_ref()
+                .is_none_or(|x| x.eq_ignore_ascii_case(&c.model));
             let mem_ok = r.min_gpu_memory_gib.is_none_or(|x| c.memory_gib >= x);
             if model_ok && mem_ok {
                 m |= 1 << i;
@@ -779,13 +796,22 @@ impl ClusterState {
         let min_gang = u64::from(spec.min_gang());
         if r.gpus > 0 {
             if let Some(model) = &r.gpu_model {
-                if !self.classes.iter().any(|c| c.model.eq_ignore_ascii_case(model)) {
-                    let mut names: Vec<&str> = self.classes.iter().map(|c| c.model.as_str()).collect();
+                if !self
+                    .classes
+                    .iter()
+                    .any(|c| c.model.eq_ignore_ascii_case(model))
+                {
+                    let mut names: Vec<&str> =
+                        self.classes.iter().map(|c| c.model.as_str()).collect();
                     names.sort_unstable();
                     names.dedup();
                     return Err(Rejection::NoSuchModel {
                         model: model.clone(),
-                        available: if names.is_empty() { "none".into() } else { names.join(", ") },
+                        available: if names.is_empty() {
+                            "none".into()
+                        } else {
+                            names.join(", ")
+                        },
                     });
                 }
             }
@@ -794,7 +820,11 @@ impl ClusterState {
                 let max = self
                     .classes
                     .iter()
-                    .filter(|c| r.gpu_model.as_ref().is_none_or(|x| x.eq_ignore_ascii_case(&c.model)))
+                    .filter(|c| {
+                        r.gpu_model
+                            .as_ref()
+                            .is_none_or(|x| x.eq_ignore_ascii_case(&c.model))
+                    })
                     .map(|c| c.memory_gib)
                     .max()
                     .unwrap_or(0);
@@ -812,12 +842,18 @@ impl ClusterState {
             }
             let need = min_gang * u64::from(r.gpus);
             if spec.topology == TopologyConstraint::Node && need > max_node {
-                return Err(Rejection::GangTooLargeForNode { need, max: max_node });
+                return Err(Rejection::GangTooLargeForNode {
+                    need,
+                    max: max_node,
+                });
             }
             if spec.topology == TopologyConstraint::Leaf {
                 let max_leaf = self.max_leaf_gpus(mask);
                 if need > max_leaf {
-                    return Err(Rejection::GangTooLargeForLeaf { need, max: max_leaf });
+                    return Err(Rejection::GangTooLargeForLeaf {
+                        need,
+                        max: max_leaf,
+                    });
                 }
             }
             let have: u64 = self
@@ -834,12 +870,20 @@ impl ClusterState {
             (
                 Resource::CpuMillis,
                 per.cpu_millis,
-                self.nodes.iter().map(|n| n.spec.cpu_millis).max().unwrap_or(0),
+                self.nodes
+                    .iter()
+                    .map(|n| n.spec.cpu_millis)
+                    .max()
+                    .unwrap_or(0),
             ),
             (
                 Resource::MemoryMib,
                 per.memory_mib,
-                self.nodes.iter().map(|n| n.spec.memory_mib).max().unwrap_or(0),
+                self.nodes
+                    .iter()
+                    .map(|n| n.spec.memory_mib)
+                    .max()
+                    .unwrap_or(0),
             ),
         ] {
             if need > max {
@@ -1025,11 +1069,24 @@ impl ClusterState {
             self.capacity.take(&self.nodes, n, mask, cpu, mem);
             self.node_jobs[n as usize].push(id);
         }
-        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?.clone();
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or(StateError::UnknownJob(id))?
+            .clone();
         self.pop_pending(&job);
-        self.capacity
-            .charge(&self.queues, job.queue, per * u64::from(n_rep), true);
-        let est_end = now + job.spec.runtime_seconds.unwrap_or(self.config.default_runtime_seconds);
+        self.capacity.charge(
+            &self.queues,
+            job.queue,
+            per * u64::from(n_rep),
+            true,
+            !job.spec.is_preemptible(),
+        );
+        let est_end = now
+            + job
+                .spec
+                .runtime_seconds
+                .unwrap_or(self.config.default_runtime_seconds);
         self.running_by_end.insert((est_end, id));
         if let Some(j) = self.jobs.get_mut(&id) {
             j.status = JobStatus::Running(RunInfo {
@@ -1089,18 +1146,25 @@ impl ClusterState {
         let queue = job.queue;
         let per = job.per_replica();
         for rp in &run.placement.replicas {
-            self.capacity
-                .give(&self.nodes, rp.node, rp.gpus, per.cpu_millis, per.memory_mib);
+            self.capacity.give(
+                &self.nodes,
+                rp.node,
+                rp.gpus,
+                per.cpu_millis,
+                per.memory_mib,
+            );
             let v = &mut self.node_jobs[rp.node as usize];
             if let Some(p) = v.iter().position(|j| *j == id) {
                 v.swap_remove(p);
             }
         }
+        let fixed = !job.spec.is_preemptible();
         self.capacity.charge(
             &self.queues,
             queue,
             per * run.placement.replicas.len() as u64,
             false,
+            fixed,
         );
         self.running_by_end.remove(&(run.est_end, id));
         self.preempting.remove(&id);
@@ -1169,7 +1233,11 @@ impl ClusterState {
             if cpu[i] > n.spec.cpu_millis || mem[i] > n.spec.memory_mib {
                 return Err(format!("node {i} overcommitted"));
             }
-            let want = if n.schedulable() { n.healthy & !alloc[i] } else { 0 };
+            let want = if n.schedulable() {
+                n.healthy & !alloc[i]
+            } else {
+                0
+            };
             if want != self.capacity.free[i] {
                 return Err(format!("free mask mismatch on node {i}"));
             }

@@ -7,7 +7,6 @@ use common::Driver;
 use gangway_core::{
     Gpu, JobSpec, NodeSpec, PriorityClass, QueueSpec, ResourceLimits, Resources, TopologyConstraint,
 };
-use gangway_sched::placement::{place, Request};
 use gangway_sched::{quota, schedule, ClusterState, JobStatus, SchedulerConfig, StateConfig};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -42,8 +41,16 @@ struct JobGen {
 }
 
 fn node_gen() -> impl Strategy<Value = NodeGen> {
-    (prop::sample::select(vec![2u32, 4, 8]), any::<bool>(), prop::option::weighted(0.15, 0u32..8))
-        .prop_map(|(gpus, islands, unhealthy)| NodeGen { gpus, islands, unhealthy })
+    (
+        prop::sample::select(vec![2u32, 4, 8]),
+        any::<bool>(),
+        prop::option::weighted(0.15, 0u32..8),
+    )
+        .prop_map(|(gpus, islands, unhealthy)| NodeGen {
+            gpus,
+            islands,
+            unhealthy,
+        })
 }
 
 fn queue_gen() -> impl Strategy<Value = QueueGen> {
@@ -53,7 +60,12 @@ fn queue_gen() -> impl Strategy<Value = QueueGen> {
         prop::option::weighted(0.4, 0u64..16),
         1u32..4,
     )
-        .prop_map(|(nominal, borrow, lend, weight)| QueueGen { nominal, borrow, lend, weight })
+        .prop_map(|(nominal, borrow, lend, weight)| QueueGen {
+            nominal,
+            borrow,
+            lend,
+            weight,
+        })
 }
 
 fn job_gen(queues: usize) -> impl Strategy<Value = JobGen> {
@@ -70,7 +82,18 @@ fn job_gen(queues: usize) -> impl Strategy<Value = JobGen> {
         0usize..4,
     )
         .prop_map(
-            |(queue, replicas, gpus, prio, preemptible, runtime, actual, arrival, elastic, topology)| JobGen {
+            |(
+                queue,
+                replicas,
+                gpus,
+                prio,
+                preemptible,
+                runtime,
+                actual,
+                arrival,
+                elastic,
+                topology,
+            )| JobGen {
                 queue,
                 replicas,
                 gpus,
@@ -94,7 +117,11 @@ fn world() -> impl Strategy<Value = World> {
     )
         .prop_flat_map(|(leaves, queues)| {
             let n = queues.len();
-            (Just(leaves), Just(queues), prop::collection::vec(job_gen(n), 1..60))
+            (
+                Just(leaves),
+                Just(queues),
+                prop::collection::vec(job_gen(n), 1..60),
+            )
         })
 }
 
@@ -114,7 +141,14 @@ fn build(leaves: &[Vec<NodeGen>], queues: &[QueueGen]) -> ClusterState {
                     island: if n.islands { g / 2 } else { 0 },
                 })
                 .collect();
-            let mut spec = NodeSpec::uniform(&format!("n{i}"), &format!("leaf{l}"), &format!("spine{}", l / 2), 0, "H100", 80);
+            let mut spec = NodeSpec::uniform(
+                &format!("n{i}"),
+                &format!("leaf{l}"),
+                &format!("spine{}", l / 2),
+                0,
+                "H100",
+                80,
+            );
             spec.gpus = gpus;
             spec.cpu_millis = 64_000;
             spec.memory_mib = 1 << 20;
@@ -124,7 +158,8 @@ fn build(leaves: &[Vec<NodeGen>], queues: &[QueueGen]) -> ClusterState {
     }
     // An organisation queue over team queues.
     let total: u64 = queues.iter().filter_map(|q| q.nominal).sum();
-    s.add_queue(QueueSpec::gpus("org", None, total)).expect("org");
+    s.add_queue(QueueSpec::gpus("org", None, total))
+        .expect("org");
     for (k, q) in queues.iter().enumerate() {
         let mut spec = QueueSpec::unlimited(&format!("team{k}"), Some("org"));
         spec.weight = q.weight;
@@ -138,7 +173,12 @@ fn build(leaves: &[Vec<NodeGen>], queues: &[QueueGen]) -> ClusterState {
 
 fn spec(j: &JobGen) -> JobSpec {
     let mut s = JobSpec::new("j", &format!("team{}", j.queue), j.replicas, j.gpus);
-    s.priority = [PriorityClass::Low, PriorityClass::Normal, PriorityClass::High, PriorityClass::Production][j.prio];
+    s.priority = [
+        PriorityClass::Low,
+        PriorityClass::Normal,
+        PriorityClass::High,
+        PriorityClass::Production,
+    ][j.prio];
     s.preemptible = j.preemptible;
     s.runtime_seconds = j.runtime;
     s.checkpoint.grace_seconds = 20;
@@ -155,7 +195,12 @@ fn spec(j: &JobGen) -> JobSpec {
 /// Independent recomputation of demand (usage plus children's kept quota) per queue.
 fn demand(s: &ClusterState, q: usize, usage: &[Resources]) -> u64 {
     let info = &s.queues()[q];
-    let own = usage[q].gpus - info.children.iter().map(|c| usage[*c as usize].gpus).sum::<u64>();
+    let own = usage[q].gpus
+        - info
+            .children
+            .iter()
+            .map(|c| usage[*c as usize].gpus)
+            .sum::<u64>();
     own + info
         .children
         .iter()
@@ -181,10 +226,18 @@ fn check_quotas(s: &ClusterState) -> Result<(), TestCaseError> {
     for (q, info) in s.queues().iter().enumerate() {
         let quota = &info.spec.quota;
         if let Some(nom) = quota.nominal.gpus {
-            prop_assert!(fixed[q] <= nom, "non-preemptible work borrowed in {}", info.spec.name);
+            prop_assert!(
+                fixed[q] <= nom,
+                "non-preemptible work borrowed in {}",
+                info.spec.name
+            );
             if let Some(b) = quota.borrowing_limit.gpus {
                 let d = demand(s, q, &usage);
-                prop_assert!(d <= nom + b, "queue {} demand {d} > nominal {nom} + borrowing {b}", info.spec.name);
+                prop_assert!(
+                    d <= nom + b,
+                    "queue {} demand {d} > nominal {nom} + borrowing {b}",
+                    info.spec.name
+                );
             }
         }
     }
@@ -193,33 +246,46 @@ fn check_quotas(s: &ClusterState) -> Result<(), TestCaseError> {
 
 fn check_preemptors_fit(d: &Driver) -> Result<(), TestCaseError> {
     let out = &d.last;
-    if out.preemptions.is_empty() {
+    if out.planned.is_empty() {
         return Ok(());
     }
+    // Once every victim has exited, every preemptor starts where it was promised.
     let mut trial = d.state.clone();
-    for p in &out.preemptions {
-        trial.requeue(p.job).expect("victim was running");
+    for p in &out.planned {
+        for v in &p.after {
+            if trial
+                .job(*v)
+                .is_some_and(|j| matches!(j.status, JobStatus::Running(_)))
+            {
+                trial.requeue(*v).expect("victim was running");
+            }
+        }
     }
-    let mut preemptors: Vec<_> = out.preemptions.iter().map(|p| p.by).collect();
-    preemptors.dedup();
-    for by in preemptors {
-        let job = trial.job(by).expect("preemptor pending").clone();
-        let min = job.spec.min_gang();
+    for p in &out.planned {
+        let job = trial.job(p.job).expect("preemptor pending").clone();
         let per = job.per_replica();
-        prop_assert!(
-            quota::check(&trial, trial.capacity(), job.queue, per * u64::from(min), job.spec.is_preemptible()).is_ok(),
-            "preemptor {by} still blocked by quota"
+        let n = p.placement.replicas.len() as u64;
+        let qc = quota::check(
+            &trial,
+            trial.capacity(),
+            job.queue,
+            per * n,
+            job.spec.is_preemptible(),
         );
-        let req = Request {
-            replicas: min,
-            per,
-            class_mask: trial.class_mask(&job.spec),
-            constraint: job.spec.topology,
-            exclude: None,
-        };
-        let p = place(&trial, trial.capacity(), &req);
-        prop_assert!(p.is_ok(), "preemptor {by} does not fit after its victims leave: {p:?}");
-        trial.bind(by, p.expect("checked"), d.now).expect("binds");
+        prop_assert!(qc.is_ok(), "preemptor {} still blocked by quota", p.job);
+        let r = trial.bind(p.job, p.placement.clone(), d.now);
+        prop_assert!(
+            r.is_ok(),
+            "preemptor {} does not fit after its victims leave: {r:?}",
+            p.job
+        );
+    }
+    // And the victims were enough: each preemptor's placement needs only free GPUs or its victims'.
+    for p in &out.preemptions {
+        prop_assert!(out
+            .planned
+            .iter()
+            .any(|pl| pl.job == p.by && pl.after.contains(&p.job)));
     }
     Ok(())
 }
@@ -267,12 +333,6 @@ proptest! {
             }
             // Every pending job is explained exactly once.
             prop_assert_eq!(out.pending.len() + out.binds.len(), out.stats.considered);
-            if std::env::var("GW_DEBUG").is_ok() {
-                let t0 = d.state.queue_index("team0").expect("q");
-                eprintln!("t={} team0={} binds={:?} pre={:?}", d.now, d.state.queue_usage(t0).gpus,
-                    out.binds.iter().map(|b| (b.job, b.placement.replicas.len())).collect::<Vec<_>>(),
-                    out.preemptions.iter().map(|p| (p.job, p.by)).collect::<Vec<_>>());
-            }
             check_quotas(&d.state)?;
             check_preemptors_fit(&d)?;
             // Preemption only of preemptible, lower-priority or borrowing work.

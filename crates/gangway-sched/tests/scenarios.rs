@@ -4,10 +4,12 @@ mod common;
 
 use common::{cluster, job, queue, Driver};
 use gangway_core::{
-    Gpu, JobSpec, NodeSpec, PriorityClass, Quota, QueueSpec, ResourceLimits, TopologyConstraint, TopologyLevel,
+    Gpu, JobSpec, NodeSpec, PriorityClass, QueueSpec, Quota, ResourceLimits, TopologyConstraint,
+    TopologyLevel,
 };
 use gangway_sched::{
-    schedule, ClusterState, FitFailure, PreemptReason, Rejection, SchedulerConfig, StateConfig, WaitReason,
+    schedule, ClusterState, FitFailure, PreemptReason, Rejection, SchedulerConfig, StateConfig,
+    WaitReason,
 };
 
 #[test]
@@ -24,7 +26,11 @@ fn gang_of_64_on_60_free_gpus_waits_and_holds_nothing() {
     assert!(out.binds.is_empty(), "no partial gang");
     assert!(!d.is_running(big));
     assert_eq!(d.state.free_gpus(), 60, "a waiting gang holds nothing");
-    let e = out.pending.iter().find(|e| e.job == big).expect("explained");
+    let e = out
+        .pending
+        .iter()
+        .find(|e| e.job == big)
+        .expect("explained");
     // Reserved behind the 4-GPU job with an estimated start when it ends.
     assert_eq!(e.estimated_start, Some(3600));
     assert!(d.reason(big).contains("reserved"), "{}", d.reason(big));
@@ -82,13 +88,24 @@ fn best_fit_keeps_whole_nodes_whole() {
     // n00 now has 2 free; n01 and n02 are whole. A 2-GPU job must take n00's last two.
     let two = d.submit(job("q", 1, 2, None), None);
     let out = d.cycle().clone();
-    let node = out.binds.iter().find(|b| b.job == two).expect("bound").placement.nodes()[0];
+    let node = out
+        .binds
+        .iter()
+        .find(|b| b.job == two)
+        .expect("bound")
+        .placement
+        .nodes()[0];
     assert_eq!(node, 0);
     assert_eq!(d.state.fragmented_gpus(8), 0, "two whole nodes stay free");
     // And a 16-GPU gang takes both whole nodes under the one leaf.
     let big = d.submit(job("q", 2, 8, None), None);
     let out = d.cycle().clone();
-    let p = &out.binds.iter().find(|b| b.job == big).expect("bound").placement;
+    let p = &out
+        .binds
+        .iter()
+        .find(|b| b.job == big)
+        .expect("bound")
+        .placement;
     assert_eq!(p.nodes(), vec![1, 2]);
     assert_eq!(p.level, TopologyLevel::Leaf);
 }
@@ -105,9 +122,17 @@ fn multi_node_gang_stays_under_one_leaf_switch() {
     d.cycle();
     let gang = d.submit(job("q", 4, 8, None), None);
     let out = d.cycle().clone();
-    let p = &out.binds.iter().find(|b| b.job == gang).expect("bound").placement;
+    let p = &out
+        .binds
+        .iter()
+        .find(|b| b.job == gang)
+        .expect("bound")
+        .placement;
     assert_eq!(p.level, TopologyLevel::Leaf);
-    assert!(p.nodes().iter().all(|n| d.state.nodes()[*n as usize].leaf == 1));
+    assert!(p
+        .nodes()
+        .iter()
+        .all(|n| d.state.nodes()[*n as usize].leaf == 1));
 }
 
 #[test]
@@ -129,21 +154,35 @@ fn urgent_production_retrain_preempts_low_priority_experiment() {
     let out = d.cycle().clone();
     assert_eq!(out.preemptions.len(), 1);
     let p = &out.preemptions[0];
-    assert_eq!((p.job, p.by, p.grace_seconds, p.reason), (exp, prod, 120, PreemptReason::Priority));
+    assert_eq!(
+        (p.job, p.by, p.grace_seconds, p.reason),
+        (exp, prod, 120, PreemptReason::Priority)
+    );
     // 1000 s since start with a checkpoint every 600 s: 400 s × 8 GPUs lost.
     assert_eq!(p.lost_work_gpu_seconds, 400 * 8);
-    assert!(d.reason(prod).contains("preempting 1 job"), "{}", d.reason(prod));
+    assert!(
+        d.reason(prod).contains("preempting 1 job"),
+        "{}",
+        d.reason(prod)
+    );
     // During the grace period nothing else is preempted and the victim still runs.
     d.advance(1060);
     let out = d.cycle().clone();
     assert!(out.preemptions.is_empty());
     assert!(d.is_running(exp));
-    assert!(d.reason(prod).contains("waiting for 1 preempted"), "{}", d.reason(prod));
+    assert!(
+        d.reason(prod).contains("waiting for 1 preempted"),
+        "{}",
+        d.reason(prod)
+    );
     // The victim checkpoints and exits at the end of its grace; it is requeued.
     d.advance(1120);
     let out = d.cycle().clone();
     assert!(d.is_running(prod));
-    assert!(out.pending.iter().any(|e| e.job == exp), "victim requeued and pending");
+    assert!(
+        out.pending.iter().any(|e| e.job == exp),
+        "victim requeued and pending"
+    );
     assert_eq!(d.state.job(exp).map(|j| j.requeues), Some(1));
     // When production finishes the experiment resumes.
     d.advance(1120 + 3600);
@@ -178,7 +217,10 @@ fn preemption_frees_one_placeable_shape_at_least_lost_work() {
     let out = d.cycle().clone();
     let mut victims: Vec<_> = out.preemptions.iter().map(|p| p.job).collect();
     victims.sort();
-    assert_eq!(victims, young, "the two young jobs on one node, not eight old ones");
+    assert_eq!(
+        victims, young,
+        "the two young jobs on one node, not eight old ones"
+    );
     assert!(old.iter().all(|o| d.is_running(*o)));
     d.advance(5100 + 30);
     d.cycle();
@@ -221,32 +263,56 @@ fn lab() -> ClusterState {
 fn fair_quotas_keep_one_team_from_taking_every_gpu() {
     let mut d = Driver::new(lab());
     // vision floods the cluster while the others are idle: it may borrow.
-    let flood: Vec<_> = (0..60).map(|_| d.submit(job("vision", 1, 1, None), None)).collect();
+    let flood: Vec<_> = (0..60)
+        .map(|_| d.submit(job("vision", 1, 1, None), None))
+        .collect();
     d.cycle();
     assert_eq!(flood.iter().filter(|j| d.is_running(**j)).count(), 48);
     // nlp and speech arrive: their nominal quota is reclaimed from vision's borrowing.
     d.advance(10);
-    let nlp: Vec<_> = (0..16).map(|_| d.submit(job("nlp", 1, 1, None), None)).collect();
-    let speech: Vec<_> = (0..10).map(|_| d.submit(job("speech", 1, 1, None), None)).collect();
+    let nlp: Vec<_> = (0..16)
+        .map(|_| d.submit(job("nlp", 1, 1, None), None))
+        .collect();
+    let speech: Vec<_> = (0..10)
+        .map(|_| d.submit(job("speech", 1, 1, None), None))
+        .collect();
     let mut preemptions = Vec::new();
     for round in 0..4 {
         preemptions.extend(d.cycle().preemptions.clone());
-        if std::env::var("GW_DEBUG").is_ok() {
-            eprintln!("round {round}: {} preemptions; nlp0: {}; speech0: {}", preemptions.len(), d.reason(nlp[15]), d.reason(speech[0]));
-        }
         d.advance(40 + round * 30);
     }
     d.cycle();
-    assert_eq!(preemptions.len(), 26, "exactly the borrowed GPUs the owners need");
-    assert!(preemptions.iter().all(|p| p.reason == PreemptReason::Reclaim));
+    assert_eq!(
+        preemptions.len(),
+        26,
+        "exactly the borrowed GPUs the owners need"
+    );
+    assert!(preemptions
+        .iter()
+        .all(|p| p.reason == PreemptReason::Reclaim));
     assert!(preemptions.iter().all(|p| flood.contains(&p.job)));
     assert!(nlp.iter().chain(&speech).all(|j| d.is_running(*j)));
-    let usage = |q: &str| d.state.queue_usage(d.state.queue_index(q).expect("queue")).gpus;
-    assert_eq!((usage("vision"), usage("nlp"), usage("speech")), (22, 16, 10));
+    let usage = |q: &str| {
+        d.state
+            .queue_usage(d.state.queue_index(q).expect("queue"))
+            .gpus
+    };
+    assert_eq!(
+        (usage("vision"), usage("nlp"), usage("speech")),
+        (22, 16, 10)
+    );
     // The requeued vision jobs say why they wait.
-    let waiting = flood.iter().find(|j| !d.is_running(**j)).expect("some vision job waits");
+    let waiting = flood
+        .iter()
+        .find(|j| !d.is_running(**j))
+        .expect("some vision job waits");
     let why = d.reason(*waiting);
-    assert!(why.contains("queue vision is at quota 22/16 GPUs and cannot borrow: cohort lab has 0 idle"), "{why}");
+    assert!(
+        why.contains(
+            "queue vision is at quota 22/16 GPUs and cannot borrow: cohort lab has 0 idle"
+        ),
+        "{why}"
+    );
 }
 
 #[test]
@@ -305,7 +371,10 @@ fn lending_limit_keeps_part_of_an_idle_quota() {
     }
     d.cycle();
     // b may borrow only the 8 GPUs a lends; 8 stay free for a.
-    let b = d.state.queue_usage(d.state.queue_index("b").expect("b")).gpus;
+    let b = d
+        .state
+        .queue_usage(d.state.queue_index("b").expect("b"))
+        .gpus;
     assert_eq!(b, 24);
     assert_eq!(d.state.free_gpus(), 8);
 }
@@ -324,7 +393,11 @@ fn non_preemptible_jobs_do_not_borrow() {
     d.cycle();
     assert!(d.is_running(first));
     assert!(!d.is_running(second));
-    assert!(d.reason(second).contains("not preemptible"), "{}", d.reason(second));
+    assert!(
+        d.reason(second).contains("not preemptible"),
+        "{}",
+        d.reason(second)
+    );
 }
 
 #[test]
@@ -334,9 +407,13 @@ fn drf_alternates_between_queues_without_quota() {
     queue(&mut s, QueueSpec::unlimited("b", None));
     let mut d = Driver::new(s);
     // a submitted everything first; fair share still splits the node.
-    let a: Vec<_> = (0..8).map(|_| d.submit(job("a", 1, 1, None), None)).collect();
+    let a: Vec<_> = (0..8)
+        .map(|_| d.submit(job("a", 1, 1, None), None))
+        .collect();
     d.advance(1);
-    let b: Vec<_> = (0..8).map(|_| d.submit(job("b", 1, 1, None), None)).collect();
+    let b: Vec<_> = (0..8)
+        .map(|_| d.submit(job("b", 1, 1, None), None))
+        .collect();
     d.cycle();
     let ra = a.iter().filter(|j| d.is_running(**j)).count();
     let rb = b.iter().filter(|j| d.is_running(**j)).count();
@@ -347,7 +424,9 @@ fn drf_alternates_between_queues_without_quota() {
     queue(&mut s, QueueSpec::unlimited("b", None));
     let mut d = Driver::new(s);
     d.cfg.fair_share = false;
-    let a: Vec<_> = (0..8).map(|_| d.submit(job("a", 1, 1, None), None)).collect();
+    let a: Vec<_> = (0..8)
+        .map(|_| d.submit(job("a", 1, 1, None), None))
+        .collect();
     d.advance(1);
     (0..8).for_each(|_| {
         d.submit(job("b", 1, 1, None), None);
@@ -364,8 +443,12 @@ fn weights_scale_fair_shares() {
     queue(&mut s, heavy);
     queue(&mut s, QueueSpec::unlimited("light", None));
     let mut d = Driver::new(s);
-    let h: Vec<_> = (0..12).map(|_| d.submit(job("heavy", 1, 1, None), None)).collect();
-    let l: Vec<_> = (0..12).map(|_| d.submit(job("light", 1, 1, None), None)).collect();
+    let h: Vec<_> = (0..12)
+        .map(|_| d.submit(job("heavy", 1, 1, None), None))
+        .collect();
+    let l: Vec<_> = (0..12)
+        .map(|_| d.submit(job("light", 1, 1, None), None))
+        .collect();
     d.cycle();
     let rh = h.iter().filter(|j| d.is_running(**j)).count();
     let rl = l.iter().filter(|j| d.is_running(**j)).count();
@@ -406,20 +489,34 @@ fn backfill_uses_idle_gpus_without_delaying_the_head_gang() {
     assert_eq!(out.reservations[0].job, head);
     assert_eq!(out.reservations[0].start_at, 1000);
     assert!(!d.is_running(long));
-    assert!(d.reason(long).starts_with("reserved to start at t+16m behind job"), "{}", d.reason(long));
+    assert!(
+        d.reason(long)
+            .starts_with("reserved to start at t+16m behind job"),
+        "{}",
+        d.reason(long)
+    );
     assert!(d.is_running(short), "short job backfills");
     assert!(out.binds.iter().any(|b| b.job == short && b.backfilled));
     // The short job ends; a best-effort job may take its GPUs: the gang can preempt it.
     d.advance(501);
     let scav = d.submit(scav, None);
     d.cycle();
-    assert!(d.is_running(scav), "a best-effort job may use reserved GPUs: the gang can preempt it");
+    assert!(
+        d.is_running(scav),
+        "a best-effort job may use reserved GPUs: the gang can preempt it"
+    );
     d.advance(1000);
     let out = d.cycle().clone();
-    assert!(out.preemptions.iter().any(|p| p.job == scav && p.by == head));
+    assert!(out
+        .preemptions
+        .iter()
+        .any(|p| p.job == scav && p.by == head));
     d.advance(1030);
     d.cycle();
-    assert!(d.is_running(head), "head starts when its reservation comes due");
+    assert!(
+        d.is_running(head),
+        "head starts when its reservation comes due"
+    );
 }
 
 #[test]
@@ -448,7 +545,10 @@ fn a_big_gang_is_not_starved_by_a_stream_of_small_jobs() {
         }
         if let Some(r) = out.reservations.iter().find(|r| r.job == b) {
             // Once promised, the start never slips.
-            assert!(promised.is_none_or(|p| r.start_at <= p), "reservation slipped");
+            assert!(
+                promised.is_none_or(|p| r.start_at <= p),
+                "reservation slipped"
+            );
             promised = Some(promised.map_or(r.start_at, |p| p.min(r.start_at)));
         }
     }
@@ -467,7 +567,11 @@ fn elastic_gang_starts_with_fewer_replicas() {
     el.topology = TopologyConstraint::Any;
     let el = d.submit(el, None);
     let out = d.cycle().clone();
-    let b = out.binds.iter().find(|b| b.job == el).expect("elastic gang starts");
+    let b = out
+        .binds
+        .iter()
+        .find(|b| b.job == el)
+        .expect("elastic gang starts");
     assert_eq!(b.placement.replicas.len(), 2);
 }
 
@@ -482,10 +586,21 @@ fn unhealthy_and_cordoned_capacity_is_never_assigned() {
     let seven = d.submit(job("q", 1, 7, None), None);
     d.cycle();
     assert!(!d.is_running(eight));
-    assert!(d.reason(eight).contains("largest free block is 7 on node n00"), "{}", d.reason(eight));
+    assert!(
+        d.reason(eight)
+            .contains("largest free block is 7 on node n00"),
+        "{}",
+        d.reason(eight)
+    );
     assert!(d.is_running(seven));
-    let JobStatus::Running(r) = &d.state.job(seven).expect("job").status else { panic!() };
-    assert_eq!(r.placement.replicas[0].gpus & (1 << 3), 0, "GPU 3 is unhealthy");
+    let JobStatus::Running(r) = &d.state.job(seven).expect("job").status else {
+        panic!()
+    };
+    assert_eq!(
+        r.placement.replicas[0].gpus & (1 << 3),
+        0,
+        "GPU 3 is unhealthy"
+    );
     use gangway_sched::JobStatus;
 }
 
@@ -503,23 +618,37 @@ fn impossible_requests_are_rejected_with_clear_errors() {
     );
     let mut m = job("q", 1, 1, None);
     m.resources.gpu_model = Some("V100".into());
-    assert_eq!(err(m), "resources.gpu_model: no node has V100 GPUs (cluster has: H100)");
+    assert_eq!(
+        err(m),
+        "resources.gpu_model: no node has V100 GPUs (cluster has: H100)"
+    );
     let mut mem = job("q", 1, 1, None);
     mem.resources.min_gpu_memory_gib = Some(141);
     assert!(err(mem).contains("141 GiB requested but the largest matching GPU has 80 GiB"));
-    assert_eq!(err(job("nope", 1, 1, None)), "queue: unknown queue \"nope\"");
-    assert_eq!(err(job("q", 8, 8, None)), "the gang needs 64 GPUs but the cluster has only 32 matching GPUs");
+    assert_eq!(
+        err(job("nope", 1, 1, None)),
+        "queue: unknown queue \"nope\""
+    );
+    assert_eq!(
+        err(job("q", 8, 8, None)),
+        "the gang needs 64 GPUs but the cluster has only 32 matching GPUs"
+    );
     let mut node = job("q", 2, 8, None);
     node.topology = TopologyConstraint::Node;
     assert!(err(node).starts_with("topology: the gang needs 16 GPUs on one node"));
     let mut leaf = job("q", 3, 8, None);
     leaf.topology = TopologyConstraint::Leaf;
     assert!(err(leaf).contains("under one leaf switch but no leaf has more than 16"));
-    assert!(err(job("small", 2, 8, None)).contains("queue small: the gang needs 16 gpus but nominal + borrowing limit allows at most 8"));
+    assert!(err(job("small", 2, 8, None)).contains(
+        "queue small: the gang needs 16 gpus but nominal + borrowing limit allows at most 8"
+    ));
     let mut cpu = job("q", 1, 1, None);
     cpu.resources.cpu_millis = 10_000_000;
     assert!(err(cpu).starts_with("resources.cpu"));
-    assert!(matches!(s.validate(&job("q", 0, 1, None)), Err(Rejection::Spec(_))));
+    assert!(matches!(
+        s.validate(&job("q", 0, 1, None)),
+        Err(Rejection::Spec(_))
+    ));
     // Nothing was accepted by the failed validations.
     assert_eq!(s.pending_count(), 0);
 }
@@ -535,8 +664,12 @@ fn decisions_are_deterministic() {
             let q = if i % 3 == 0 { "a" } else { "b" };
             let g = [1, 1, 2, 4, 8][(i % 5) as usize];
             let r = if i % 17 == 0 { 4 } else { 1 };
-            s.submit(gangway_core::JobId(i), job(q, r, g, Some(100 * (i % 9 + 1))), i / 10)
-                .expect("valid");
+            s.submit(
+                gangway_core::JobId(i),
+                job(q, r, g, Some(100 * (i % 9 + 1))),
+                i / 10,
+            )
+            .expect("valid");
         }
         s
     };
@@ -561,9 +694,22 @@ fn waiting_reasons_name_the_shape() {
     leaf.topology = TopologyConstraint::Leaf;
     let leaf = d.submit(leaf, None);
     let out = d.cycle().clone();
-    let e = out.pending.iter().find(|e| e.job == spread).expect("pending");
-    assert!(matches!(e.reason, WaitReason::NoFit(FitFailure::Spread { hostable: 0, .. })));
-    assert_eq!(d.reason(spread), "needs 4 replicas × 8 GPUs; free GPUs can host only 0");
-    assert_eq!(d.reason(leaf), "needs 2 replicas × 4 GPUs under one leaf switch; free GPUs can host only 0");
+    let e = out
+        .pending
+        .iter()
+        .find(|e| e.job == spread)
+        .expect("pending");
+    assert!(matches!(
+        e.reason,
+        WaitReason::NoFit(FitFailure::Spread { hostable: 0, .. })
+    ));
+    assert_eq!(
+        d.reason(spread),
+        "needs 4 replicas × 8 GPUs; free GPUs can host only 0"
+    );
+    assert_eq!(
+        d.reason(leaf),
+        "needs 2 replicas × 4 GPUs under one leaf switch; free GPUs can host only 0"
+    );
     let _ = Quota::default();
 }

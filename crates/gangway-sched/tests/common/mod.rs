@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 use gangway_core::{JobId, JobSpec, NodeSpec, QueueSpec, Time};
-use gangway_sched::{apply, schedule, ClusterState, Decisions, JobStatus, SchedulerConfig, StateConfig};
+use gangway_sched::{
+    apply, schedule, ClusterState, Decisions, JobStatus, SchedulerConfig, StateConfig,
+};
 use std::collections::BTreeMap;
 
 /// `nodes` nodes of `gpus` GPUs, `per_leaf` nodes per leaf switch, one spine.
@@ -12,8 +14,15 @@ pub fn cluster(nodes: usize, gpus: u32, per_leaf: usize) -> ClusterState {
     let mut s = ClusterState::new(StateConfig::default());
     for i in 0..nodes {
         let leaf = format!("leaf{}", i / per_leaf.max(1));
-        s.add_node(NodeSpec::uniform(&format!("n{i:02}"), &leaf, "spine0", gpus, "H100", 80))
-            .expect("valid node");
+        s.add_node(NodeSpec::uniform(
+            &format!("n{i:02}"),
+            &leaf,
+            "spine0",
+            gpus,
+            "H100",
+            80,
+        ))
+        .expect("valid node");
     }
     s
 }
@@ -95,13 +104,23 @@ impl Driver {
     /// Advances time to `t`, ending and requeueing jobs due by then.
     pub fn advance(&mut self, t: Time) {
         self.now = t;
-        let due: Vec<JobId> = self.exits.iter().filter(|(_, e)| **e <= t).map(|(j, _)| *j).collect();
+        let due: Vec<JobId> = self
+            .exits
+            .iter()
+            .filter(|(_, e)| **e <= t)
+            .map(|(j, _)| *j)
+            .collect();
         for j in due {
             self.exits.remove(&j);
             self.ends.remove(&j);
             self.state.requeue(j).expect("preempted job requeues");
         }
-        let done: Vec<JobId> = self.ends.iter().filter(|(_, e)| **e <= t).map(|(j, _)| *j).collect();
+        let done: Vec<JobId> = self
+            .ends
+            .iter()
+            .filter(|(_, e)| **e <= t)
+            .map(|(j, _)| *j)
+            .collect();
         for j in done {
             self.ends.remove(&j);
             self.exits.remove(&j);
@@ -111,7 +130,10 @@ impl Driver {
     }
 
     pub fn is_running(&self, id: JobId) -> bool {
-        matches!(self.state.job(id).map(|j| &j.status), Some(JobStatus::Running(_)))
+        matches!(
+            self.state.job(id).map(|j| &j.status),
+            Some(JobStatus::Running(_))
+        )
     }
 
     pub fn reason(&self, id: JobId) -> String {
