@@ -9,13 +9,13 @@
 
 use crate::placement::{self, hostable};
 use crate::preempt::{release_into, release_placement};
-use crate::state::{ClusterState, Job};
+use crate::state::{ClusterState, Gang};
 use crate::{Reservation, Session};
 use gangway_core::TopologyConstraint;
 
 /// Computes the reservation for `job` with `replicas` replicas, if the gang can
 /// fit at all once running jobs end.
-pub(crate) fn reserve(s: &Session<'_>, job: &Job, replicas: u32) -> Option<Reservation> {
+pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Reservation> {
     let state: &ClusterState = s.state;
     let mut trial = s.cap.clone();
     let req = s.request(job, replicas, None);
@@ -23,8 +23,8 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Job, replicas: u32) -> Option<Reser
     let need = per.gpus * u64::from(replicas);
     let single = per.gpus > 0
         && need <= state.max_node_gpus(req.class_mask)
-        && job.spec.topology != TopologyConstraint::Any;
-    let leaf_only = job.spec.topology == TopologyConstraint::Leaf;
+        && job.topology != TopologyConstraint::Any;
+    let leaf_only = job.topology == TopologyConstraint::Leaf;
     let nodes = state.nodes();
     // Hostable replicas per node and per leaf, kept up to date as jobs are released.
     let class_ok = |n: usize| {

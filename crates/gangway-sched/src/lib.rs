@@ -30,14 +30,14 @@ pub use explain::{Explanation, WaitReason};
 pub use placement::FitFailure;
 pub use quota::{QuotaBlock, QuotaLimit};
 pub use state::{
-    ClusterState, Job, JobStatus, Placement, Rejection, ReplicaPlacement, RunInfo, StateConfig,
-    StateError,
+    ClusterState, Gang, Job, JobStatus, Placement, Rejection, ReplicaPlacement, RunInfo,
+    StateConfig, StateError,
 };
 
 use bitset::Bitset;
 use gangway_core::{JobId, Resources, Time, TopologyConstraint};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
 
 /// Policy switches for a cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub struct Bind {
 }
 
 /// Why a job is preempted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PreemptReason {
     /// A higher-priority job needs its GPUs.
@@ -159,8 +159,8 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
     let mut s = Session::new(state, now, cfg);
     for level in state.pending.values() {
         let mut walk = order::LevelWalk::new(state, level, cfg.fair_share);
-        while let Some(id) = walk.next(&s.cap) {
-            s.consider(id);
+        while let Some(g) = walk.next(&s.cap) {
+            s.consider(g);
         }
     }
     s.decisions.stats.free_gpus = s.cap.free_total;
@@ -168,7 +168,7 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct ShapeKey {
+pub(crate) struct ShapeKey {
     per: Resources,
     mask: u64,
     constraint: TopologyConstraint,
@@ -188,6 +188,10 @@ pub(crate) struct Session<'a> {
     pub(crate) reserved: Bitset,
     fail_cache: HashMap<ShapeKey, FitFailure>,
     fits_cache: HashMap<ShapeKey, bool>,
+    /// Preemption searches that failed this cycle (shape, reason, priority, queue).
+    pub(crate) preempt_fail: HashSet<(ShapeKey, PreemptReason, i32, QueueId)>,
+    /// Running preemptible jobs with their costs, built on the first search.
+    pub(crate) victim_index: Option<preempt::VictimIndex<'a>>,
     /// Victims chosen this cycle.
     pub(crate) victims: HashSet<JobId>,
     /// Quota still charged to this cycle's victims (queue, amount): normal
@@ -208,9 +212,11 @@ impl<'a> Session<'a> {
             cfg,
             cap: state.capacity.clone(),
             reserved: Bitset::new(n),
-            fail_cache: HashMap::new(),
-            fits_cache: HashMap::new(),
-            victims: HashSet::new(),
+            fail_cache: HashMap::default(),
+            fits_cache: HashMap::default(),
+            preempt_fail: HashSet::default(),
+            victim_index: None,
+            victims: HashSet::default(),
             victim_quota: Vec::new(),
             bound: Vec::new(),
             preempt_searches: 0,
@@ -227,28 +233,25 @@ impl<'a> Session<'a> {
     }
 
     /// Whether `job` may use nodes reserved for the head-of-line gangs.
-    fn may_use_reserved(&self, job: &Job) -> bool {
+    fn may_use_reserved(&self, job: &Gang) -> bool {
         self.decisions.reservations.iter().all(|r| {
-            let ends_before = job
-                .spec
-                .runtime_seconds
-                .is_some_and(|rt| self.now + rt <= r.start_at);
+            let ends_before = job.runtime.is_some_and(|rt| self.now + rt <= r.start_at);
             let holder_prio = self.state.job(r.job).map_or(i32::MIN, |h| h.priority);
-            ends_before || (job.spec.is_preemptible() && job.priority < holder_prio)
+            ends_before || (job.preemptible && job.priority < holder_prio)
         })
     }
 
     pub(crate) fn request<'b>(
         &self,
-        job: &Job,
+        job: &Gang,
         replicas: u32,
         exclude: Option<&'b Bitset>,
     ) -> placement::Request<'b> {
         placement::Request {
             replicas,
-            per: job.per_replica(),
-            class_mask: self.state.class_mask(&job.spec),
-            constraint: job.spec.topology,
+            per: job.per,
+            class_mask: job.class_mask,
+            constraint: job.topology,
             exclude,
         }
     }
@@ -257,7 +260,7 @@ impl<'a> Session<'a> {
     pub(crate) fn place_elastic(
         &self,
         cap: &Capacity,
-        job: &Job,
+        job: &Gang,
         min: u32,
         max: u32,
         exclude: Option<&Bitset>,
@@ -281,17 +284,28 @@ impl<'a> Session<'a> {
         placement::place(self.state, cap, &self.request(job, lo, exclude))
     }
 
+    pub(crate) fn shape(&self, job: &Gang, kq: u32, min: u32, all_reserved: bool) -> ShapeKey {
+        ShapeKey {
+            per: job.per,
+            mask: job.class_mask,
+            constraint: job.topology,
+            replicas: kq,
+            min,
+            all_reserved_excluded: all_reserved,
+        }
+    }
+
     fn cached_place(
         &mut self,
-        job: &Job,
+        job: &Gang,
         kq: u32,
         min: u32,
         all_reserved: bool,
     ) -> Result<Placement, FitFailure> {
         let key = ShapeKey {
-            per: job.per_replica(),
-            mask: self.state.class_mask(&job.spec),
-            constraint: job.spec.topology,
+            per: job.per,
+            mask: job.class_mask,
+            constraint: job.topology,
             replicas: kq,
             min,
             all_reserved_excluded: all_reserved,
@@ -315,11 +329,11 @@ impl<'a> Session<'a> {
 
     /// Whether the job would fit if the reservation did not exist (cached per
     /// shape for the cycle; only used to explain the wait).
-    fn fits_unreserved(&mut self, job: &Job, kq: u32, min: u32) -> bool {
+    fn fits_unreserved(&mut self, job: &Gang, kq: u32, min: u32) -> bool {
         let key = ShapeKey {
-            per: job.per_replica(),
-            mask: self.state.class_mask(&job.spec),
-            constraint: job.spec.topology,
+            per: job.per,
+            mask: job.class_mask,
+            constraint: job.topology,
             replicas: kq,
             min,
             all_reserved_excluded: false,
@@ -332,8 +346,8 @@ impl<'a> Session<'a> {
         fits
     }
 
-    fn bind(&mut self, job: &Job, placement: Placement, backfilled: bool) {
-        let per = job.per_replica();
+    fn bind(&mut self, job: &Gang, placement: Placement, backfilled: bool) {
+        let per = job.per;
         for rp in &placement.replicas {
             self.cap.take(
                 &self.state.nodes,
@@ -348,12 +362,11 @@ impl<'a> Session<'a> {
             job.queue,
             per * placement.replicas.len() as u64,
             true,
-            !job.spec.is_preemptible(),
+            !job.preemptible,
         );
         let est = self.now
             + job
-                .spec
-                .runtime_seconds
+                .runtime
                 .unwrap_or(self.state.config.default_runtime_seconds);
         self.bound.push((est, job.id, self.decisions.binds.len()));
         self.decisions.binds.push(Bind {
@@ -378,7 +391,7 @@ impl<'a> Session<'a> {
 
     /// Whatever of the victims' GPUs, CPU and memory the preemptor does not use
     /// stays unavailable: the victims hold it until they exit.
-    pub(crate) fn claim(&mut self, job: &Job, victims: &[&Job], p: &Placement) {
+    pub(crate) fn claim(&mut self, job: &Gang, victims: &[&Job], p: &Placement) {
         let mut held: std::collections::BTreeMap<NodeIdx, (u64, u64, u64)> = Default::default();
         // Quota stays charged to the victims until they exit, so nobody else in
         // their queue takes it in between; the preemptor is charged on top.
@@ -407,7 +420,7 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        let per = job.per_replica();
+        let per = job.per;
         for rp in &p.replicas {
             self.cap.take(
                 &self.state.nodes,
@@ -434,7 +447,7 @@ impl<'a> Session<'a> {
             job.queue,
             per * p.replicas.len() as u64,
             true,
-            !job.spec.is_preemptible(),
+            !job.preemptible,
         );
         self.decisions.planned.push(PlannedStart {
             job: job.id,
@@ -450,20 +463,20 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn consider(&mut self, id: JobId) {
+    fn consider(&mut self, job: &Gang) {
         let state = self.state;
-        let Some(job) = state.job(id) else { return };
+        let id = job.id;
         self.decisions.stats.considered += 1;
-        let per = job.per_replica();
-        let min = job.spec.min_gang();
-        let preemptible = job.spec.is_preemptible();
+        let per = job.per;
+        let min = job.min;
+        let preemptible = job.preemptible;
         let kq = match quota::max_admissible(
             state,
             &self.cap,
             job.queue,
             per,
             min,
-            job.spec.replicas,
+            job.replicas,
             preemptible,
         ) {
             Ok(k) => k,
@@ -549,7 +562,7 @@ impl<'a> Session<'a> {
     /// If victims signalled earlier for `job` are still in their grace period
     /// and their exit lets it start, it just waits for them (holding the nodes)
     /// instead of preempting more.
-    fn awaiting_victims(&mut self, job: &Job, min: u32) -> Option<WaitReason> {
+    fn awaiting_victims(&mut self, job: &Gang, min: u32) -> Option<WaitReason> {
         let state = self.state;
         let mine: Vec<&Job> = state
             .preempting
@@ -564,13 +577,13 @@ impl<'a> Session<'a> {
         for v in &mine {
             preempt::release_into(state, &mut trial, v);
         }
-        let per = job.per_replica();
+        let per = job.per;
         quota::check(
             state,
             &trial,
             job.queue,
             per * u64::from(min),
-            job.spec.is_preemptible(),
+            job.preemptible,
         )
         .ok()?;
         let p = self.place_elastic(&trial, job, min, min, None).ok()?;

@@ -4,10 +4,11 @@
 //! jobs is considered, so a queue that just got GPUs yields to the others.
 
 use crate::capacity::{Capacity, QueueId};
+use crate::state::Gang;
 use crate::state::{ClusterState, PendingLevel};
 use gangway_core::{JobId, Time};
 use std::cmp::Reverse;
-use std::collections::{btree_set, BinaryHeap};
+use std::collections::{btree_map, BinaryHeap};
 use std::iter::Peekable;
 
 /// Weighted dominant share of queue `q` as a fixed-point integer (deterministic ordering).
@@ -18,7 +19,7 @@ pub fn weighted_share(state: &ClusterState, cap: &Capacity, q: QueueId) -> u64 {
 }
 
 type Key = (u64, Time, usize);
-type QueueCursor<'a> = (QueueId, Peekable<btree_set::Iter<'a, (Time, JobId)>>);
+type QueueCursor<'a> = (QueueId, Peekable<btree_map::Iter<'a, (Time, JobId), Gang>>);
 
 /// Walks one priority level's pending jobs in fair-share order.
 pub struct LevelWalk<'a> {
@@ -58,7 +59,7 @@ impl<'a> LevelWalk<'a> {
 
     fn key(&mut self, cap: &Capacity, i: usize) -> Option<Key> {
         let (q, it) = &mut self.queues[i];
-        let (t, _) = it.peek()?;
+        let ((t, _), _) = it.peek()?;
         let share = if self.fair {
             weighted_share(self.state, cap, *q)
         } else {
@@ -68,15 +69,15 @@ impl<'a> LevelWalk<'a> {
     }
 
     /// The next job to consider, given usage so far in this cycle.
-    pub fn next(&mut self, cap: &Capacity) -> Option<JobId> {
+    pub fn next(&mut self, cap: &Capacity) -> Option<&'a Gang> {
         if let Some(i) = self.repush.take() {
             if let Some(k) = self.key(cap, i) {
                 self.heap.push(Reverse(k));
             }
         }
         let Reverse((_, _, i)) = self.heap.pop()?;
-        let (_, id) = self.queues[i].1.next()?;
+        let (_, g) = self.queues[i].1.next()?;
         self.repush = Some(i);
-        Some(*id)
+        Some(g)
     }
 }

@@ -4,12 +4,13 @@
 //! only decided after checking, on a trial copy of the capacity, that the
 //! preemptor's quota and placement succeed once the victims are gone.
 
+use crate::capacity::NodeIdx;
 use crate::capacity::{Capacity, QueueId};
 use crate::explain::WaitReason;
-use crate::state::{ClusterState, Job, JobStatus, Placement};
+use crate::state::{ClusterState, Gang, Job, JobStatus, Placement};
 use crate::{quota, Preempt, PreemptReason, Session};
+use gangway_core::Time;
 use gangway_core::{JobId, TopologyConstraint};
-use std::collections::BTreeMap;
 
 /// Gives a running job's GPUs and quota back on `cap` (for trial computations).
 pub fn release_into(state: &ClusterState, cap: &mut Capacity, job: &Job) {
@@ -44,15 +45,91 @@ fn related(state: &ClusterState, a: QueueId, b: QueueId) -> bool {
     qs[a as usize].path.contains(&b) || qs[b as usize].path.contains(&a)
 }
 
-type Cost = (u64, i32, u64);
-
-struct Candidate<'a> {
-    cost: Cost,
-    lost: u64,
+/// One running preemptible job, flattened for fast scans.
+struct Entry<'a> {
     job: &'a Job,
+    lost: u64,
+    started: Time,
+    /// Range into [`VictimIndex::parts`].
+    parts: (u32, u32),
 }
 
-fn feasible(s: &Session<'_>, job: &Job, min: u32, victims: &[&Job]) -> Option<Placement> {
+/// What a victim frees on one node: node, GPUs (healthy), CPU, memory.
+type Part = (NodeIdx, u64, u64, u64);
+
+/// Every running preemptible job with its cost, built once per cycle on the
+/// first preemption search, so each search is a linear scan of plain data.
+pub(crate) struct VictimIndex<'a> {
+    entries: Vec<Entry<'a>>,
+    parts: Vec<Part>,
+    /// Entry indices by (lost work, priority, newest first): priority preemption.
+    by_lost: Vec<u32>,
+    /// Entry indices by (priority, lost work, newest first): reclaim.
+    by_priority: Vec<u32>,
+}
+
+impl<'a> VictimIndex<'a> {
+    pub(crate) fn build(state: &'a ClusterState, now: Time) -> Self {
+        let mut entries = Vec::new();
+        let mut parts = Vec::new();
+        for running in &state.preemptible_by_queue {
+            for &id in running {
+                let Some(job) = state.job(id) else { continue };
+                let JobStatus::Running(r) = &job.status else {
+                    continue;
+                };
+                if state.preempting.contains_key(&id) {
+                    continue;
+                }
+                let per = job.per_replica();
+                let start = parts.len() as u32;
+                for rp in &r.placement.replicas {
+                    let healthy = state.nodes()[rp.node as usize].healthy;
+                    parts.push((
+                        rp.node,
+                        u64::from((rp.gpus & healthy).count_ones()),
+                        per.cpu_millis,
+                        per.memory_mib,
+                    ));
+                }
+                entries.push(Entry {
+                    job,
+                    lost: job.lost_work_gpu_seconds(now),
+                    started: r.started,
+                    parts: (start, parts.len() as u32),
+                });
+            }
+        }
+        let mut by_lost: Vec<u32> = (0..entries.len() as u32).collect();
+        by_lost.sort_by_key(|&i| {
+            let e = &entries[i as usize];
+            (
+                e.lost,
+                e.job.priority,
+                std::cmp::Reverse(e.started),
+                e.job.id,
+            )
+        });
+        let mut by_priority: Vec<u32> = (0..entries.len() as u32).collect();
+        by_priority.sort_by_key(|&i| {
+            let e = &entries[i as usize];
+            (
+                e.job.priority,
+                e.lost,
+                std::cmp::Reverse(e.started),
+                e.job.id,
+            )
+        });
+        VictimIndex {
+            entries,
+            parts,
+            by_lost,
+            by_priority,
+        }
+    }
+}
+
+fn feasible(s: &Session<'_>, job: &Gang, min: u32, victims: &[&Job]) -> Option<Placement> {
     let mut trial = s.trial();
     for v in victims {
         release_into(s.state, &mut trial, v);
@@ -61,18 +138,19 @@ fn feasible(s: &Session<'_>, job: &Job, min: u32, victims: &[&Job]) -> Option<Pl
         s.state,
         &trial,
         job.queue,
-        job.per_replica() * u64::from(min),
-        job.spec.is_preemptible(),
+        job.per * u64::from(min),
+        job.preemptible,
     )
     .ok()?;
     s.place_elastic(&trial, job, min, min, None).ok()
 }
 
 /// Tries to make room for `job` (with `min` replicas) by preempting. On success
-/// records the preemptions, holds the target nodes and returns the reason to show.
+/// records the preemptions, gives the preemptor the freed GPUs for the rest of
+/// the cycle and returns the reason to show.
 pub(crate) fn try_preempt(
     s: &mut Session<'_>,
-    job: &Job,
+    job: &Gang,
     min: u32,
     reason: PreemptReason,
 ) -> Option<WaitReason> {
@@ -80,72 +158,97 @@ pub(crate) fn try_preempt(
         return None;
     }
     let state = s.state;
-    let now = s.now;
-    let mut borrowing: BTreeMap<QueueId, bool> = BTreeMap::new();
-    let mut cands: Vec<Candidate<'_>> = Vec::new();
-    for (_, vid) in state.running_by_end() {
-        let Some(v) = state.job(vid) else { continue };
-        if !v.spec.is_preemptible()
-            || s.victims.contains(&vid)
-            || state.preempting.contains_key(&vid)
-        {
-            continue;
-        }
-        let b = *borrowing
-            .entry(v.queue)
-            .or_insert_with(|| quota::is_borrowing(state, &s.cap, v.queue));
-        let eligible = match reason {
-            PreemptReason::Priority => v.priority < job.priority && (v.queue == job.queue || b),
-            PreemptReason::Reclaim => b && !related(state, v.queue, job.queue),
-        };
-        if !eligible {
-            continue;
-        }
-        let lost = v.lost_work_gpu_seconds(now);
-        let JobStatus::Running(r) = &v.status else {
-            continue;
-        };
-        let tiebreak = u64::MAX - r.started; // newest first among equals
-        let cost = match reason {
-            PreemptReason::Priority => (lost, v.priority, tiebreak),
-            PreemptReason::Reclaim => (u64::from(v.priority as u32 ^ 0x8000_0000), 0, lost),
-        };
-        cands.push(Candidate { cost, lost, job: v });
+    let fail_key = (
+        s.shape(job, min, min, false),
+        reason,
+        job.priority,
+        job.queue,
+    );
+    if s.preempt_fail.contains(&fail_key) {
+        return None;
     }
-    if cands.is_empty() {
+    if reason == PreemptReason::Priority
+        && state
+            .preemptible_prios
+            .range(..job.priority)
+            .next()
+            .is_none()
+    {
+        return None;
+    }
+    // Which queues may lose work to this job.
+    let queue_ok: Vec<bool> = (0..state.queues().len() as QueueId)
+        .map(|q| {
+            if state.preemptible_by_queue[q as usize].is_empty() {
+                return false;
+            }
+            let b = quota::is_borrowing(state, &s.cap, q);
+            match reason {
+                PreemptReason::Priority => q == job.queue || b,
+                PreemptReason::Reclaim => b && !related(state, q, job.queue),
+            }
+        })
+        .collect();
+    if !queue_ok.iter().any(|x| *x) {
         return None;
     }
     s.preempt_searches += 1;
-    cands.sort_by_key(|c| (c.cost, c.job.id));
-    let per = job.per_replica();
+    if s.victim_index.is_none() {
+        s.victim_index = Some(VictimIndex::build(state, s.now));
+    }
+    let Some(index) = s.victim_index.as_ref() else {
+        return None;
+    };
+    let order = match reason {
+        PreemptReason::Priority => &index.by_lost,
+        PreemptReason::Reclaim => &index.by_priority,
+    };
+    let cands: Vec<u32> = order
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let e = &index.entries[i as usize];
+            queue_ok[e.job.queue as usize]
+                && !s.victims.contains(&e.job.id)
+                && (reason == PreemptReason::Reclaim || e.job.priority < job.priority)
+        })
+        .collect();
+    let per = job.per;
     let need = per.gpus * u64::from(min);
-    let single = need <= state.max_node_gpus(state.class_mask(&job.spec))
+    let single = need <= state.max_node_gpus(job.class_mask)
         && matches!(
-            job.spec.topology,
+            job.topology,
             TopologyConstraint::Auto | TopologyConstraint::Node
         );
     let chosen = if single && per.gpus > 0 {
-        per_node_search(s, job, min, &cands)
+        per_node_search(s, index, job, min, &cands)
     } else {
-        greedy_search(s, job, min, &cands)
-    }?;
-    let (victims, placement) = chosen;
+        greedy_search(s, index, job, min, &cands)
+    };
+    let Some((victims, placement)) = chosen else {
+        s.preempt_fail.insert(fail_key);
+        return None;
+    };
     let mut grace = 0;
     let mut ids = Vec::with_capacity(victims.len());
-    for c in &victims {
-        let v = c.job;
+    let mut vjobs: Vec<&Job> = Vec::with_capacity(victims.len());
+    for &i in &victims {
+        let e = &index.entries[i as usize];
+        let v = e.job;
         grace = grace.max(v.spec.checkpoint.grace_seconds);
-        s.victims.insert(v.id);
         ids.push(v.id);
+        vjobs.push(v);
         s.decisions.preemptions.push(Preempt {
             job: v.id,
             by: job.id,
             grace_seconds: v.spec.checkpoint.grace_seconds,
             reason,
-            lost_work_gpu_seconds: c.lost,
+            lost_work_gpu_seconds: e.lost,
         });
     }
-    let vjobs: Vec<&Job> = victims.iter().map(|c| c.job).collect();
+    for id in &ids {
+        s.victims.insert(*id);
+    }
     s.claim(job, &vjobs, &placement);
     Some(WaitReason::Preempting {
         victims: ids,
@@ -153,66 +256,67 @@ pub(crate) fn try_preempt(
     })
 }
 
-type Choice<'a, 'b> = (Vec<&'b Candidate<'a>>, Placement);
+type Choice = (Vec<u32>, Placement);
 
-/// For gangs that fit on one node: per node, the cheapest victims on it that
-/// make room; then the node whose victims lose the least work.
-fn per_node_search<'a, 'b>(
+/// For gangs that fit on one node: walking victims cheapest first, the first
+/// nodes on which they free enough room; then the option whose victims lose
+/// the least work (and are fewest) that really makes the gang placeable.
+fn per_node_search(
     s: &Session<'_>,
-    job: &Job,
+    index: &VictimIndex<'_>,
+    job: &Gang,
     min: u32,
-    cands: &'b [Candidate<'a>],
-) -> Option<Choice<'a, 'b>> {
+    cands: &[u32],
+) -> Option<Choice> {
     let state = s.state;
-    let per = job.per_replica();
-    let mask = state.class_mask(&job.spec);
+    let per = job.per;
+    let mask = job.class_mask;
     let r = u64::from(min);
-    let mut on_node: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-    for (i, c) in cands.iter().enumerate() {
-        if let JobStatus::Running(run) = &c.job.status {
-            for n in run.placement.nodes() {
-                on_node.entry(n).or_default().push(i);
-            }
-        }
-    }
-    let mut options: Vec<((u64, usize, u32), Vec<usize>)> = Vec::new();
-    for (&n, idxs) in &on_node {
-        let info = &state.nodes()[n as usize];
-        if !info.schedulable() || info.class.is_none_or(|c| mask & (1 << c) == 0) {
-            continue;
-        }
-        let ni = n as usize;
-        let (mut g, mut cpu, mut mem) = (
-            u64::from(s.cap.free[ni].count_ones()),
-            s.cap.free_cpu[ni],
-            s.cap.free_mem[ni],
-        );
-        let mut set = Vec::new();
-        let mut lost = 0;
-        for &i in idxs {
-            let v = cands[i].job;
-            let JobStatus::Running(run) = &v.status else {
+    let (need_g, need_c, need_m) = (per.gpus * r, per.cpu_millis * r, per.memory_mib * r);
+    // Per touched node: freed so far (gpus, cpu, mem, lost) and its victims.
+    let mut acc: rustc_hash::FxHashMap<NodeIdx, (u64, u64, u64, u64, Vec<u32>)> =
+        Default::default();
+    let mut options: Vec<((u64, usize, NodeIdx), Vec<u32>)> = Vec::new();
+    for &i in cands {
+        let e = &index.entries[i as usize];
+        for &(n, g, c, m) in &index.parts[e.parts.0 as usize..e.parts.1 as usize] {
+            let info = &state.nodes()[n as usize];
+            if !info.schedulable() || info.class.is_none_or(|cl| mask & (1 << cl) == 0) {
                 continue;
-            };
-            let vp = v.per_replica();
-            for rp in run.placement.replicas.iter().filter(|rp| rp.node == n) {
-                g += u64::from((rp.gpus & info.healthy).count_ones());
-                cpu += vp.cpu_millis;
-                mem += vp.memory_mib;
             }
-            set.push(i);
-            lost += cands[i].lost;
-            if g >= per.gpus * r && cpu >= per.cpu_millis * r && mem >= per.memory_mib * r {
-                options.push(((lost, set.len(), n), set.clone()));
-                break;
+            let ni = n as usize;
+            let a = acc.entry(n).or_insert_with(|| {
+                (
+                    u64::from(s.cap.free[ni].count_ones()),
+                    s.cap.free_cpu[ni],
+                    s.cap.free_mem[ni],
+                    0,
+                    Vec::new(),
+                )
+            });
+            if a.0 >= need_g && a.1 >= need_c && a.2 >= need_m {
+                continue; // already an option
             }
+            a.0 += g;
+            a.1 += c;
+            a.2 += m;
+            if !a.4.contains(&i) {
+                a.3 += e.lost;
+                a.4.push(i);
+            }
+            if a.0 >= need_g && a.1 >= need_c && a.2 >= need_m {
+                options.push(((a.3, a.4.len(), n), a.4.clone()));
+            }
+        }
+        if options.len() >= 8 {
+            break;
         }
     }
     options.sort();
-    for (_, set) in options.into_iter().take(8) {
-        let victims: Vec<&Job> = set.iter().map(|&i| cands[i].job).collect();
+    for (_, set) in options {
+        let victims: Vec<&Job> = set.iter().map(|&i| index.entries[i as usize].job).collect();
         if let Some(p) = feasible(s, job, min, &victims) {
-            return Some((set.iter().map(|&i| &cands[i]).collect(), p));
+            return Some((set, p));
         }
     }
     None
@@ -220,50 +324,54 @@ fn per_node_search<'a, 'b>(
 
 /// For multi-node gangs: add victims cheapest first until the gang fits, then
 /// drop every victim (most expensive first) whose removal is not needed.
-fn greedy_search<'a, 'b>(
+fn greedy_search(
     s: &Session<'_>,
-    job: &Job,
+    index: &VictimIndex<'_>,
+    job: &Gang,
     min: u32,
-    cands: &'b [Candidate<'a>],
-) -> Option<Choice<'a, 'b>> {
-    let need = job.per_replica().gpus * u64::from(min);
-    let mut chosen: Vec<&Candidate<'a>> = Vec::new();
+    cands: &[u32],
+) -> Option<Choice> {
+    let need = job.per.gpus * u64::from(min);
+    let mut chosen: Vec<u32> = Vec::new();
     let mut freed = 0u64;
     let mut next_try = need.saturating_sub(s.cap.free_total);
     let mut tries = 0;
     let mut found = None;
-    for c in cands {
-        chosen.push(c);
-        if let JobStatus::Running(r) = &c.job.status {
-            freed += r.placement.gpus();
-        }
+    let jobs =
+        |set: &[u32]| -> Vec<&Job> { set.iter().map(|&i| index.entries[i as usize].job).collect() };
+    for &i in cands {
+        chosen.push(i);
+        let e = &index.entries[i as usize];
+        freed += index.parts[e.parts.0 as usize..e.parts.1 as usize]
+            .iter()
+            .map(|p| p.1)
+            .sum::<u64>();
         if freed >= next_try {
             tries += 1;
-            let victims: Vec<&Job> = chosen.iter().map(|c| c.job).collect();
-            if let Some(p) = feasible(s, job, min, &victims) {
+            if let Some(p) = feasible(s, job, min, &jobs(&chosen)) {
                 found = Some(p);
                 break;
             }
-            if tries >= 32 {
+            if tries >= 16 {
                 return None;
             }
             next_try = freed + (need / 4).max(1);
         }
     }
     let mut placement = found?;
-    let mut i = chosen.len();
+    let mut k = chosen.len();
     let mut prunes = 0;
-    while i > 0 && prunes < 64 {
-        i -= 1;
+    while k > 0 && prunes < 32 {
+        k -= 1;
         prunes += 1;
-        let without: Vec<&Job> = chosen
+        let without: Vec<u32> = chosen
             .iter()
             .enumerate()
-            .filter(|(k, _)| *k != i)
-            .map(|(_, c)| c.job)
+            .filter(|(x, _)| *x != k)
+            .map(|(_, c)| *c)
             .collect();
-        if let Some(p) = feasible(s, job, min, &without) {
-            chosen.remove(i);
+        if let Some(p) = feasible(s, job, min, &jobs(&without)) {
+            chosen = without;
             placement = p;
         }
     }

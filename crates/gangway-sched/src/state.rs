@@ -9,9 +9,10 @@ use gangway_core::{
     JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources, SpecError, Time, TopologyConstraint,
     TopologyLevel,
 };
+use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 /// Most GPUs one node may have (free masks are `u64`).
@@ -28,6 +29,8 @@ pub struct GpuClass {
     pub memory_gib: u32,
     /// Most GPUs any node of this class has.
     pub max_gpus: u32,
+    /// GPUs of this class in the cluster (healthy or not).
+    pub total_gpus: u64,
 }
 
 /// A node plus what the scheduler derives from its spec.
@@ -196,6 +199,32 @@ pub enum JobStatus {
     Running(RunInfo),
 }
 
+/// The part of a pending job a scheduling cycle reads, kept inline in the
+/// pending index so a cycle scans plain data instead of chasing every job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gang {
+    /// Job id.
+    pub id: JobId,
+    /// Queue index.
+    pub queue: QueueId,
+    /// Numeric priority.
+    pub priority: i32,
+    /// Resources of one replica.
+    pub per: Resources,
+    /// Replicas wanted.
+    pub replicas: u32,
+    /// Fewest replicas it may start with.
+    pub min: u32,
+    /// GPU classes it may use.
+    pub class_mask: u64,
+    /// Topology constraint.
+    pub topology: TopologyConstraint,
+    /// Whether it may be preempted.
+    pub preemptible: bool,
+    /// Declared runtime.
+    pub runtime: Option<u64>,
+}
+
 /// A job known to the scheduler.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -213,6 +242,8 @@ pub struct Job {
     pub status: JobStatus,
     /// Times it was preempted or restarted.
     pub requeues: u32,
+    /// What the scheduler reads of it each cycle.
+    pub gang: Gang,
 }
 
 impl Job {
@@ -401,7 +432,7 @@ impl Default for StateConfig {
 }
 
 /// Pending jobs of one priority level, per queue, oldest first.
-pub type PendingLevel = BTreeMap<QueueId, BTreeSet<(Time, JobId)>>;
+pub type PendingLevel = BTreeMap<QueueId, BTreeMap<(Time, JobId), Gang>>;
 
 /// The scheduler's whole view of the cluster.
 #[derive(Clone, Debug, Default)]
@@ -426,7 +457,13 @@ pub struct ClusterState {
     pub(crate) node_jobs: Vec<Vec<JobId>>,
     /// Victims in their grace period, with the job they were preempted for.
     pub(crate) preempting: BTreeMap<JobId, JobId>,
+    /// Running preemptible jobs per queue (victim candidates).
+    pub(crate) preemptible_by_queue: Vec<BTreeSet<JobId>>,
+    /// Running preemptible jobs per priority value (fast "any victim?" test).
+    pub(crate) preemptible_prios: BTreeMap<i32, usize>,
     multi_island: bool,
+    max_node_cpu: u64,
+    max_node_mem: u64,
 }
 
 impl ClusterState {
@@ -566,6 +603,7 @@ impl ClusterState {
         if let Some(p) = parent {
             self.queues[p as usize].children.push(id);
         }
+        self.preemptible_by_queue.push(BTreeSet::new());
         self.capacity.usage.push(Resources::ZERO);
         self.capacity.fixed.push(Resources::ZERO);
         self.capacity.demand.push(Resources::ZERO);
@@ -589,6 +627,7 @@ impl ClusterState {
             )));
         }
         let mut class = None;
+        let mut new_class = false;
         if let Some(first) = spec.gpus.first() {
             if spec
                 .gpus
@@ -612,6 +651,7 @@ impl ClusterState {
                 Some(c) => {
                     let cl = &mut self.classes[c];
                     cl.max_gpus = cl.max_gpus.max(n);
+                    cl.total_gpus += u64::from(n);
                     c
                 }
                 None => {
@@ -622,10 +662,12 @@ impl ClusterState {
                         model: first.model.clone(),
                         memory_gib: first.memory_gib,
                         max_gpus: n,
+                        total_gpus: u64::from(n),
                     });
                     self.capacity
                         .index
                         .push(vec![Bitset::default(); MAX_GPUS_PER_NODE + 1]);
+                    new_class = true;
                     self.classes.len() - 1
                 }
             };
@@ -676,6 +718,8 @@ impl ClusterState {
         }
         let idx = self.nodes.len() as NodeIdx;
         self.multi_island |= islands.len() > 1;
+        self.max_node_cpu = self.max_node_cpu.max(spec.cpu_millis);
+        self.max_node_mem = self.max_node_mem.max(spec.memory_mib);
         self.node_by_name.insert(spec.name.clone(), idx);
         self.leaves[leaf as usize].nodes.push(idx);
         let info = NodeInfo {
@@ -697,23 +741,58 @@ impl ClusterState {
                 b.grow(self.nodes.len() + 1);
             }
         }
+        if new_class {
+            self.refresh_class_masks();
+        }
+        self.total += Self::contribution(&info);
         self.nodes.push(info);
         self.node_jobs.push(Vec::new());
         self.capacity.refresh_node(&self.nodes, idx);
-        self.recount_total();
         Ok(idx)
     }
 
-    fn recount_total(&mut self) {
-        let mut t = Resources::ZERO;
-        for n in self.nodes.iter().filter(|n| n.schedulable()) {
-            t += Resources {
-                gpus: u64::from(n.healthy.count_ones()),
-                cpu_millis: n.spec.cpu_millis,
-                memory_mib: n.spec.memory_mib,
-            };
+    /// A new GPU class appeared: jobs may now match it.
+    fn refresh_class_masks(&mut self) {
+        let masks: Vec<(JobId, u64)> = self
+            .jobs
+            .values()
+            .map(|j| (j.id, self.class_mask(&j.spec)))
+            .collect();
+        for (id, m) in masks {
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.gang.class_mask = m;
+            }
         }
-        self.total = t;
+        for level in self.pending.values_mut() {
+            for set in level.values_mut() {
+                for g in set.values_mut() {
+                    if let Some(j) = self.jobs.get(&g.id) {
+                        g.class_mask = j.gang.class_mask;
+                    }
+                }
+            }
+        }
+    }
+
+    /// What a node adds to the schedulable total.
+    fn contribution(n: &NodeInfo) -> Resources {
+        if !n.schedulable() {
+            return Resources::ZERO;
+        }
+        Resources {
+            gpus: u64::from(n.healthy.count_ones()),
+            cpu_millis: n.spec.cpu_millis,
+            memory_mib: n.spec.memory_mib,
+        }
+    }
+
+    /// Changes node `n` with `f`, keeping the free index and the total in step.
+    fn update_node(&mut self, n: NodeIdx, f: impl FnOnce(&mut NodeInfo)) {
+        let before = Self::contribution(&self.nodes[n as usize]);
+        f(&mut self.nodes[n as usize]);
+        let after = Self::contribution(&self.nodes[n as usize]);
+        self.total = self.total - before + after;
+        self.capacity.refresh_node(&self.nodes, n);
     }
 
     fn node_mut(&mut self, node: &str) -> Result<NodeIdx, StateError> {
@@ -730,39 +809,34 @@ impl ClusterState {
         healthy: bool,
     ) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        let info = &mut self.nodes[n as usize];
-        if gpu >= info.spec.gpus.len() {
+        if gpu >= self.nodes[n as usize].spec.gpus.len() {
             return Err(StateError::BadNode {
                 node: node.to_string(),
                 problem: format!("has no GPU at position {gpu}"),
             });
         }
-        info.spec.gpus[gpu].healthy = healthy;
-        if healthy {
-            info.healthy |= 1 << gpu;
-        } else {
-            info.healthy &= !(1 << gpu);
-        }
-        self.capacity.refresh_node(&self.nodes, n);
-        self.recount_total();
+        self.update_node(n, |info| {
+            info.spec.gpus[gpu].healthy = healthy;
+            if healthy {
+                info.healthy |= 1 << gpu;
+            } else {
+                info.healthy &= !(1 << gpu);
+            }
+        });
         Ok(())
     }
 
     /// Cordons (no new work) or uncordons a node.
     pub fn set_cordoned(&mut self, node: &str, cordoned: bool) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        self.nodes[n as usize].spec.cordoned = cordoned;
-        self.capacity.refresh_node(&self.nodes, n);
-        self.recount_total();
+        self.update_node(n, |info| info.spec.cordoned = cordoned);
         Ok(())
     }
 
     /// Marks a node Ready or NotReady (missed heartbeats).
     pub fn set_ready(&mut self, node: &str, ready: bool) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        self.nodes[n as usize].ready = ready;
-        self.capacity.refresh_node(&self.nodes, n);
-        self.recount_total();
+        self.update_node(n, |info| info.ready = ready);
         Ok(())
     }
 
@@ -857,34 +931,19 @@ impl ClusterState {
                 }
             }
             let have: u64 = self
-                .nodes
+                .classes
                 .iter()
-                .filter(|n| n.class.is_some_and(|c| mask & (1 << c) != 0))
-                .map(|n| n.spec.gpus.len() as u64)
+                .enumerate()
+                .filter(|(c, _)| mask & (1 << c) != 0)
+                .map(|(_, c)| c.total_gpus)
                 .sum();
             if need > have {
                 return Err(Rejection::ExceedsCluster { need, have });
             }
         }
         for (res, need, max) in [
-            (
-                Resource::CpuMillis,
-                per.cpu_millis,
-                self.nodes
-                    .iter()
-                    .map(|n| n.spec.cpu_millis)
-                    .max()
-                    .unwrap_or(0),
-            ),
-            (
-                Resource::MemoryMib,
-                per.memory_mib,
-                self.nodes
-                    .iter()
-                    .map(|n| n.spec.memory_mib)
-                    .max()
-                    .unwrap_or(0),
-            ),
+            (Resource::CpuMillis, per.cpu_millis, self.max_node_cpu),
+            (Resource::MemoryMib, per.memory_mib, self.max_node_mem),
         ] {
             if need > max {
                 return Err(Rejection::ReplicaResourceTooLarge {
@@ -957,8 +1016,21 @@ impl ClusterState {
             return Err(Rejection::DuplicateJob(id));
         }
         let queue = self.validate(&spec)?;
+        let gang = Gang {
+            id,
+            queue,
+            priority: spec.priority.value(),
+            per: spec.resources.resources(),
+            replicas: spec.replicas,
+            min: spec.min_gang(),
+            class_mask: self.class_mask(&spec),
+            topology: spec.topology,
+            preemptible: spec.is_preemptible(),
+            runtime: spec.runtime_seconds,
+        };
         let job = Job {
             id,
+            gang,
             priority: spec.priority.value(),
             spec,
             queue,
@@ -977,7 +1049,7 @@ impl ClusterState {
             .or_default()
             .entry(job.queue)
             .or_default()
-            .insert((job.submitted, job.id));
+            .insert((job.submitted, job.id), job.gang);
         self.pending_count += 1;
     }
 
@@ -985,7 +1057,7 @@ impl ClusterState {
         let key = Reverse(job.priority);
         if let Some(level) = self.pending.get_mut(&key) {
             if let Some(set) = level.get_mut(&job.queue) {
-                if set.remove(&(job.submitted, job.id)) {
+                if set.remove(&(job.submitted, job.id)).is_some() {
                     self.pending_count -= 1;
                 }
                 if set.is_empty() {
@@ -1088,6 +1160,10 @@ impl ClusterState {
                 .runtime_seconds
                 .unwrap_or(self.config.default_runtime_seconds);
         self.running_by_end.insert((est_end, id));
+        if job.spec.is_preemptible() {
+            self.preemptible_by_queue[job.queue as usize].insert(id);
+            *self.preemptible_prios.entry(job.priority).or_default() += 1;
+        }
         if let Some(j) = self.jobs.get_mut(&id) {
             j.status = JobStatus::Running(RunInfo {
                 started: now,
@@ -1168,6 +1244,15 @@ impl ClusterState {
         );
         self.running_by_end.remove(&(run.est_end, id));
         self.preempting.remove(&id);
+        if fixed == false && self.preemptible_by_queue[queue as usize].remove(&id) {
+            let prio = self.jobs.get(&id).map_or(0, |j| j.priority);
+            if let Some(c) = self.preemptible_prios.get_mut(&prio) {
+                *c -= 1;
+                if *c == 0 {
+                    self.preemptible_prios.remove(&prio);
+                }
+            }
+        }
         let job = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
         job.status = JobStatus::Pending;
         Ok(job.clone())

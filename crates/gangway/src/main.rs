@@ -1,1 +1,30 @@
-fn main() {}
+//! `gangway`: one binary for Gangway's subcommands.
+
+mod bench;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Gangway: a GPU cluster scheduler for gangs of ranks.
+#[derive(Parser)]
+#[command(name = "gangway", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Benchmarks that print figures (`metric: value unit`).
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Bench { which } => bench::run(which),
+    }
+}

@@ -1,0 +1,353 @@
+//! `gangway bench sched`: scheduling-core throughput, cycle latency and memory
+//! on a synthetic cluster with a Philly-like job-size mix.
+//!
+//! Figures are printed as `metric: value unit`. Because the machine may be
+//! shared and noisy, the same run also measures a naive baseline (a full scan
+//! of every node per job, as a filter-everything scheduler does) on the same
+//! jobs and prints Gangway's speed as a ratio against it.
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use gangway_core::{JobId, JobSpec, NodeSpec, QueueSpec, Time};
+use gangway_sched::{apply, schedule, ClusterState, SchedulerConfig, StateConfig};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Which benchmark to run.
+#[derive(Subcommand)]
+pub enum Which {
+    /// The scheduling core on a synthetic cluster.
+    Sched(SchedArgs),
+}
+
+/// Options of `bench sched`.
+#[derive(Args, Clone)]
+pub struct SchedArgs {
+    /// Cluster sizes to measure (nodes of 8 GPUs, racks of 32 nodes).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1_000usize, 10_000])]
+    nodes: Vec<usize>,
+    /// Pending jobs kept in the queue.
+    #[arg(long, default_value_t = 100_000)]
+    pending: usize,
+    /// Steady-state cycles to measure after the initial fill.
+    #[arg(long, default_value_t = 60)]
+    cycles: usize,
+    /// Simulated seconds between cycles.
+    #[arg(long, default_value_t = 10)]
+    interval: u64,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+pub fn run(which: Which) -> Result<()> {
+    match which {
+        Which::Sched(a) => sched(&a),
+    }
+}
+
+/// SplitMix64: a tiny deterministic generator, enough for synthetic workloads.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// GPU counts of the Philly trace and how many jobs asked for each.
+const PHILLY_SIZES: [(u32, u64); 10] = [
+    (1, 76_627),
+    (2, 1_818),
+    (4, 1_870),
+    (8, 1_643),
+    (12, 7),
+    (16, 199),
+    (24, 7),
+    (32, 67),
+    (64, 6),
+    (128, 3),
+];
+
+/// Philly's 15 virtual clusters, by job count (the bench's queues).
+const QUEUES: usize = 15;
+
+fn philly_gpus(rng: &mut Rng) -> u32 {
+    let total: u64 = PHILLY_SIZES.iter().map(|(_, n)| n).sum();
+    let mut x = rng.next() % total;
+    for (g, n) in PHILLY_SIZES {
+        if x < n {
+            return g;
+        }
+        x -= n;
+    }
+    1
+}
+
+fn synthetic_job(rng: &mut Rng) -> (JobSpec, u64) {
+    let g = philly_gpus(rng);
+    let (replicas, per) = if g <= 8 {
+        (1, g)
+    } else if g % 8 == 0 {
+        (g / 8, 8)
+    } else {
+        (g / 4, 4)
+    };
+    let q = (rng.next() % QUEUES as u64) as usize;
+    let mut spec = JobSpec::new("bench", &format!("vc{q:02}"), replicas, per);
+    spec.resources.cpu_millis = 4_000 * u64::from(per);
+    spec.resources.memory_mib = 32 * 1024 * u64::from(per);
+    // Log-uniform runtimes between 1 minute and ~1 day; half declare them.
+    let runtime = (60.0 * (1440f64).powf(rng.unit())) as u64;
+    if rng.next() % 2 == 0 {
+        spec.runtime_seconds = Some(runtime);
+    }
+    (spec, runtime)
+}
+
+fn build_cluster(nodes: usize) -> Result<ClusterState> {
+    let mut s = ClusterState::new(StateConfig::default());
+    for i in 0..nodes {
+        let rack = i / 32;
+        let spine = rack / 16;
+        s.add_node(NodeSpec::uniform(
+            &format!("n{i:05}"),
+            &format!("rack{rack:04}"),
+            &format!("spine{spine:03}"),
+            8,
+            "H100",
+            80,
+        ))?;
+    }
+    // An organisation with one queue per Philly VC, each guaranteed an equal share.
+    let gpus = (nodes * 8) as u64;
+    s.add_queue(QueueSpec::gpus("org", None, gpus))?;
+    for q in 0..QUEUES {
+        s.add_queue(QueueSpec::gpus(
+            &format!("vc{q:02}"),
+            Some("org"),
+            gpus / QUEUES as u64,
+        ))?;
+    }
+    Ok(s)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The naive baseline: for each job in submit order, scan every node and take
+/// the best-fitting one (single-node jobs) or the first nodes with room (gangs).
+fn naive_fill(nodes: usize, jobs: &[(JobSpec, u64)]) -> (usize, f64) {
+    let mut free = vec![8u32; nodes];
+    let start = Instant::now();
+    let mut placed = 0;
+    for (spec, _) in jobs {
+        let need = spec.resources.gpus;
+        if spec.replicas == 1 {
+            let mut best: Option<usize> = None;
+            for (n, f) in free.iter().enumerate() {
+                if *f >= need && best.is_none_or(|b| free[b] > *f) {
+                    best = Some(n);
+                }
+            }
+            if let Some(b) = best {
+                free[b] -= need;
+                placed += 1;
+            }
+        } else {
+            let fits: Vec<usize> = (0..nodes)
+                .filter(|n| free[*n] >= need)
+                .take(spec.replicas as usize)
+                .collect();
+            if fits.len() == spec.replicas as usize {
+                for n in fits {
+                    free[n] -= need;
+                }
+                placed += 1;
+            }
+        }
+    }
+    (placed, start.elapsed().as_secs_f64())
+}
+
+struct Workload {
+    rng: Rng,
+    next: u64,
+    actual: BTreeMap<JobId, u64>,
+}
+
+impl Workload {
+    fn submit(
+        &mut self,
+        state: &mut ClusterState,
+        now: Time,
+        keep: Option<&mut Vec<(JobSpec, u64)>>,
+    ) -> Result<()> {
+        let (spec, rt) = synthetic_job(&mut self.rng);
+        let id = JobId(self.next);
+        self.next += 1;
+        if let Some(k) = keep {
+            k.push((spec.clone(), rt));
+        }
+        state.submit(id, spec, now)?;
+        self.actual.insert(id, rt);
+        Ok(())
+    }
+}
+
+struct Figures {
+    fill_placements: usize,
+    fill_seconds: f64,
+    steady_placements: usize,
+    steady_seconds: f64,
+    cycle_ms: Vec<f64>,
+    apply_ms: Vec<f64>,
+    preemptions: usize,
+}
+
+fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)> {
+    let mut w = Workload {
+        rng: Rng(a.seed),
+        next: 1,
+        actual: BTreeMap::new(),
+    };
+    let mut state = build_cluster(nodes)?;
+    let cfg = SchedulerConfig::default();
+    let mut ends: BTreeMap<(Time, JobId), ()> = BTreeMap::new();
+    let mut first_jobs = Vec::with_capacity(a.pending);
+    let mut now: Time = 0;
+    for _ in 0..a.pending {
+        w.submit(&mut state, now, Some(&mut first_jobs))?;
+    }
+    let t = Instant::now();
+    let d = schedule(&state, now, &cfg);
+    let fill_seconds = t.elapsed().as_secs_f64();
+    apply(&mut state, &d, now)?;
+    let fill_placements = d.binds.len();
+    for b in &d.binds {
+        ends.insert((now + w.actual[&b.job], b.job), ());
+    }
+    let mut f = Figures {
+        fill_placements,
+        fill_seconds,
+        steady_placements: 0,
+        steady_seconds: 0.0,
+        cycle_ms: Vec::new(),
+        apply_ms: Vec::new(),
+        preemptions: 0,
+    };
+    let mut exiting: Vec<(Time, JobId)> = Vec::new();
+    for _ in 0..a.cycles {
+        now += a.interval;
+        // Jobs end; preempted ones exit after their grace period and are requeued.
+        while let Some((&(end, id), _)) = ends.iter().next() {
+            if end > now {
+                break;
+            }
+            ends.remove(&(end, id));
+            if state.job(id).is_some() {
+                state.finish(id)?;
+            }
+        }
+        exiting.retain(|(t, id)| {
+            if *t <= now {
+                let _ = state.requeue(*id);
+                false
+            } else {
+                true
+            }
+        });
+        while state.pending_count() < a.pending {
+            w.submit(&mut state, now, None)?;
+        }
+        let t = Instant::now();
+        let d = schedule(&state, now, &cfg);
+        let dt = t.elapsed().as_secs_f64();
+        let t2 = Instant::now();
+        apply(&mut state, &d, now)?;
+        f.apply_ms.push(t2.elapsed().as_secs_f64() * 1e3);
+        for b in &d.binds {
+            ends.insert((now + w.actual[&b.job], b.job), ());
+        }
+        for p in &d.preemptions {
+            ends.retain(|(_, id), _| *id != p.job);
+            exiting.push((now + p.grace_seconds, p.job));
+        }
+        f.preemptions += d.preemptions.len();
+        f.steady_placements += d.binds.len();
+        f.steady_seconds += dt;
+        f.cycle_ms.push(dt * 1e3);
+        if std::env::var_os("GANGWAY_BENCH_VERBOSE").is_some() {
+            eprintln!(
+                "cycle t={now} {:.1} ms: binds {} preemptions {} reservations {} stats {:?}",
+                dt * 1e3,
+                d.binds.len(),
+                d.preemptions.len(),
+                d.reservations.len(),
+                d.stats
+            );
+        }
+    }
+    if let Err(e) = state.check_invariants() {
+        bail!("state inconsistent after the benchmark: {e}");
+    }
+    Ok((f, first_jobs))
+}
+
+fn sched(a: &SchedArgs) -> Result<()> {
+    println!(
+        "# gangway bench sched: {} pending jobs (Philly size mix), 8-GPU nodes in racks of 32",
+        a.pending
+    );
+    for &nodes in &a.nodes {
+        let (f, jobs) = measure(nodes, a)?;
+        let (naive_placed, naive_s) = naive_fill(nodes, &jobs);
+        let mut c = f.cycle_ms.clone();
+        c.sort_by(f64::total_cmp);
+        let mut ap = f.apply_ms.clone();
+        ap.sort_by(f64::total_cmp);
+        let fill_rate = f.fill_placements as f64 / f.fill_seconds;
+        let naive_rate = naive_placed as f64 / naive_s;
+        let p = |m: &str, v: f64, u: &str| println!("{m}: {v:.2} {u}");
+        println!("## {nodes} nodes × 8 GPUs = {} GPUs", nodes * 8);
+        p("fill_placements", f.fill_placements as f64, "gangs");
+        p("fill_cycle_latency", f.fill_seconds * 1e3, "ms");
+        p("fill_placements_per_sec", fill_rate, "gangs/s");
+        p("naive_scan_placements_per_sec", naive_rate, "gangs/s");
+        p("speedup_vs_naive_scan", fill_rate / naive_rate, "x");
+        p(
+            "steady_placements_per_sec",
+            f.steady_placements as f64 / f.steady_seconds.max(1e-9),
+            "gangs/s",
+        );
+        p("steady_placements", f.steady_placements as f64, "gangs");
+        p("steady_preemptions", f.preemptions as f64, "jobs");
+        p("cycle_latency_p50", percentile(&c, 0.5), "ms");
+        p("cycle_latency_p99", percentile(&c, 0.99), "ms");
+        p("cycle_latency_max", c.last().copied().unwrap_or(0.0), "ms");
+        p("apply_latency_p50", percentile(&ap, 0.5), "ms");
+    }
+    if let Some(rss) = peak_rss_mib() {
+        println!("peak_rss: {rss:.1} MiB");
+    }
+    Ok(())
+}
