@@ -196,9 +196,7 @@ pub(crate) fn try_preempt(
     if s.victim_index.is_none() {
         s.victim_index = Some(VictimIndex::build(state, s.now));
     }
-    let Some(index) = s.victim_index.as_ref() else {
-        return None;
-    };
+    let index = s.victim_index.as_ref()?;
     let order = match reason {
         PreemptReason::Priority => &index.by_lost,
         PreemptReason::Reclaim => &index.by_priority,

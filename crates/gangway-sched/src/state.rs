@@ -1244,7 +1244,7 @@ impl ClusterState {
         );
         self.running_by_end.remove(&(run.est_end, id));
         self.preempting.remove(&id);
-        if fixed == false && self.preemptible_by_queue[queue as usize].remove(&id) {
+        if !fixed && self.preemptible_by_queue[queue as usize].remove(&id) {
             let prio = self.jobs.get(&id).map_or(0, |j| j.priority);
             if let Some(c) = self.preemptible_prios.get_mut(&prio) {
                 *c -= 1;
