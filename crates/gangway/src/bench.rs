@@ -95,7 +95,7 @@ fn synthetic_job(rng: &mut Rng) -> (JobSpec, u64) {
     let g = philly_gpus(rng);
     let (replicas, per) = if g <= 8 {
         (1, g)
-    } else if g % 8 == 0 {
+    } else if g.is_multiple_of(8) {
         (g / 8, 8)
     } else {
         (g / 4, 4)
@@ -106,7 +106,7 @@ fn synthetic_job(rng: &mut Rng) -> (JobSpec, u64) {
     spec.resources.memory_mib = 32 * 1024 * u64::from(per);
     // Log-uniform runtimes between 1 minute and ~1 day; half declare them.
     let runtime = (60.0 * (1440f64).powf(rng.unit())) as u64;
-    if rng.next() % 2 == 0 {
+    if rng.next().is_multiple_of(2) {
         spec.runtime_seconds = Some(runtime);
     }
     (spec, runtime)
