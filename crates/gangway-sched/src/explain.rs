@@ -34,6 +34,11 @@ pub enum WaitReason {
         /// Victims still running their grace period.
         victims: u32,
     },
+    /// Strict order: a job ahead of it could not start.
+    InOrder {
+        /// The first job that could not start.
+        behind: JobId,
+    },
     /// Victims were chosen this cycle.
     Preempting {
         /// Jobs being preempted for it.
@@ -151,6 +156,9 @@ impl Explanation {
                 "reserved to start at t+{} behind job {holder}; free GPUs are held for it",
                 duration(start_at.saturating_sub(now))
             ),
+            WaitReason::InOrder { behind } => {
+                format!("waiting in order behind job {behind} (strict FIFO)")
+            }
             WaitReason::AwaitingPreemption { victims } => {
                 format!("waiting for {victims} preempted job(s) to checkpoint and exit")
             }

@@ -52,6 +52,9 @@ pub struct SchedulerConfig {
     pub max_reservations: usize,
     /// Most preemption searches per cycle (each is a few placements).
     pub max_preemption_searches: usize,
+    /// Strict order (classic FIFO): once a job cannot start, no later job of
+    /// its queue may start this cycle. Off for Gangway's own policy.
+    pub strict_order: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -62,6 +65,7 @@ impl Default for SchedulerConfig {
             fair_share: true,
             max_reservations: 1,
             max_preemption_searches: 16,
+            strict_order: false,
         }
     }
 }
@@ -160,7 +164,16 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
     for level in state.pending.values() {
         let mut walk = order::LevelWalk::new(state, level, cfg.fair_share);
         while let Some(g) = walk.next(&s.cap) {
+            if let Some(&head) = s.blocked_by.get(&g.queue) {
+                s.explain(g.id, WaitReason::InOrder { behind: head }, None);
+                s.decisions.stats.considered += 1;
+                continue;
+            }
+            let before = s.decisions.binds.len();
             s.consider(g);
+            if cfg.strict_order && s.decisions.binds.len() == before {
+                s.blocked_by.insert(g.queue, g.id);
+            }
         }
     }
     s.decisions.stats.free_gpus = s.cap.free_total;
@@ -200,6 +213,8 @@ pub(crate) struct Session<'a> {
     /// Jobs bound this cycle: estimated end, id, index into `decisions.binds`.
     pub(crate) bound: Vec<(Time, JobId, usize)>,
     pub(crate) preempt_searches: usize,
+    /// Under strict order: per queue, the first job that could not start.
+    pub(crate) blocked_by: HashMap<QueueId, JobId>,
     pub(crate) decisions: Decisions,
 }
 
@@ -220,6 +235,7 @@ impl<'a> Session<'a> {
             victim_quota: Vec::new(),
             bound: Vec::new(),
             preempt_searches: 0,
+            blocked_by: HashMap::default(),
             decisions: Decisions::default(),
         }
     }

@@ -1189,6 +1189,45 @@ impl ClusterState {
         }
     }
 
+    /// Changes a job's numeric priority (pending or running). Policies that
+    /// rank by attained service or remaining time (Tiresias, SRTF baselines)
+    /// use this between cycles.
+    pub fn set_priority(&mut self, id: JobId, priority: i32) -> Result<(), StateError> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or(StateError::UnknownJob(id))?
+            .clone();
+        if job.priority == priority {
+            return Ok(());
+        }
+        match &job.status {
+            JobStatus::Pending => {
+                self.pop_pending(&job);
+                let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+                j.priority = priority;
+                j.gang.priority = priority;
+                let j = j.clone();
+                self.push_pending(&j);
+            }
+            JobStatus::Running(_) => {
+                if self.preemptible_by_queue[job.queue as usize].contains(&id) {
+                    if let Some(c) = self.preemptible_prios.get_mut(&job.priority) {
+                        *c -= 1;
+                        if *c == 0 {
+                            self.preemptible_prios.remove(&job.priority);
+                        }
+                    }
+                    *self.preemptible_prios.entry(priority).or_default() += 1;
+                }
+                let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+                j.priority = priority;
+                j.gang.priority = priority;
+            }
+        }
+        Ok(())
+    }
+
     /// Records that the checkpoint signal was sent to `id` on behalf of `by`;
     /// the job keeps its GPUs until it exits (then call [`Self::requeue`]).
     pub fn mark_preempting(&mut self, id: JobId, by: JobId, now: Time) -> Result<(), StateError> {

@@ -1,6 +1,7 @@
 //! `gangway`: one binary for Gangway's subcommands.
 
 mod bench;
+mod sim;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Replays a real cluster trace through the scheduling core and compares policies.
+    Sim(sim::SimArgs),
     /// Benchmarks that print figures (`metric: value unit`).
     Bench {
         #[command(subcommand)]
@@ -26,5 +29,6 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Bench { which } => bench::run(which),
+        Command::Sim(a) => sim::run(&a),
     }
 }

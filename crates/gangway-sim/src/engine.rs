@@ -1,0 +1,465 @@
+//! The discrete-event engine: arrivals, starts, finishes, preemptions with a
+//! checkpoint grace and the work lost since the last checkpoint, requeues and
+//! optional node failures. Time jumps from event to event; after each batch of
+//! simultaneous events the scheduling core runs one cycle and its decisions
+//! are applied — the engine adds no scheduling policy of its own.
+
+use crate::cluster::{ClusterError, ClusterSpec};
+use crate::metrics::{Recorder, SimResult};
+use crate::policy::{Policy, Ranking};
+use crate::trace::{Trace, TraceJob};
+use gangway_core::{JobId, JobSpec, Time, TopologyConstraint};
+use gangway_sched::{apply, schedule, ClusterState, Decisions, StateConfig, StateError};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use thiserror::Error;
+
+/// Knobs of a simulation run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimOptions {
+    /// Seconds between a job's own checkpoints; work since the last one is lost on preemption.
+    pub checkpoint_interval: u64,
+    /// Grace period between the checkpoint signal and the kill.
+    pub grace_seconds: u64,
+    /// Whether jobs declare their run time (the trace's) to the scheduler.
+    pub declare_runtimes: bool,
+    /// Mean time between failures of one node, hours (`None`: nodes never fail).
+    pub node_mtbf_hours: Option<f64>,
+    /// Seconds a failed node stays down.
+    pub node_repair_seconds: u64,
+    /// Tiresias' attained-service thresholds in GPU-seconds (queue boundaries).
+    pub las_thresholds: Vec<u64>,
+    /// Seed for node failures.
+    pub seed: u64,
+    /// Only the first N jobs of the trace.
+    pub limit: Option<usize>,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            checkpoint_interval: 1800,
+            grace_seconds: 30,
+            declare_runtimes: false,
+            node_mtbf_hours: None,
+            node_repair_seconds: 3600,
+            las_thresholds: vec![3600, 36_000],
+            seed: 1,
+            limit: None,
+        }
+    }
+}
+
+/// Why a simulation could not run.
+#[derive(Debug, Error)]
+pub enum SimError {
+    /// Cluster.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// A decision the state refused: a bug in the core, reported rather than hidden.
+    #[error("at t={at}: decision refused: {source}")]
+    State {
+        /// Time.
+        at: Time,
+        /// Cause.
+        source: StateError,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// Node repaired.
+    NodeUp(u32),
+    /// A preempted job's grace ends (job, attempt).
+    Exit(usize, u32),
+    /// A running job completes (job, attempt).
+    Finish(usize, u32),
+    /// A running job crosses an attained-service threshold (job, attempt).
+    Cross(usize, u32),
+    /// Node fails.
+    NodeDown(u32),
+    /// Job submitted.
+    Arrive(usize),
+}
+
+/// A job's life in the simulation.
+#[derive(Clone, Debug)]
+pub struct SimJob {
+    /// From the trace.
+    pub trace: TraceJob,
+    /// Work saved in checkpoints, seconds.
+    pub done: u64,
+    /// Current run's start.
+    pub run_start: Option<Time>,
+    /// Attempt counter (stale events are ignored).
+    pub attempt: u32,
+    /// First start.
+    pub first_start: Option<Time>,
+    /// Completion.
+    pub finish: Option<Time>,
+    /// Time spent pending so far.
+    pub waited: u64,
+    /// Since when it is pending.
+    pub pending_since: Time,
+    /// Times preempted.
+    pub preemptions: u32,
+    /// GPU-seconds lost (work since the last checkpoint, and the grace period).
+    pub lost_gpu_seconds: u64,
+    /// GPU-seconds received in finished runs.
+    pub attained: u64,
+    /// When the checkpoint signal was sent in this run.
+    pub signalled: Option<Time>,
+    /// Rejected by validation.
+    pub rejected: Option<String>,
+}
+
+impl SimJob {
+    fn remaining(&self) -> u64 {
+        self.trace.duration.saturating_sub(self.done)
+    }
+}
+
+/// Shape of a gang of `gpus` GPUs on nodes of at most `max_node` GPUs:
+/// one replica when it fits a node, else replicas of the largest divisor that does.
+pub fn gang_shape(gpus: u32, max_node: u32) -> (u32, u32) {
+    if gpus == 0 {
+        return (1, 0);
+    }
+    if gpus <= max_node {
+        return (1, gpus);
+    }
+    let per = (1..=max_node)
+        .rev()
+        .find(|d| gpus.is_multiple_of(*d))
+        .unwrap_or(1);
+    (gpus / per, per)
+}
+
+/// One simulation of one policy on one trace.
+pub struct Engine {
+    policy: Policy,
+    opts: SimOptions,
+    state: ClusterState,
+    jobs: Vec<SimJob>,
+    events: BinaryHeap<Reverse<(Time, u64, Ev)>>,
+    seq: u64,
+    rng: u64,
+    now: Time,
+    rec: Recorder,
+    /// Events processed.
+    pub events_processed: u64,
+    /// Scheduling cycles run.
+    pub cycles: u64,
+}
+
+impl Engine {
+    /// Prepares a run of `policy` on `trace` over `cluster`.
+    pub fn new(
+        trace: &Trace,
+        cluster: &ClusterSpec,
+        policy: Policy,
+        opts: SimOptions,
+    ) -> Result<Self, SimError> {
+        let spec = policy.cluster(cluster);
+        let mut queues: Vec<String> = trace.jobs.iter().map(|j| j.queue.clone()).collect();
+        queues.sort();
+        queues.dedup();
+        let state = spec.build(&queues, StateConfig::default())?;
+        let n = opts.limit.unwrap_or(trace.jobs.len()).min(trace.jobs.len());
+        let jobs: Vec<SimJob> = trace.jobs[..n]
+            .iter()
+            .map(|t| SimJob {
+                trace: t.clone(),
+                done: 0,
+                run_start: None,
+                attempt: 0,
+                first_start: None,
+                finish: None,
+                waited: 0,
+                pending_since: t.submit,
+                preemptions: 0,
+                lost_gpu_seconds: 0,
+                attained: 0,
+                signalled: None,
+                rejected: None,
+            })
+            .collect();
+        let rec = Recorder::new(&state, &spec, &jobs);
+        let mut e = Engine {
+            policy,
+            opts,
+            state,
+            jobs,
+            events: BinaryHeap::new(),
+            seq: 0,
+            rng: 0,
+            now: 0,
+            rec,
+            events_processed: 0,
+            cycles: 0,
+        };
+        e.rng = e.opts.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for i in 0..e.jobs.len() {
+            let t = e.jobs[i].trace.submit;
+            e.push(t, Ev::Arrive(i));
+        }
+        if e.opts.node_mtbf_hours.is_some() {
+            let t = e.next_failure_gap();
+            e.push(t, Ev::NodeDown(0));
+        }
+        Ok(e)
+    }
+
+    fn push(&mut self, t: Time, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn rand(&mut self) -> f64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Seconds to the next node failure anywhere (exponential).
+    fn next_failure_gap(&mut self) -> Time {
+        let mtbf = self.opts.node_mtbf_hours.unwrap_or(f64::INFINITY) * 3600.0;
+        let rate = self.state.nodes().len() as f64 / mtbf;
+        let u = self.rand().max(1e-12);
+        self.now + (-u.ln() / rate).ceil() as Time
+    }
+
+    fn id(i: usize) -> JobId {
+        JobId(i as u64 + 1)
+    }
+
+    fn spec_for(&self, i: usize) -> JobSpec {
+        let t = &self.jobs[i].trace;
+        let max_node = self
+            .state
+            .classes()
+            .iter()
+            .map(|c| c.max_gpus)
+            .max()
+            .unwrap_or(1);
+        let (replicas, per) = gang_shape(t.gpus, max_node);
+        let mut s = JobSpec::new(&t.name, &t.queue, replicas, per);
+        s.resources.cpu_millis = t.cpu_millis / u64::from(replicas);
+        s.resources.memory_mib = t.memory_mib / u64::from(replicas);
+        if t.gpus == 0 && s.resources.cpu_millis == 0 {
+            s.resources.cpu_millis = 1000;
+        }
+        s.resources.gpu_model = t.gpu_model.clone();
+        s.priority = t.priority;
+        if self.policy.all_preemptible() {
+            s.preemptible = Some(true);
+        }
+        s.checkpoint.grace_seconds = self.opts.grace_seconds;
+        s.checkpoint.interval_seconds = Some(self.opts.checkpoint_interval);
+        if self.opts.declare_runtimes {
+            s.runtime_seconds = Some(self.jobs[i].remaining().max(1));
+        }
+        s.topology = TopologyConstraint::Auto;
+        s
+    }
+
+    /// Runs to the end; `progress(finished_or_rejected, total)` is called now and then.
+    pub fn run(mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<SimResult, SimError> {
+        let total = self.jobs.len();
+        let mut settled = 0usize;
+        let mut last_report = 0usize;
+        while let Some(Reverse((t, _, _))) = self.events.peek().copied() {
+            self.rec.advance(&self.state, t);
+            self.now = t;
+            let mut changed = false;
+            while let Some(Reverse((t2, _, ev))) = self.events.peek().copied() {
+                if t2 != t {
+                    break;
+                }
+                self.events.pop();
+                self.events_processed += 1;
+                changed |= self.handle(ev, &mut settled)?;
+            }
+            if changed && self.state.pending_count() > 0 {
+                self.cycle()?;
+            }
+            if settled >= last_report + 1000 || settled == total {
+                progress(settled, total);
+                last_report = settled;
+            }
+            if settled == total && self.opts.node_mtbf_hours.is_some() {
+                break;
+            }
+        }
+        progress(settled, total);
+        self.rec.advance(&self.state, self.now);
+        Ok(self.rec.finish(
+            self.policy,
+            &self.jobs,
+            self.now,
+            self.events_processed,
+            self.cycles,
+        ))
+    }
+
+    fn handle(&mut self, ev: Ev, settled: &mut usize) -> Result<bool, SimError> {
+        let now = self.now;
+        let err = |source| SimError::State { at: now, source };
+        match ev {
+            Ev::Arrive(i) => {
+                let spec = self.spec_for(i);
+                if let Err(e) = self.state.submit(Self::id(i), spec, now) {
+                    self.jobs[i].rejected = Some(e.to_string());
+                    *settled += 1;
+                    return Ok(false);
+                }
+                self.jobs[i].pending_since = now;
+                self.rerank(i);
+                Ok(true)
+            }
+            Ev::Finish(i, a) => {
+                if self.jobs[i].attempt != a || self.jobs[i].run_start.is_none() {
+                    return Ok(false);
+                }
+                let j = &mut self.jobs[i];
+                let start = j.run_start.take().unwrap_or(now);
+                j.attained += u64::from(j.trace.gpus) * (now - start);
+                j.done = j.trace.duration;
+                j.finish = Some(now);
+                self.state.finish(Self::id(i)).map_err(err)?;
+                self.rec.job_done(&self.jobs[i]);
+                *settled += 1;
+                Ok(true)
+            }
+            Ev::Exit(i, a) => {
+                if self.jobs[i].attempt != a || self.jobs[i].run_start.is_none() {
+                    return Ok(false);
+                }
+                self.stop_run(i, false)?;
+                Ok(true)
+            }
+            Ev::Cross(i, a) => Ok(self.jobs[i].attempt == a && self.jobs[i].run_start.is_some()),
+            Ev::NodeDown(_) => {
+                let n = (self.rand() * self.state.nodes().len() as f64) as usize
+                    % self.state.nodes().len().max(1);
+                let name = self.state.nodes()[n].spec.name.clone();
+                let victims: Vec<JobId> = self.state.jobs_on(n as u32).to_vec();
+                for v in victims {
+                    let i = (v.0 - 1) as usize;
+                    self.stop_run(i, true)?;
+                }
+                self.state.set_ready(&name, false).map_err(err)?;
+                self.rec.node_failed();
+                self.push(now + self.opts.node_repair_seconds, Ev::NodeUp(n as u32));
+                let gap = self.next_failure_gap();
+                self.push(gap, Ev::NodeDown(0));
+                Ok(true)
+            }
+            Ev::NodeUp(n) => {
+                let name = self.state.nodes()[n as usize].spec.name.clone();
+                self.state.set_ready(&name, true).map_err(err)?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Ends the current run of job `i` (preempted or its node failed) and requeues it.
+    /// Work since the last periodic checkpoint is lost; so is the grace period.
+    fn stop_run(&mut self, i: usize, failed: bool) -> Result<(), SimError> {
+        let now = self.now;
+        let interval = self.opts.checkpoint_interval.max(1);
+        let j = &mut self.jobs[i];
+        let Some(start) = j.run_start.take() else {
+            return Ok(());
+        };
+        let signal = if failed {
+            now
+        } else {
+            j.signalled.unwrap_or(now)
+        };
+        let ran = signal.saturating_sub(start);
+        let saved = (ran / interval) * interval;
+        let gpus = u64::from(j.trace.gpus);
+        j.done = (j.done + saved).min(j.trace.duration);
+        j.lost_gpu_seconds += gpus * (now - start - saved);
+        j.attained += gpus * (now - start);
+        j.preemptions += u32::from(!failed);
+        j.signalled = None;
+        j.pending_since = now;
+        j.attempt += 1;
+        self.state
+            .requeue(Self::id(i))
+            .map_err(|source| SimError::State { at: now, source })?;
+        self.rerank(i);
+        Ok(())
+    }
+
+    /// Sets a job's priority for ranking policies (Tiresias, SRTF).
+    fn rerank(&mut self, i: usize) {
+        let j = &self.jobs[i];
+        let prio = match self.policy.ranking() {
+            Ranking::Classes => return,
+            Ranking::AttainedService => {
+                let running = j
+                    .run_start
+                    .map_or(0, |s| u64::from(j.trace.gpus) * (self.now - s));
+                let a = j.attained + running;
+                let band = self.opts.las_thresholds.iter().filter(|t| a >= **t).count();
+                1000 - band as i32
+            }
+            Ranking::RemainingTime => {
+                let ran = j.run_start.map_or(0, |s| self.now - s);
+                let left = j.remaining().saturating_sub(ran);
+                -((left / 60).min(i32::MAX as u64 - 1) as i32)
+            }
+        };
+        let _ = self.state.set_priority(Self::id(i), prio);
+    }
+
+    fn cycle(&mut self) -> Result<(), SimError> {
+        let now = self.now;
+        if self.policy.ranking() != Ranking::Classes {
+            let running: Vec<usize> = self
+                .state
+                .running_by_end()
+                .map(|(_, id)| (id.0 - 1) as usize)
+                .collect();
+            for i in running {
+                self.rerank(i);
+            }
+        }
+        let cfg = self.policy.config();
+        let d: Decisions = schedule(&self.state, now, &cfg);
+        self.cycles += 1;
+        apply(&mut self.state, &d, now).map_err(|source| SimError::State { at: now, source })?;
+        for b in &d.binds {
+            let i = (b.job.0 - 1) as usize;
+            let j = &mut self.jobs[i];
+            j.attempt += 1;
+            j.run_start = Some(now);
+            j.first_start.get_or_insert(now);
+            j.waited += now - j.pending_since;
+            let (a, left) = (j.attempt, j.remaining());
+            let attained = j.attained;
+            let gpus = u64::from(j.trace.gpus).max(1);
+            self.push(now + left.max(1), Ev::Finish(i, a));
+            if self.policy.ranking() == Ranking::AttainedService {
+                if let Some(t) = self.opts.las_thresholds.iter().find(|t| **t > attained) {
+                    let dt = (t - attained).div_ceil(gpus);
+                    if dt < left {
+                        self.push(now + dt, Ev::Cross(i, a));
+                    }
+                }
+            }
+        }
+        for p in &d.preemptions {
+            let i = (p.job.0 - 1) as usize;
+            let a = self.jobs[i].attempt;
+            self.jobs[i].signalled = Some(now);
+            self.push(now + p.grace_seconds, Ev::Exit(i, a));
+        }
+        self.rec.cycle(&self.state, &d);
+        Ok(())
+    }
+}

@@ -1,0 +1,506 @@
+//! Loaders for the real GPU-cluster traces in `../shared/traces`.
+//!
+//! Every loader returns the jobs it could use and a [`LoadReport`] that counts
+//! each row it skipped or adjusted, by reason: bad or missing fields are
+//! counted, never silently dropped.
+
+use flate2::read::GzDecoder;
+use gangway_core::{PriorityClass, Time};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// One job of a trace, in Gangway's terms.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TraceJob {
+    /// Row id in the source (for reports).
+    pub name: String,
+    /// Submission, seconds from the trace's first submission.
+    pub submit: Time,
+    /// Run time in seconds when it runs without interruption.
+    pub duration: u64,
+    /// Total GPUs of the gang (0 for CPU-only tasks).
+    pub gpus: u32,
+    /// CPU per job in thousandths of a core (0: not given).
+    pub cpu_millis: u64,
+    /// Memory per job in MiB (0: not given).
+    pub memory_mib: u64,
+    /// Queue (team / virtual cluster) it is charged to.
+    pub queue: String,
+    /// Priority class.
+    pub priority: PriorityClass,
+    /// Required GPU model, if the trace names one.
+    pub gpu_model: Option<String>,
+}
+
+/// What a loader did with the rows of its file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LoadReport {
+    /// The file read.
+    pub source: String,
+    /// Data rows in the file.
+    pub rows: usize,
+    /// Jobs produced.
+    pub loaded: usize,
+    /// Rows skipped, by reason.
+    pub skipped: BTreeMap<String, usize>,
+    /// Rows kept but changed, by reason.
+    pub adjusted: BTreeMap<String, usize>,
+}
+
+impl LoadReport {
+    fn skip(&mut self, why: &str) {
+        *self.skipped.entry(why.to_string()).or_default() += 1;
+    }
+    fn adjust(&mut self, why: &str) {
+        *self.adjusted.entry(why.to_string()).or_default() += 1;
+    }
+    /// Rows skipped in all.
+    pub fn skipped_total(&self) -> usize {
+        self.skipped.values().sum()
+    }
+}
+
+/// A loaded trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct Trace {
+    /// Trace name (`philly`, `chronus-mix1`, ...).
+    pub name: String,
+    /// Jobs by submission time.
+    pub jobs: Vec<TraceJob>,
+    /// What was skipped and why.
+    pub report: LoadReport,
+}
+
+/// A trace file that could not be read at all.
+#[derive(Debug, Error)]
+pub enum TraceError {
+    /// I/O.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// File.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Header missing a column.
+    #[error("{path}: header lacks column {column:?} (found: {found})")]
+    MissingColumn {
+        /// File.
+        path: String,
+        /// Column.
+        column: String,
+        /// Header seen.
+        found: String,
+    },
+    /// Unknown trace name.
+    #[error("unknown trace {0:?}; known: {KNOWN}")]
+    Unknown(String),
+    /// The trace exists but has no job table here.
+    #[error("trace {0:?} has no job table in this copy ({1})")]
+    NoJobs(String, &'static str),
+}
+
+/// Names accepted by [`load`].
+pub const KNOWN: &str =
+    "philly, philly-excerpt, chronus-mix1, chronus-mix2, chronus-slo, tiresias-60, openb";
+
+/// A small excerpt of the Philly trace shipped with the code, so the simulator
+/// runs without `../shared` (the first 3,000 jobs in submission order).
+pub const PHILLY_EXCERPT: &str = include_str!("../data/philly_excerpt.csv");
+
+fn read_text(path: &Path) -> Result<String, TraceError> {
+    let io = |source| TraceError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let bytes = std::fs::read(path).map_err(io)?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let mut s = String::new();
+        GzDecoder::new(&bytes[..])
+            .read_to_string(&mut s)
+            .map_err(io)?;
+        Ok(s)
+    } else {
+        String::from_utf8(bytes)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+    }
+}
+
+/// A CSV table with a header row; fields are split on commas (these traces quote nothing).
+struct Table<'a> {
+    path: String,
+    cols: Vec<&'a str>,
+    rows: Vec<Vec<&'a str>>,
+}
+
+impl<'a> Table<'a> {
+    fn parse(path: &str, text: &'a str) -> Self {
+        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+        let cols = lines
+            .next()
+            .map(|h| h.split(',').map(str::trim).collect())
+            .unwrap_or_default();
+        let rows = lines
+            .map(|l| l.split(',').map(str::trim).collect())
+            .collect();
+        Table {
+            path: path.to_string(),
+            cols,
+            rows,
+        }
+    }
+
+    fn col(&self, name: &str) -> Result<usize, TraceError> {
+        self.cols
+            .iter()
+            .position(|c| *c == name)
+            .ok_or_else(|| TraceError::MissingColumn {
+                path: self.path.clone(),
+                column: name.to_string(),
+                found: self.cols.join(","),
+            })
+    }
+}
+
+fn field<'a>(row: &[&'a str], i: usize) -> Option<&'a str> {
+    row.get(i).copied().filter(|s| !s.is_empty())
+}
+
+fn num<T: std::str::FromStr>(row: &[&str], i: usize) -> Option<T> {
+    field(row, i)?.parse().ok()
+}
+
+/// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS` (UTC).
+pub fn parse_timestamp(s: &str) -> Option<i64> {
+    let (date, time) = s.trim().split_once(' ')?;
+    let mut d = date.split('-');
+    let (y, m, day): (i64, i64, i64) = (
+        d.next()?.parse().ok()?,
+        d.next()?.parse().ok()?,
+        d.next()?.parse().ok()?,
+    );
+    let mut t = time.split(':');
+    let (hh, mm, ss): (i64, i64, i64) = (
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+    );
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+fn finish(name: &str, mut jobs: Vec<TraceJob>, mut report: LoadReport) -> Trace {
+    jobs.sort_by(|a, b| a.submit.cmp(&b.submit).then_with(|| a.name.cmp(&b.name)));
+    if let Some(first) = jobs.first().map(|j| j.submit) {
+        for j in &mut jobs {
+            j.submit -= first;
+        }
+    }
+    report.loaded = jobs.len();
+    Trace {
+        name: name.to_string(),
+        jobs,
+        report,
+    }
+}
+
+/// The Philly trace as preprocessed by Pollux: `timestamp,duration,num_gpus,gpu_time,cluster`.
+pub fn parse_philly(path: &str, text: &str) -> Result<Trace, TraceError> {
+    let t = Table::parse(path, text);
+    let (ts, du, ng, vc) = (
+        t.col("timestamp")?,
+        t.col("duration")?,
+        t.col("num_gpus")?,
+        t.col("cluster")?,
+    );
+    let mut report = LoadReport {
+        source: path.to_string(),
+        rows: t.rows.len(),
+        ..Default::default()
+    };
+    let mut raw = Vec::new();
+    for (i, row) in t.rows.iter().enumerate() {
+        let Some(at) = field(row, ts).and_then(parse_timestamp) else {
+            report.skip("bad or missing timestamp");
+            continue;
+        };
+        let Some(d) = num::<f64>(row, du).filter(|d| d.is_finite()) else {
+            report.skip("bad or missing duration");
+            continue;
+        };
+        if d < 1.0 {
+            report.skip("duration under 1 s");
+            continue;
+        }
+        let Some(g) = num::<u32>(row, ng) else {
+            report.skip("bad or missing num_gpus");
+            continue;
+        };
+        if g == 0 {
+            report.skip("zero GPUs");
+            continue;
+        }
+        let Some(c) = field(row, vc) else {
+            report.skip("missing cluster (VC)");
+            continue;
+        };
+        raw.push((
+            at,
+            TraceJob {
+                name: format!("philly-{i}"),
+                submit: 0,
+                duration: d.round() as u64,
+                gpus: g,
+                cpu_millis: 0,
+                memory_mib: 0,
+                queue: format!("vc_{c}"),
+                priority: PriorityClass::Normal,
+                gpu_model: None,
+            },
+        ));
+    }
+    let first = raw.iter().map(|(a, _)| *a).min().unwrap_or(0);
+    let jobs = raw
+        .into_iter()
+        .map(|(a, mut j)| {
+            j.submit = (a - first) as u64;
+            j
+        })
+        .collect();
+    Ok(finish("philly", jobs, report))
+}
+
+/// Chronus' Philly-derived traces (times in minutes).
+pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceError> {
+    let t = Table::parse(path, text);
+    let (id, user, ng, st, du, ty) = (
+        t.col("job_id")?,
+        t.col("user")?,
+        t.col("num_gpu")?,
+        t.col("submit_time")?,
+        t.col("duration")?,
+        t.col("job_type")?,
+    );
+    let mut report = LoadReport {
+        source: path.to_string(),
+        rows: t.rows.len(),
+        ..Default::default()
+    };
+    let mut jobs = Vec::new();
+    for row in &t.rows {
+        let (Some(g), Some(s), Some(d)) = (
+            num::<u32>(row, ng),
+            num::<u64>(row, st),
+            num::<u64>(row, du),
+        ) else {
+            report.skip("bad or missing num_gpu, submit_time or duration");
+            continue;
+        };
+        if g == 0 {
+            report.skip("CPU-only (0 GPUs)");
+            continue;
+        }
+        if d == 0 {
+            report.skip("zero duration");
+            continue;
+        }
+        let priority = match field(row, ty) {
+            Some("best") => PriorityClass::BestEffort,
+            _ => PriorityClass::Normal,
+        };
+        jobs.push(TraceJob {
+            name: format!("{name}-{}", field(row, id).unwrap_or("?")),
+            submit: s * 60,
+            duration: d * 60,
+            gpus: g,
+            cpu_millis: 0,
+            memory_mib: 0,
+            queue: field(row, user).unwrap_or("default").to_string(),
+            priority,
+            gpu_model: None,
+        });
+    }
+    Ok(finish(name, jobs, report))
+}
+
+/// The Tiresias simulator's 60-job workload (seconds).
+pub fn parse_tiresias(path: &str, text: &str) -> Result<Trace, TraceError> {
+    let t = Table::parse(path, text);
+    let (id, ng, st, du) = (
+        t.col("job_id")?,
+        t.col("num_gpu")?,
+        t.col("submit_time")?,
+        t.col("duration")?,
+    );
+    let mut report = LoadReport {
+        source: path.to_string(),
+        rows: t.rows.len(),
+        ..Default::default()
+    };
+    let mut jobs = Vec::new();
+    for row in &t.rows {
+        let (Some(g), Some(s), Some(d)) = (
+            num::<u32>(row, ng),
+            num::<u64>(row, st),
+            num::<u64>(row, du),
+        ) else {
+            report.skip("bad or missing num_gpu, submit_time or duration");
+            continue;
+        };
+        if g == 0 || d == 0 {
+            report.skip("zero GPUs or duration");
+            continue;
+        }
+        jobs.push(TraceJob {
+            name: format!("tiresias-{}", field(row, id).unwrap_or("?")),
+            submit: s,
+            duration: d,
+            gpus: g,
+            cpu_millis: 0,
+            memory_mib: 0,
+            queue: "default".into(),
+            priority: PriorityClass::Normal,
+            gpu_model: None,
+        });
+    }
+    Ok(finish("tiresias-60", jobs, report))
+}
+
+/// Alibaba's 2023 GPU pod list (openb). Fractional GPUs are rounded up to one
+/// whole GPU (Gangway does not share GPUs); pods never scheduled have no run
+/// time and are skipped.
+pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
+    let t = Table::parse(path, text);
+    let (name, cpu, mem, ng, milli, spec, qos, ct, dt, sc) = (
+        t.col("name")?,
+        t.col("cpu_milli")?,
+        t.col("memory_mib")?,
+        t.col("num_gpu")?,
+        t.col("gpu_milli")?,
+        t.col("gpu_spec")?,
+        t.col("qos")?,
+        t.col("creation_time")?,
+        t.col("deletion_time")?,
+        t.col("scheduled_time")?,
+    );
+    let mut report = LoadReport {
+        source: path.to_string(),
+        rows: t.rows.len(),
+        ..Default::default()
+    };
+    let mut jobs = Vec::new();
+    for row in &t.rows {
+        let (Some(g), Some(created), Some(deleted)) = (
+            num::<u32>(row, ng),
+            num::<u64>(row, ct),
+            num::<u64>(row, dt),
+        ) else {
+            report.skip("bad or missing num_gpu, creation_time or deletion_time");
+            continue;
+        };
+        let Some(started) = num::<u64>(row, sc) else {
+            report.skip("never scheduled (no run time)");
+            continue;
+        };
+        if deleted <= started {
+            report.skip("non-positive run time");
+            continue;
+        }
+        let mut gpus = g;
+        if g == 1 && num::<u32>(row, milli).is_some_and(|m| m < 1000) {
+            report.adjust("fractional GPU rounded up to 1");
+        }
+        if g == 0 {
+            gpus = 0;
+        }
+        let model = match field(row, spec) {
+            Some(s) if s.contains('|') => {
+                report.adjust("several allowed GPU models relaxed to any");
+                None
+            }
+            Some(s) => Some(s.to_string()),
+            None => None,
+        };
+        let priority = match field(row, qos) {
+            Some("LS") | Some("Guaranteed") => PriorityClass::High,
+            Some("BE") => PriorityClass::BestEffort,
+            _ => PriorityClass::Normal,
+        };
+        jobs.push(TraceJob {
+            name: field(row, name).unwrap_or("?").to_string(),
+            submit: created,
+            duration: deleted - started,
+            gpus,
+            cpu_millis: num(row, cpu).unwrap_or(0),
+            memory_mib: num(row, mem).unwrap_or(0),
+            queue: field(row, qos).unwrap_or("default").to_ascii_lowercase(),
+            priority,
+            gpu_model: model,
+        });
+    }
+    Ok(finish("openb", jobs, report))
+}
+
+/// Where a named trace lives under the traces folder.
+pub fn trace_path(traces: &Path, name: &str) -> Result<PathBuf, TraceError> {
+    let rel = match name {
+        "philly" => "philly-pollux/philly_jobs.csv.gz",
+        "chronus-mix1" => "philly-chronus/trace_job_Philly_MIX1.csv.gz",
+        "chronus-mix2" => "philly-chronus/trace_job_Philly_MIX2.csv.gz",
+        "chronus-slo" => "philly-chronus/trace_job_Philly_SLO.csv.gz",
+        "tiresias-60" => "tiresias-sim/60_job.csv",
+        "openb" => "alibaba-openb-2023/openb_pod_list_default.csv",
+        "pai" => {
+            return Err(TraceError::NoJobs(
+                name.into(),
+                "only the machine table of Alibaba PAI 2020 is available; use it as a cluster with --cluster pai",
+            ))
+        }
+        "pollux" | "sia" => {
+            return Err(TraceError::NoJobs(
+                name.into(),
+                "Pollux/Sia workloads carry no run times; they need Pollux's throughput profiles",
+            ))
+        }
+        _ => return Err(TraceError::Unknown(name.into())),
+    };
+    Ok(traces.join(rel))
+}
+
+/// Loads a trace by name from `traces` (the `shared/traces` folder).
+/// `philly-excerpt` needs no folder: it is embedded.
+pub fn load(traces: &Path, name: &str) -> Result<Trace, TraceError> {
+    if name == "philly-excerpt" {
+        let mut t = parse_philly("embedded philly excerpt", PHILLY_EXCERPT)?;
+        t.name = name.into();
+        return Ok(t);
+    }
+    let path = trace_path(traces, name)?;
+    let text = read_text(&path)?;
+    let p = path.display().to_string();
+    match name {
+        "philly" => parse_philly(&p, &text),
+        "tiresias-60" => parse_tiresias(&p, &text),
+        "openb" => parse_openb(&p, &text),
+        n if n.starts_with("chronus") => parse_chronus(n, &p, &text),
+        _ => Err(TraceError::Unknown(name.into())),
+    }
+}
+
+/// Reads a file of the traces folder as text (gzip handled).
+pub fn read(path: &Path) -> Result<String, TraceError> {
+    read_text(path)
+}
