@@ -497,15 +497,21 @@ impl<'a> Session<'a> {
         ) {
             Ok(k) => k,
             Err(block) => {
-                if block.can_reclaim && self.cfg.preemption {
+                if self.cfg.preemption {
                     if let Some(reason) = self.awaiting_victims(job, min) {
                         return self.explain(id, reason, None);
                     }
-                    if let Some(reason) =
-                        preempt::try_preempt(self, job, min, PreemptReason::Reclaim)
-                    {
-                        let eta = self.eta(&reason);
-                        return self.explain(id, reason, eta);
+                    // Lower-priority work in its own queue (or borrowers) gives way
+                    // to it, quota included; borrowers give back lent quota.
+                    let mut tries = vec![PreemptReason::Priority];
+                    if block.can_reclaim {
+                        tries.push(PreemptReason::Reclaim);
+                    }
+                    for r in tries {
+                        if let Some(reason) = preempt::try_preempt(self, job, min, r) {
+                            let eta = self.eta(&reason);
+                            return self.explain(id, reason, eta);
+                        }
                     }
                 }
                 return self.explain(id, WaitReason::Quota(block), None);

@@ -99,6 +99,8 @@ pub struct SimResult {
     pub starved_10x: usize,
     /// Preemptions.
     pub preemptions: u64,
+    /// Preemptions by reason (priority, reclaim).
+    pub preemptions_by_reason: BTreeMap<String, u64>,
     /// GPU-hours lost to preemption and failures (work since the last checkpoint and grace periods).
     pub gpu_hours_lost: f64,
     /// Node failures injected.
@@ -130,6 +132,7 @@ pub struct Recorder {
     frag_sum: f64,
     frag_samples: u64,
     preemptions: u64,
+    by_reason: BTreeMap<String, u64>,
     node_failures: u64,
 }
 
@@ -168,6 +171,7 @@ impl Recorder {
             frag_sum: 0.0,
             frag_samples: 0,
             preemptions: 0,
+            by_reason: BTreeMap::new(),
             node_failures: 0,
         }
     }
@@ -212,6 +216,13 @@ impl Recorder {
     /// Records a cycle's decisions and fragmentation.
     pub fn cycle(&mut self, state: &ClusterState, d: &Decisions) {
         self.preemptions += d.preemptions.len() as u64;
+        for p in &d.preemptions {
+            let k = match p.reason {
+                gangway_sched::PreemptReason::Priority => "priority",
+                gangway_sched::PreemptReason::Reclaim => "reclaim",
+            };
+            *self.by_reason.entry(k.to_string()).or_default() += 1;
+        }
         if !d.pending.is_empty() {
             self.frag_sum += state.fragmented_gpus(self.node_gpus) as f64;
             self.frag_samples += 1;
@@ -330,6 +341,7 @@ impl Recorder {
             max_wait_over_runtime: max_ratio,
             starved_10x: starved,
             preemptions: self.preemptions,
+            preemptions_by_reason: self.by_reason,
             gpu_hours_lost: jobs.iter().map(|j| j.lost_gpu_seconds as f64).sum::<f64>() / 3600.0,
             node_failures: self.node_failures,
             mean_fragmented_gpus: if self.frag_samples == 0 {
