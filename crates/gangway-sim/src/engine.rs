@@ -265,7 +265,15 @@ impl Engine {
     }
 
     /// Runs to the end; `progress(finished_or_rejected, total)` is called now and then.
-    pub fn run(mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<SimResult, SimError> {
+    pub fn run(self, progress: &mut dyn FnMut(usize, usize)) -> Result<SimResult, SimError> {
+        self.run_with_jobs(progress).map(|(r, _)| r)
+    }
+
+    /// Like [`Self::run`], also returning every job's history.
+    pub fn run_with_jobs(
+        mut self,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(SimResult, Vec<SimJob>), SimError> {
         let total = self.jobs.len();
         let mut settled = 0usize;
         let mut last_report = 0usize;
@@ -294,13 +302,14 @@ impl Engine {
         }
         progress(settled, total);
         self.rec.advance(&self.state, self.now);
-        Ok(self.rec.finish(
+        let r = self.rec.finish(
             self.policy,
             &self.jobs,
             self.now,
             self.events_processed,
             self.cycles,
-        ))
+        );
+        Ok((r, self.jobs))
     }
 
     fn handle(&mut self, ev: Ev, settled: &mut usize) -> Result<bool, SimError> {
