@@ -152,6 +152,8 @@ pub struct Decisions {
     pub reservations: Vec<Reservation>,
     /// Where preemptors will start when their victims exit.
     pub planned: Vec<PlannedStart>,
+    /// Claims dropped: the preemptor's victims are gone but it still cannot start.
+    pub dropped_claims: Vec<JobId>,
     /// Every pending job that was not bound, with why.
     pub pending: Vec<Explanation>,
     /// Figures.
@@ -161,9 +163,30 @@ pub struct Decisions {
 /// Runs one scheduling cycle. Pure: reads `state`, returns decisions.
 pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decisions {
     let mut s = Session::new(state, now, cfg);
-    for level in state.pending.values() {
+    s.hold_claims();
+    for (std::cmp::Reverse(prio), level) in &state.pending {
+        // Jobs that preempted others go first in their level and get back the
+        // GPUs held for them, so what their victims freed is theirs.
+        let mut claimed: HashSet<JobId> = HashSet::default();
+        for id in state.claims.keys() {
+            let Some(job) = state.job(*id) else { continue };
+            if job.priority == *prio && job.status == JobStatus::Pending {
+                claimed.insert(*id);
+                s.release_hold(*id);
+                let before = s.decisions.binds.len();
+                s.consider(&job.gang);
+                let waiting_victims = state.preempting.values().any(|by| by == id);
+                if s.decisions.binds.len() == before && !waiting_victims && !s.claimed_again(*id) {
+                    // Its victims are gone and it still cannot start: let the GPUs go.
+                    s.decisions.dropped_claims.push(*id);
+                }
+            }
+        }
         let mut walk = order::LevelWalk::new(state, level, cfg.fair_share);
         while let Some(g) = walk.next(&s.cap) {
+            if claimed.contains(&g.id) {
+                continue;
+            }
             if let Some(&head) = s.blocked_by.get(&g.queue) {
                 s.explain(g.id, WaitReason::InOrder { behind: head }, None);
                 s.decisions.stats.considered += 1;
@@ -213,6 +236,8 @@ pub(crate) struct Session<'a> {
     /// Jobs bound this cycle: estimated end, id, index into `decisions.binds`.
     pub(crate) bound: Vec<(Time, JobId, usize)>,
     pub(crate) preempt_searches: usize,
+    /// GPUs held for claimants at the start of the cycle (job → node, mask).
+    pub(crate) holds: HashMap<JobId, Vec<(NodeIdx, u64)>>,
     /// Under strict order: per queue, the first job that could not start.
     pub(crate) blocked_by: HashMap<QueueId, JobId>,
     pub(crate) decisions: Decisions,
@@ -236,8 +261,46 @@ impl<'a> Session<'a> {
             bound: Vec::new(),
             preempt_searches: 0,
             blocked_by: HashMap::default(),
+            holds: HashMap::default(),
             decisions: Decisions::default(),
         }
+    }
+
+    /// Takes the free GPUs of every pending claimant's planned placement out
+    /// of the session's capacity, so only that claimant may use them.
+    fn hold_claims(&mut self) {
+        let state = self.state;
+        for (id, p) in &state.claims {
+            if state
+                .job(*id)
+                .is_none_or(|j| j.status != JobStatus::Pending)
+            {
+                continue;
+            }
+            let mut held = Vec::new();
+            for rp in &p.replicas {
+                let m = rp.gpus & self.cap.free[rp.node as usize];
+                if m != 0 {
+                    self.cap.take(&state.nodes, rp.node, m, 0, 0);
+                    held.push((rp.node, m));
+                }
+            }
+            self.holds.insert(*id, held);
+        }
+    }
+
+    /// Gives a claimant back the GPUs held for it.
+    fn release_hold(&mut self, id: JobId) {
+        if let Some(held) = self.holds.remove(&id) {
+            for (n, m) in held {
+                self.cap.give(&self.state.nodes, n, m, 0, 0);
+            }
+        }
+    }
+
+    /// Whether the claimant chose new victims this cycle (its claim is renewed).
+    fn claimed_again(&self, id: JobId) -> bool {
+        self.decisions.planned.iter().any(|p| p.job == id)
     }
 
     fn explain(&mut self, job: JobId, reason: WaitReason, estimated_start: Option<Time>) {
@@ -625,6 +688,12 @@ pub fn apply(state: &mut ClusterState, d: &Decisions, now: Time) -> Result<(), S
     }
     for p in &d.preemptions {
         state.mark_preempting(p.job, p.by, now)?;
+    }
+    for p in &d.planned {
+        state.record_claim(p.job, p.placement.clone())?;
+    }
+    for j in &d.dropped_claims {
+        state.drop_claim(*j);
     }
     Ok(())
 }

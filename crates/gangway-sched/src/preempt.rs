@@ -129,6 +129,58 @@ impl<'a> VictimIndex<'a> {
     }
 }
 
+/// Per quota-holding queue, GPUs above nominal that reclaim may take.
+#[derive(Default)]
+pub(crate) struct Budgets {
+    left: rustc_hash::FxHashMap<QueueId, u64>,
+}
+
+/// The queue whose nominal quota governs `q`'s borrowing: the first on its path with one.
+fn quota_holder(state: &ClusterState, q: QueueId) -> Option<QueueId> {
+    state.queues()[q as usize]
+        .path
+        .iter()
+        .copied()
+        .find(|&n| state.queues()[n as usize].spec.quota.nominal.gpus.is_some())
+}
+
+fn reclaim_budgets(state: &ClusterState, cap: &Capacity) -> Budgets {
+    let mut left = rustc_hash::FxHashMap::default();
+    for (n, info) in state.queues().iter().enumerate() {
+        if let Some(nom) = info.spec.quota.nominal.gpus {
+            left.insert(n as QueueId, cap.usage[n].gpus.saturating_sub(nom));
+        }
+    }
+    Budgets { left }
+}
+
+impl Budgets {
+    fn allows(&self, state: &ClusterState, q: QueueId, gpus: u64) -> bool {
+        quota_holder(state, q).is_none_or(|h| self.left.get(&h).is_some_and(|l| *l >= gpus))
+    }
+
+    /// Whether a whole set of victims stays within the budgets.
+    fn allows_set(&self, state: &ClusterState, set: &[(QueueId, u64)]) -> bool {
+        let mut used: rustc_hash::FxHashMap<QueueId, u64> = Default::default();
+        for &(q, g) in set {
+            if let Some(h) = quota_holder(state, q) {
+                *used.entry(h).or_default() += g;
+            }
+        }
+        used.iter()
+            .all(|(h, u)| self.left.get(h).is_some_and(|l| l >= u))
+    }
+}
+
+impl VictimIndex<'_> {
+    fn gpus(&self, e: &Entry<'_>) -> u64 {
+        self.parts[e.parts.0 as usize..e.parts.1 as usize]
+            .iter()
+            .map(|p| p.1)
+            .sum()
+    }
+}
+
 fn feasible(s: &Session<'_>, job: &Gang, min: u32, victims: &[&Job]) -> Option<Placement> {
     let mut trial = s.trial();
     for v in victims {
@@ -201,6 +253,14 @@ pub(crate) fn try_preempt(
         PreemptReason::Priority => &index.by_lost,
         PreemptReason::Reclaim => &index.by_priority,
     };
+    // Reclaim takes back only what was borrowed: a victim's queue must not fall
+    // below its nominal quota, or it would reclaim in turn and the cluster would
+    // churn. Budget per quota-holding queue: usage above nominal.
+    let budgets: Budgets = if reason == PreemptReason::Reclaim {
+        reclaim_budgets(state, &s.cap)
+    } else {
+        Budgets::default()
+    };
     let cands: Vec<u32> = order
         .iter()
         .copied()
@@ -208,7 +268,9 @@ pub(crate) fn try_preempt(
             let e = &index.entries[i as usize];
             queue_ok[e.job.queue as usize]
                 && !s.victims.contains(&e.job.id)
-                && (reason == PreemptReason::Reclaim || e.job.priority < job.priority)
+                && (reason == PreemptReason::Priority && e.job.priority < job.priority
+                    || reason == PreemptReason::Reclaim
+                        && budgets.allows(state, e.job.queue, index.gpus(e)))
         })
         .collect();
     let per = job.per;
@@ -219,9 +281,9 @@ pub(crate) fn try_preempt(
             TopologyConstraint::Auto | TopologyConstraint::Node
         );
     let chosen = if single && per.gpus > 0 {
-        per_node_search(s, index, job, min, &cands)
+        per_node_search(s, index, job, min, &cands, &budgets, reason)
     } else {
-        greedy_search(s, index, job, min, &cands)
+        greedy_search(s, index, job, min, &cands, &budgets, reason)
     };
     let Some((victims, placement)) = chosen else {
         s.preempt_fail.insert(fail_key);
@@ -265,7 +327,21 @@ fn per_node_search(
     job: &Gang,
     min: u32,
     cands: &[u32],
+    budgets: &Budgets,
+    reason: PreemptReason,
 ) -> Option<Choice> {
+    let within_budget = |set: &[u32]| {
+        reason != PreemptReason::Reclaim
+            || budgets.allows_set(
+                s.state,
+                &set.iter()
+                    .map(|&i| {
+                        let e = &index.entries[i as usize];
+                        (e.job.queue, index.gpus(e))
+                    })
+                    .collect::<Vec<_>>(),
+            )
+    };
     let state = s.state;
     let per = job.per;
     let mask = job.class_mask;
@@ -312,6 +388,9 @@ fn per_node_search(
     }
     options.sort();
     for (_, set) in options {
+        if !within_budget(&set) {
+            continue;
+        }
         let victims: Vec<&Job> = set.iter().map(|&i| index.entries[i as usize].job).collect();
         if let Some(p) = feasible(s, job, min, &victims) {
             return Some((set, p));
@@ -328,7 +407,21 @@ fn greedy_search(
     job: &Gang,
     min: u32,
     cands: &[u32],
+    budgets: &Budgets,
+    reason: PreemptReason,
 ) -> Option<Choice> {
+    let within_budget = |set: &[u32]| {
+        reason != PreemptReason::Reclaim
+            || budgets.allows_set(
+                s.state,
+                &set.iter()
+                    .map(|&i| {
+                        let e = &index.entries[i as usize];
+                        (e.job.queue, index.gpus(e))
+                    })
+                    .collect::<Vec<_>>(),
+            )
+    };
     let need = job.per.gpus * u64::from(min);
     let mut chosen: Vec<u32> = Vec::new();
     let mut freed = 0u64;
@@ -339,6 +432,10 @@ fn greedy_search(
         |set: &[u32]| -> Vec<&Job> { set.iter().map(|&i| index.entries[i as usize].job).collect() };
     for &i in cands {
         chosen.push(i);
+        if !within_budget(&chosen) {
+            chosen.pop();
+            continue;
+        }
         let e = &index.entries[i as usize];
         freed += index.parts[e.parts.0 as usize..e.parts.1 as usize]
             .iter()

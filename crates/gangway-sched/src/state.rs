@@ -457,6 +457,9 @@ pub struct ClusterState {
     pub(crate) node_jobs: Vec<Vec<JobId>>,
     /// Victims in their grace period, with the job they were preempted for.
     pub(crate) preempting: BTreeMap<JobId, JobId>,
+    /// Pending jobs that preempted others, with where they will start: the
+    /// GPUs their victims free are held for them until they bind.
+    pub(crate) claims: BTreeMap<JobId, Placement>,
     /// Running preemptible jobs per queue (victim candidates).
     pub(crate) preemptible_by_queue: Vec<BTreeSet<JobId>>,
     /// Running preemptible jobs per priority value (fast "any victim?" test).
@@ -1160,6 +1163,7 @@ impl ClusterState {
                 .runtime_seconds
                 .unwrap_or(self.config.default_runtime_seconds);
         self.running_by_end.insert((est_end, id));
+        self.claims.remove(&id);
         if job.spec.is_preemptible() {
             self.preemptible_by_queue[job.queue as usize].insert(id);
             *self.preemptible_prios.entry(job.priority).or_default() += 1;
@@ -1235,6 +1239,30 @@ impl ClusterState {
         r.preempting.get_or_insert(now);
         self.preempting.insert(id, by);
         Ok(())
+    }
+
+    /// Records where a preemptor will start; its victims' GPUs are held for it.
+    pub fn record_claim(&mut self, job: JobId, placement: Placement) -> Result<(), StateError> {
+        let j = self.jobs.get(&job).ok_or(StateError::UnknownJob(job))?;
+        if j.status != JobStatus::Pending {
+            return Err(StateError::WrongStatus {
+                job,
+                actual: "running",
+                expected: "pending",
+            });
+        }
+        self.claims.insert(job, placement);
+        Ok(())
+    }
+
+    /// Drops a claim (the preemptor could not use it).
+    pub fn drop_claim(&mut self, job: JobId) {
+        self.claims.remove(&job);
+    }
+
+    /// Held placements of preemptors that have not started.
+    pub fn claims(&self) -> impl Iterator<Item = (JobId, &Placement)> + '_ {
+        self.claims.iter().map(|(j, p)| (*j, p))
     }
 
     /// Victims in their grace period and who they were preempted for.
@@ -1323,6 +1351,7 @@ impl ClusterState {
         }
         let job = job.clone();
         self.pop_pending(&job);
+        self.claims.remove(&id);
         self.jobs.remove(&id);
         Ok(job)
     }

@@ -462,6 +462,25 @@ impl Engine {
                 }
             }
         }
+        if let Some(w) = std::env::var_os("GANGWAY_SIM_WATCH") {
+            let w: u64 = w.to_string_lossy().parse().unwrap_or(0);
+            if let Some(e) = d.pending.iter().find(|e| e.job.0 == w) {
+                eprintln!("t={now} watch {w}: {}", e.render(&self.state, now));
+            }
+            if d.binds.iter().any(|b| b.job.0 == w) {
+                eprintln!("t={now} watch {w}: bound");
+            }
+        }
+        if std::env::var_os("GANGWAY_SIM_DEBUG").is_some() {
+            for p in &d.preemptions {
+                let v = &self.jobs[(p.job.0 - 1) as usize].trace;
+                let b = &self.jobs[(p.by.0 - 1) as usize].trace;
+                eprintln!(
+                    "t={now} {:?} victim {} {} {}g by {} {} {}g",
+                    p.reason, p.job, v.queue, v.gpus, p.by, b.queue, b.gpus
+                );
+            }
+        }
         for p in &d.preemptions {
             let i = (p.job.0 - 1) as usize;
             let a = self.jobs[i].attempt;
