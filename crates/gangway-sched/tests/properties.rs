@@ -272,7 +272,16 @@ fn check_preemptors_fit(d: &Driver) -> Result<(), TestCaseError> {
             per * n,
             job.spec.is_preemptible(),
         );
-        prop_assert!(qc.is_ok(), "preemptor {} still blocked by quota", p.job);
+        prop_assert!(
+            qc.is_ok(),
+            "preemptor {} still blocked by quota: {:?} free {} total {:?} root {:?}/{:?}",
+            p.job,
+            qc,
+            trial.free_gpus(),
+            trial.total(),
+            trial.capacity().root_usage,
+            trial.capacity().root_demand
+        );
         let r = trial.bind(p.job, p.placement.clone(), d.now);
         prop_assert!(
             r.is_ok(),
