@@ -238,6 +238,8 @@ pub(crate) struct Session<'a> {
     pub(crate) preempt_searches: usize,
     /// GPUs held for claimants at the start of the cycle (job → node, mask).
     pub(crate) holds: HashMap<JobId, Vec<(NodeIdx, u64)>>,
+    /// Preemptors whose victims are still in their grace period.
+    pub(crate) waiting_preemptors: HashSet<JobId>,
     /// Under strict order: per queue, the first job that could not start.
     pub(crate) blocked_by: HashMap<QueueId, JobId>,
     pub(crate) decisions: Decisions,
@@ -261,6 +263,7 @@ impl<'a> Session<'a> {
             bound: Vec::new(),
             preempt_searches: 0,
             blocked_by: HashMap::default(),
+            waiting_preemptors: state.preempting.values().copied().collect(),
             holds: HashMap::default(),
             decisions: Decisions::default(),
         }
@@ -564,6 +567,8 @@ impl<'a> Session<'a> {
                     if let Some(reason) = self.awaiting_victims(job, min) {
                         return self.explain(id, reason, None);
                     }
+                }
+                if self.cfg.preemption && self.preempt_searches < self.cfg.max_preemption_searches {
                     // Lower-priority work in its own queue (or borrowers) gives way
                     // to it, quota included; borrowers give back lent quota.
                     let mut tries = vec![PreemptReason::Priority];
@@ -603,6 +608,8 @@ impl<'a> Session<'a> {
                     if let Some(reason) = self.awaiting_victims(job, min) {
                         return self.explain(id, reason, None);
                     }
+                }
+                if self.cfg.preemption && self.preempt_searches < self.cfg.max_preemption_searches {
                     if let Some(reason) =
                         preempt::try_preempt(self, job, min, PreemptReason::Priority)
                     {
@@ -649,6 +656,9 @@ impl<'a> Session<'a> {
     /// instead of preempting more.
     fn awaiting_victims(&mut self, job: &Gang, min: u32) -> Option<WaitReason> {
         let state = self.state;
+        if !self.waiting_preemptors.contains(&job.id) {
+            return None;
+        }
         let mine: Vec<&Job> = state
             .preempting
             .iter()

@@ -52,6 +52,8 @@ struct Entry<'a> {
     started: Time,
     /// Range into [`VictimIndex::parts`].
     parts: (u32, u32),
+    /// GPUs it holds.
+    gpus: u64,
 }
 
 /// What a victim frees on one node: node, GPUs (healthy), CPU, memory.
@@ -97,6 +99,7 @@ impl<'a> VictimIndex<'a> {
                     lost: job.lost_work_gpu_seconds(now),
                     started: r.started,
                     parts: (start, parts.len() as u32),
+                    gpus: r.placement.gpus(),
                 });
             }
         }
@@ -132,52 +135,54 @@ impl<'a> VictimIndex<'a> {
 /// Per quota-holding queue, GPUs above nominal that reclaim may take.
 #[derive(Default)]
 pub(crate) struct Budgets {
-    left: rustc_hash::FxHashMap<QueueId, u64>,
-}
-
-/// The queue whose nominal quota governs `q`'s borrowing: the first on its path with one.
-fn quota_holder(state: &ClusterState, q: QueueId) -> Option<QueueId> {
-    state.queues()[q as usize]
-        .path
-        .iter()
-        .copied()
-        .find(|&n| state.queues()[n as usize].spec.quota.nominal.gpus.is_some())
+    /// Per queue: the queue whose nominal governs its borrowing.
+    holder: Vec<Option<QueueId>>,
+    /// Per queue: GPUs above nominal (for quota holders).
+    left: Vec<u64>,
 }
 
 fn reclaim_budgets(state: &ClusterState, cap: &Capacity) -> Budgets {
-    let mut left = rustc_hash::FxHashMap::default();
-    for (n, info) in state.queues().iter().enumerate() {
-        if let Some(nom) = info.spec.quota.nominal.gpus {
-            left.insert(n as QueueId, cap.usage[n].gpus.saturating_sub(nom));
-        }
-    }
-    Budgets { left }
+    let qs = state.queues();
+    let holder = qs
+        .iter()
+        .map(|q| {
+            q.path
+                .iter()
+                .copied()
+                .find(|&n| qs[n as usize].spec.quota.nominal.gpus.is_some())
+        })
+        .collect();
+    let left = qs
+        .iter()
+        .enumerate()
+        .map(|(n, q)| {
+            q.spec
+                .quota
+                .nominal
+                .gpus
+                .map_or(u64::MAX, |nom| cap.usage[n].gpus.saturating_sub(nom))
+        })
+        .collect();
+    Budgets { holder, left }
 }
 
 impl Budgets {
-    fn allows(&self, state: &ClusterState, q: QueueId, gpus: u64) -> bool {
-        quota_holder(state, q).is_none_or(|h| self.left.get(&h).is_some_and(|l| *l >= gpus))
+    fn allows(&self, q: QueueId, gpus: u64) -> bool {
+        match self.holder.get(q as usize).copied().flatten() {
+            None => true,
+            Some(h) => self.left[h as usize] >= gpus,
+        }
     }
 
     /// Whether a whole set of victims stays within the budgets.
-    fn allows_set(&self, state: &ClusterState, set: &[(QueueId, u64)]) -> bool {
+    fn allows_set(&self, set: &[(QueueId, u64)]) -> bool {
         let mut used: rustc_hash::FxHashMap<QueueId, u64> = Default::default();
         for &(q, g) in set {
-            if let Some(h) = quota_holder(state, q) {
+            if let Some(h) = self.holder.get(q as usize).copied().flatten() {
                 *used.entry(h).or_default() += g;
             }
         }
-        used.iter()
-            .all(|(h, u)| self.left.get(h).is_some_and(|l| l >= u))
-    }
-}
-
-impl VictimIndex<'_> {
-    fn gpus(&self, e: &Entry<'_>) -> u64 {
-        self.parts[e.parts.0 as usize..e.parts.1 as usize]
-            .iter()
-            .map(|p| p.1)
-            .sum()
+        used.iter().all(|(h, u)| self.left[*h as usize] >= *u)
     }
 }
 
@@ -269,8 +274,7 @@ pub(crate) fn try_preempt(
             queue_ok[e.job.queue as usize]
                 && !s.victims.contains(&e.job.id)
                 && (reason == PreemptReason::Priority && e.job.priority < job.priority
-                    || reason == PreemptReason::Reclaim
-                        && budgets.allows(state, e.job.queue, index.gpus(e)))
+                    || reason == PreemptReason::Reclaim && budgets.allows(e.job.queue, e.gpus))
         })
         .collect();
     let per = job.per;
@@ -333,11 +337,10 @@ fn per_node_search(
     let within_budget = |set: &[u32]| {
         reason != PreemptReason::Reclaim
             || budgets.allows_set(
-                s.state,
                 &set.iter()
                     .map(|&i| {
                         let e = &index.entries[i as usize];
-                        (e.job.queue, index.gpus(e))
+                        (e.job.queue, e.gpus)
                     })
                     .collect::<Vec<_>>(),
             )
@@ -413,11 +416,10 @@ fn greedy_search(
     let within_budget = |set: &[u32]| {
         reason != PreemptReason::Reclaim
             || budgets.allows_set(
-                s.state,
                 &set.iter()
                     .map(|&i| {
                         let e = &index.entries[i as usize];
-                        (e.job.queue, index.gpus(e))
+                        (e.job.queue, e.gpus)
                     })
                     .collect::<Vec<_>>(),
             )
