@@ -139,6 +139,9 @@ pub struct CycleStats {
     pub cache_hits: usize,
     /// Free GPUs after the binds.
     pub free_gpus: u64,
+    /// Of those, GPUs on nodes that are not wholly free: they cannot host a
+    /// whole-node gang (the job big gangs wait for).
+    pub fragmented_gpus: u64,
 }
 
 /// The outcome of a cycle.
@@ -200,6 +203,20 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
         }
     }
     s.decisions.stats.free_gpus = s.cap.free_total;
+    s.decisions.stats.fragmented_gpus = state
+        .nodes()
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.schedulable())
+        .map(|(i, n)| {
+            let free = u64::from(s.cap.free[i].count_ones());
+            if free == u64::from(n.healthy.count_ones()) {
+                0
+            } else {
+                free
+            }
+        })
+        .sum();
     s.decisions
 }
 

@@ -166,6 +166,12 @@ impl Placement {
         v
     }
 
+    /// Communication cost of the placement under `costs`: the cost of the
+    /// widest topology level it spans (one island is cheapest).
+    pub fn cost(&self, costs: &gangway_core::TopologyCosts) -> u32 {
+        costs.of(self.level)
+    }
+
     /// Total GPUs.
     pub fn gpus(&self) -> u64 {
         self.replicas

@@ -69,6 +69,7 @@ fn eight_ranks_land_on_one_nvlink_node() {
     // The pcie boxes are earlier in index order, but only dgx0 has one island of 8.
     assert_eq!(d.state.nodes()[nodes[0] as usize].spec.name, "dgx0");
     assert_eq!(b.placement.level, TopologyLevel::Island);
+    assert_eq!(b.placement.cost(&gangway_core::TopologyCosts::default()), 1);
     // Four ranks fit one island of a PCIe box and leave the NVSwitch box whole? dgx0 is taken; a
     // 4-rank job goes into one island.
     let four = d.submit(job("train", 4, 1, None), None);
@@ -97,6 +98,8 @@ fn best_fit_keeps_whole_nodes_whole() {
         .nodes()[0];
     assert_eq!(node, 0);
     assert_eq!(d.state.fragmented_gpus(8), 0, "two whole nodes stay free");
+    assert_eq!(out.stats.fragmented_gpus, 0);
+    assert_eq!(out.stats.free_gpus, 16);
     // And a 16-GPU gang takes both whole nodes under the one leaf.
     let big = d.submit(job("q", 2, 8, None), None);
     let out = d.cycle().clone();
