@@ -1,0 +1,131 @@
+//! Gangway's store: a small key-value interface with revisions, in the shape
+//! of etcd's, so the server can run on the embedded [`RedbStore`] (one file,
+//! crash-safe) or, later, on etcd for high availability.
+//!
+//! - every write gets the next global *revision*; each key remembers the
+//!   revision of its last change (`mod_revision`);
+//! - [`Store::txn`] applies a batch of puts and deletes only if every compare
+//!   holds (compare-and-swap on revisions, or "key absent") — the way job
+//!   state transitions are made exactly once;
+//! - a write returns only after it is durably committed;
+//! - [`Store::watch`] streams changes under a prefix, from a revision on.
+
+mod redb_store;
+
+pub use redb_store::RedbStore;
+
+use std::sync::mpsc::Receiver;
+use thiserror::Error;
+
+/// A stored value with its revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValue {
+    /// Key.
+    pub key: String,
+    /// Value bytes.
+    pub value: Vec<u8>,
+    /// Revision of the write that last changed this key.
+    pub mod_revision: u64,
+}
+
+/// A condition of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compare {
+    /// The key does not exist.
+    Absent(String),
+    /// The key exists and was last changed at exactly this revision.
+    Revision(String, u64),
+}
+
+/// A change in a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Set a key.
+    Put(String, Vec<u8>),
+    /// Remove a key (no-op if absent).
+    Delete(String),
+}
+
+/// What a transaction did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnResult {
+    /// Whether every compare held and the ops were applied.
+    pub succeeded: bool,
+    /// The store's revision after the transaction.
+    pub revision: u64,
+}
+
+/// A change seen by a watcher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Key set to a value.
+    Put(KeyValue),
+    /// Key removed at a revision.
+    Delete {
+        /// Key.
+        key: String,
+        /// Revision of the delete.
+        revision: u64,
+    },
+}
+
+impl Event {
+    /// The revision of the change.
+    pub fn revision(&self) -> u64 {
+        match self {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
+/// A store failure.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The database could not be opened, read or written.
+    #[error("store backend: {0}")]
+    Backend(String),
+    /// A stored record is not in the expected format (corruption or a foreign file).
+    #[error("store record for key {key:?} is malformed")]
+    Corrupt {
+        /// Key.
+        key: String,
+    },
+    /// Watching from a revision older than the kept history.
+    #[error("revision {requested} is compacted; history starts at {oldest}")]
+    Compacted {
+        /// Asked for.
+        requested: u64,
+        /// Oldest kept.
+        oldest: u64,
+    },
+}
+
+/// The key-value interface the server uses; backends must make every
+/// successful write durable before returning.
+pub trait Store: Send + Sync {
+    /// Reads one key.
+    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
+    /// Reads every key starting with `prefix`, in key order.
+    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError>;
+    /// Applies `ops` atomically if all `compares` hold.
+    fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError>;
+    /// Current revision.
+    fn revision(&self) -> Result<u64, StoreError>;
+    /// Changes under `prefix` with revision ≥ `from` (history first, then live).
+    fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError>;
+
+    /// Sets a key unconditionally; returns the new revision.
+    fn put(&self, key: &str, value: &[u8]) -> Result<u64, StoreError> {
+        Ok(self
+            .txn(&[], &[Op::Put(key.to_string(), value.to_vec())])?
+            .revision)
+    }
+
+    /// Removes a key; returns whether it existed.
+    fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let existed = self.get(key)?.is_some();
+        self.txn(&[], &[Op::Delete(key.to_string())])?;
+        Ok(existed)
+    }
+}

@@ -1,0 +1,280 @@
+//! The store's behaviour: reads, prefix ranges, compare-and-swap, revisions,
+//! watch, durability across reopen and across `kill -9`.
+
+use gangway_store::{Compare, Event, Op, RedbStore, Store};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn open(dir: &tempfile::TempDir) -> RedbStore {
+    RedbStore::open(&dir.path().join("gangway.redb")).expect("opens")
+}
+
+#[test]
+fn put_get_delete_and_prefix_range() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = open(&dir);
+    let r1 = s.put("/jobs/1", b"a").expect("put");
+    let r2 = s.put("/jobs/2", b"b").expect("put");
+    s.put("/nodes/n1", b"c").expect("put");
+    assert!(r2 > r1);
+    let j1 = s.get("/jobs/1").expect("get").expect("present");
+    assert_eq!((j1.value.as_slice(), j1.mod_revision), (&b"a"[..], r1));
+    let jobs: Vec<String> = s
+        .range("/jobs/")
+        .expect("range")
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    assert_eq!(jobs, vec!["/jobs/1", "/jobs/2"]);
+    assert!(s.delete("/jobs/1").expect("delete"));
+    assert!(!s.delete("/jobs/1").expect("delete again"));
+    assert!(s.get("/jobs/1").expect("get").is_none());
+    assert_eq!(s.range("/jobs/").expect("range").len(), 1);
+}
+
+#[test]
+fn compare_and_swap_applies_a_transition_exactly_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = open(&dir);
+    let create = |v: &[u8]| {
+        s.txn(
+            &[Compare::Absent("/jobs/7".into())],
+            &[Op::Put("/jobs/7".into(), v.to_vec())],
+        )
+    };
+    assert!(create(b"pending").expect("txn").succeeded);
+    let again = create(b"pending").expect("txn");
+    assert!(!again.succeeded, "a retried create does not duplicate");
+    let rev = s
+        .get("/jobs/7")
+        .expect("get")
+        .expect("present")
+        .mod_revision;
+    let transition = |from: u64, to: &[u8]| {
+        s.txn(
+            &[Compare::Revision("/jobs/7".into(), from)],
+            &[Op::Put("/jobs/7".into(), to.to_vec())],
+        )
+    };
+    let t = transition(rev, b"running").expect("txn");
+    assert!(t.succeeded);
+    // A second writer working from the old revision loses.
+    assert!(!transition(rev, b"cancelled").expect("txn").succeeded);
+    assert_eq!(
+        s.get("/jobs/7").expect("get").expect("present").value,
+        b"running"
+    );
+    // Several ops commit together or not at all.
+    let both = s
+        .txn(
+            &[Compare::Revision("/jobs/7".into(), t.revision)],
+            &[
+                Op::Put("/jobs/7".into(), b"done".to_vec()),
+                Op::Put("/events/7/1".into(), b"finished".to_vec()),
+            ],
+        )
+        .expect("txn");
+    assert!(both.succeeded);
+    assert_eq!(
+        s.get("/events/7/1")
+            .expect("get")
+            .expect("present")
+            .mod_revision,
+        both.revision
+    );
+    assert_eq!(s.revision().expect("rev"), both.revision);
+}
+
+#[test]
+fn watch_replays_history_then_streams_live_changes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = open(&dir);
+    let r1 = s.put("/jobs/1", b"a").expect("put");
+    s.put("/nodes/x", b"n").expect("put");
+    let rx = s.watch("/jobs/", r1).expect("watch");
+    s.txn(
+        &[],
+        &[
+            Op::Put("/jobs/2".into(), b"b".to_vec()),
+            Op::Delete("/jobs/1".into()),
+        ],
+    )
+    .expect("txn");
+    let events: Vec<Event> = (0..3)
+        .map(|_| rx.recv_timeout(Duration::from_secs(5)).expect("event"))
+        .collect();
+    assert!(matches!(&events[0], Event::Put(kv) if kv.key == "/jobs/1" && kv.mod_revision == r1));
+    assert!(matches!(&events[1], Event::Put(kv) if kv.key == "/jobs/2"));
+    assert!(matches!(&events[2], Event::Delete { key, .. } if key == "/jobs/1"));
+    assert_eq!(
+        events[1].revision(),
+        events[2].revision(),
+        "one transaction, one revision"
+    );
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "nothing outside the prefix"
+    );
+}
+
+#[test]
+fn data_survives_reopening() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let rev = {
+        let s = open(&dir);
+        s.put("/jobs/1", b"a").expect("put");
+        s.put("/jobs/2", b"b").expect("put")
+    };
+    let s = open(&dir);
+    assert_eq!(s.revision().expect("rev"), rev);
+    assert_eq!(s.range("/jobs/").expect("range").len(), 2);
+    assert!(
+        s.put("/jobs/3", b"c").expect("put") > rev,
+        "revisions keep increasing"
+    );
+}
+
+/// Child mode for the crash test: create keys with CAS and print each one after it is acknowledged.
+#[test]
+fn crash_child() {
+    let Ok(path) = std::env::var("GANGWAY_STORE_CRASH_CHILD") else {
+        return;
+    };
+    let start: u64 = std::env::var("GANGWAY_STORE_CRASH_START")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let s = RedbStore::open(std::path::Path::new(&path)).expect("opens");
+    for i in start.. {
+        let key = format!("/jobs/{i:08}");
+        let r = s
+            .txn(
+                &[Compare::Absent(key.clone())],
+                &[Op::Put(key.clone(), format!("job {i}").into_bytes())],
+            )
+            .expect("txn");
+        println!("ack {i} {}", r.succeeded);
+    }
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("crash.redb");
+    let exe = std::env::current_exe().expect("test binary");
+    let mut acked: Vec<u64> = Vec::new();
+    let mut next = 0u64;
+    for round in 0..5u64 {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+            .env("GANGWAY_STORE_CRASH_CHILD", &path)
+            .env("GANGWAY_STORE_CRASH_START", next.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let out = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        // Let it acknowledge a varying number of writes, then kill it mid-stream.
+        let want = 20 + round * 37;
+        let mut seen = 0;
+        while seen < want {
+            let Some(Ok(line)) = lines.next() else { break };
+            let mut f = line.split_whitespace();
+            if f.next() == Some("ack") {
+                let i: u64 = f.next().and_then(|x| x.parse().ok()).expect("index");
+                acked.push(i);
+                next = i + 1;
+                seen += 1;
+            }
+        }
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+    }
+    assert!(
+        acked.len() >= 100,
+        "the child acknowledged writes ({} seen)",
+        acked.len()
+    );
+    let s = RedbStore::open(&path).expect("reopens after crashes");
+    let stored = s.range("/jobs/").expect("range");
+    let keys: Vec<u64> = stored
+        .iter()
+        .map(|kv| kv.key[6..].parse().expect("index"))
+        .collect();
+    for i in &acked {
+        assert!(keys.binary_search(i).is_ok(), "acknowledged job {i} lost");
+    }
+    let mut dedup = keys.clone();
+    dedup.dedup();
+    assert_eq!(dedup.len(), keys.len(), "no duplicates");
+    for kv in &stored {
+        let i: u64 = kv.key[6..].parse().expect("index");
+        assert_eq!(kv.value, format!("job {i}").into_bytes());
+    }
+}
+
+#[derive(Clone, Debug)]
+enum ModelOp {
+    Put(u8, u8),
+    Delete(u8),
+    Cas(u8, bool, u8),
+}
+
+fn model_op() -> impl Strategy<Value = ModelOp> {
+    prop_oneof![
+        (0u8..6, any::<u8>()).prop_map(|(k, v)| ModelOp::Put(k, v)),
+        (0u8..6).prop_map(ModelOp::Delete),
+        (0u8..6, any::<bool>(), any::<u8>()).prop_map(|(k, absent, v)| ModelOp::Cas(k, absent, v)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn store_matches_a_map_model(ops in prop::collection::vec(model_op(), 1..40)) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = open(&dir);
+        let mut model: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
+        let mut last_rev = 0;
+        for op in ops {
+            match op {
+                ModelOp::Put(k, v) => {
+                    let key = format!("/k/{k}");
+                    let r = s.put(&key, &[v]).expect("put");
+                    prop_assert!(r > last_rev);
+                    last_rev = r;
+                    model.insert(key, (vec![v], r));
+                }
+                ModelOp::Delete(k) => {
+                    let key = format!("/k/{k}");
+                    let existed = s.delete(&key).expect("delete");
+                    prop_assert_eq!(existed, model.remove(&key).is_some());
+                    last_rev = s.revision().expect("rev");
+                }
+                ModelOp::Cas(k, absent, v) => {
+                    let key = format!("/k/{k}");
+                    let cmp = if absent {
+                        Compare::Absent(key.clone())
+                    } else {
+                        Compare::Revision(key.clone(), model.get(&key).map_or(0, |e| e.1))
+                    };
+                    let expect = if absent { !model.contains_key(&key) } else { model.contains_key(&key) };
+                    let r = s.txn(&[cmp], &[Op::Put(key.clone(), vec![v])]).expect("txn");
+                    prop_assert_eq!(r.succeeded, expect);
+                    if r.succeeded {
+                        model.insert(key, (vec![v], r.revision));
+                        last_rev = r.revision;
+                    }
+                }
+            }
+            let got: Vec<(String, Vec<u8>, u64)> = s.range("/k/").expect("range").into_iter().map(|kv| (kv.key, kv.value, kv.mod_revision)).collect();
+            let want: Vec<(String, Vec<u8>, u64)> = model.iter().map(|(k, (v, r))| (k.clone(), v.clone(), *r)).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}
