@@ -12,7 +12,11 @@ use std::sync::Mutex;
 const KV: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("kv");
 /// (revision, index in the transaction) → (key, Some(value) for put / None for
 /// delete): the change log watchers replay from.
-const LOG: TableDefinition<(u64, u32), (&str, Option<&[u8]>)> = TableDefinition::new("log");
+const LOG: TableDefinition<LogKey, LogEntry> = TableDefinition::new("log");
+/// (revision, index within the transaction).
+type LogKey = (u64, u32);
+/// (key, value or `None` for a delete).
+type LogEntry<'a> = (&'a str, Option<&'a [u8]>);
 /// "revision" → current revision.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
