@@ -1,10 +1,12 @@
 //! `gangway`: one binary for Gangway's subcommands.
 
 mod bench;
+mod client;
 mod sim;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 
 /// Gangway: a GPU cluster scheduler for gangs of ranks.
 #[derive(Parser)]
@@ -12,10 +14,60 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    conn: client::Conn,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Runs the control-plane server (API, scheduler loop, metrics).
+    Server {
+        /// Configuration file (YAML: tokens, users, queues).
+        #[arg(long)]
+        config: PathBuf,
+        /// Where the store lives.
+        #[arg(long, default_value = "gangway-data")]
+        data_dir: PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+    },
+    /// Submits a job spec (YAML or JSON).
+    Submit {
+        /// The job file.
+        file: PathBuf,
+    },
+    /// Lists jobs.
+    Queue {
+        /// Only this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only this state (pending, scheduled, running, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this user.
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Shows a job, its events and why it waits.
+    Describe {
+        /// Job id.
+        id: u64,
+    },
+    /// Says why a job waits.
+    Why {
+        /// Job id.
+        id: u64,
+    },
+    /// Cancels a job.
+    Cancel {
+        /// Job id.
+        id: u64,
+    },
+    /// Lists nodes and their GPUs.
+    Nodes,
+    /// Lists queues with usage and quota.
+    Queues,
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
     /// Benchmarks that print figures (`metric: value unit`).
@@ -25,9 +77,43 @@ enum Command {
     },
 }
 
+fn server(config: &std::path::Path, data_dir: &std::path::Path, listen: &str) -> Result<()> {
+    let text =
+        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let cfg = gangway_server::ServerConfig::from_yaml(&text)?;
+    let app = gangway_server::open(cfg, data_dir)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
+        eprintln!(
+            "gangway server listening on http://{}",
+            listener.local_addr()?
+        );
+        gangway_server::serve(app, listener).await?;
+        Ok(())
+    })
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    let c = &cli.conn;
     match cli.command {
+        Command::Server {
+            config,
+            data_dir,
+            listen,
+        } => server(&config, &data_dir, &listen),
+        Command::Submit { file } => client::submit(c, &file),
+        Command::Queue { queue, state, user } => {
+            client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())
+        }
+        Command::Describe { id } => client::describe(c, id, false),
+        Command::Why { id } => client::describe(c, id, true),
+        Command::Cancel { id } => client::cancel(c, id),
+        Command::Nodes => client::nodes(c),
+        Command::Queues => client::queues(c),
         Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
     }

@@ -1,0 +1,421 @@
+//! The HTTP+JSON API (axum) with bearer-token auth.
+
+use crate::config::ServerConfig;
+use crate::control::{Control, ControlError};
+use crate::metrics::{ApiLabels, Metrics};
+use crate::records::JobRecord;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use gangway_core::{JobId, JobSpec, JobState, NodeSpec};
+use gangway_store::RedbStore;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+
+/// Shared server state.
+pub struct App {
+    /// Control state behind one lock: every change is short and ordered.
+    pub control: Mutex<Control<RedbStore>>,
+    /// Configuration.
+    pub cfg: ServerConfig,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Wakes the scheduler loop.
+    pub wake: Notify,
+}
+
+/// Seconds since the epoch.
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Who is calling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// The admin token.
+    Admin,
+    /// A user token.
+    User {
+        /// Name.
+        name: String,
+        /// Queues they may use.
+        queues: Vec<String>,
+    },
+    /// The agent join token.
+    Agent,
+}
+
+impl Principal {
+    fn name(&self) -> &str {
+        match self {
+            Principal::Admin => "admin",
+            Principal::User { name, .. } => name,
+            Principal::Agent => "agent",
+        }
+    }
+}
+
+/// An API error: a status and a message naming the problem.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        let code = match &e {
+            ControlError::Rejected(_) | ControlError::BadNode(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ControlError::NoSuchJob(_) | ControlError::NoSuchNode(_) => StatusCode::NOT_FOUND,
+            ControlError::Finished(..) | ControlError::Conflict(_) => StatusCode::CONFLICT,
+            ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<RedbStore>>> {
+    app.control.lock().map_err(|_| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "state lock poisoned".into(),
+        )
+    })
+}
+
+fn auth(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+    if token == app.cfg.admin_token {
+        return Ok(Principal::Admin);
+    }
+    if token == app.cfg.agent_token {
+        return Ok(Principal::Agent);
+    }
+    app.cfg
+        .users
+        .iter()
+        .find(|u| u.token == token)
+        .map(|u| Principal::User {
+            name: u.name.clone(),
+            queues: u.queues.clone(),
+        })
+        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "unknown token".into()))
+}
+
+fn forbidden(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::FORBIDDEN, msg.into())
+}
+
+fn not_agent(p: &Principal) -> ApiResult<()> {
+    if *p == Principal::Agent {
+        return Err(forbidden("agent tokens may only report for nodes"));
+    }
+    Ok(())
+}
+
+/// A job as the API shows it.
+#[derive(Serialize)]
+pub struct JobView {
+    /// The stored record.
+    #[serde(flatten)]
+    pub record: JobRecord,
+    /// Why it waits (pending jobs).
+    pub reason: Option<String>,
+    /// Estimated start.
+    pub estimated_start: Option<u64>,
+}
+
+fn view(c: &Control<RedbStore>, rec: &JobRecord) -> JobView {
+    let why = c.why.get(&rec.id);
+    JobView {
+        record: rec.clone(),
+        reason: why.map(|w| w.reason.clone()),
+        estimated_start: why.and_then(|w| w.estimated_start),
+    }
+}
+
+async fn submit(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    let p = auth(&app, &headers)?;
+    not_agent(&p)?;
+    let json_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let spec: JobSpec = if json_body {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))?
+    } else {
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
+        serde_yaml::from_str(text)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))?
+    };
+    let mut spec = spec;
+    if let Principal::User { name, queues } = &p {
+        if !queues.contains(&spec.queue) {
+            return Err(forbidden(format!(
+                "user {name} may not submit to queue {}",
+                spec.queue
+            )));
+        }
+        spec.user = name.clone();
+    } else if spec.user.is_empty() {
+        spec.user = "admin".into();
+    }
+    let user = spec.user.clone();
+    let id = lock(&app)?.submit(&user, spec, now())?;
+    app.wake.notify_one();
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": id, "state": "pending" })),
+    ))
+}
+
+/// Filters of the job list.
+#[derive(Deserialize)]
+pub struct JobFilter {
+    queue: Option<String>,
+    state: Option<String>,
+    user: Option<String>,
+}
+
+async fn list_jobs(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(f): Query<JobFilter>,
+) -> ApiResult<Json<Vec<JobView>>> {
+    auth(&app, &headers)?;
+    let c = lock(&app)?;
+    let state = match &f.state {
+        Some(s) => Some(serde_json::from_value::<JobState>(json!(s)).map_err(|_| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("state: unknown state {s:?}"),
+            )
+        })?),
+        None => None,
+    };
+    let out = c
+        .jobs
+        .values()
+        .map(|(r, _)| r)
+        .filter(|r| f.queue.as_ref().is_none_or(|q| &r.spec.queue == q))
+        .filter(|r| f.user.as_ref().is_none_or(|u| &r.user == u))
+        .filter(|r| state.is_none_or(|s| r.state == s))
+        .map(|r| view(&c, r))
+        .collect();
+    Ok(Json(out))
+}
+
+async fn get_job(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<JobView>> {
+    auth(&app, &headers)?;
+    let c = lock(&app)?;
+    let (rec, _) = c
+        .jobs
+        .get(&JobId(id))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
+    Ok(Json(view(&c, rec)))
+}
+
+async fn cancel_job(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let p = auth(&app, &headers)?;
+    not_agent(&p)?;
+    let mut c = lock(&app)?;
+    let owner = c
+        .jobs
+        .get(&JobId(id))
+        .map(|(r, _)| r.user.clone())
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
+    if let Principal::User { name, .. } = &p {
+        if *name != owner {
+            return Err(forbidden(format!("job {id} belongs to {owner}")));
+        }
+    }
+    c.cancel(JobId(id), p.name(), now())?;
+    drop(c);
+    app.wake.notify_one();
+    Ok(Json(json!({ "id": id, "state": "cancelled" })))
+}
+
+async fn queues(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    auth(&app, &headers)?;
+    let c = lock(&app)?;
+    let out: Vec<_> = c
+        .cluster
+        .queues()
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let u = c.cluster.queue_usage(i as u32);
+            json!({
+                "name": q.spec.name,
+                "parent": q.spec.parent,
+                "weight": q.spec.weight,
+                "quota": q.spec.quota,
+                "usage": u,
+            })
+        })
+        .collect();
+    Ok(Json(json!(out)))
+}
+
+async fn nodes(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    auth(&app, &headers)?;
+    let c = lock(&app)?;
+    let out: Vec<_> = c
+        .cluster
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let alloc = c.cluster.capacity().alloc[i];
+            json!({
+                "name": n.spec.name,
+                "leaf": n.spec.leaf,
+                "cordoned": n.spec.cordoned,
+                "ready": n.ready,
+                "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
+                    "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                    "healthy": g.healthy, "allocated": alloc & (1 << k) != 0,
+                })).collect::<Vec<_>>(),
+                "jobs": c.cluster.jobs_on(i as u32),
+            })
+        })
+        .collect();
+    Ok(Json(json!(out)))
+}
+
+async fn register_node(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    let p = auth(&app, &headers)?;
+    if !matches!(p, Principal::Admin | Principal::Agent) {
+        return Err(forbidden("only agents and admins register nodes"));
+    }
+    let spec: NodeSpec = serde_json::from_slice(&body)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("node: {e}")))?;
+    let name = spec.name.clone();
+    lock(&app)?.register_node(spec)?;
+    app.wake.notify_one();
+    Ok((StatusCode::CREATED, Json(json!({ "node": name }))))
+}
+
+async fn cordon(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let p = auth(&app, &headers)?;
+    if p != Principal::Admin {
+        return Err(forbidden("only admins cordon nodes"));
+    }
+    let on = match action.as_str() {
+        "cordon" | "drain" => true,
+        "uncordon" => false,
+        other => {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("unknown node action {other:?}"),
+            ))
+        }
+    };
+    lock(&app)?.cordon(&name, on)?;
+    app.wake.notify_one();
+    Ok(Json(json!({ "node": name, "cordoned": on })))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
+    let c = lock(&app)?;
+    let text = app.metrics.render(&c);
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi::document())
+}
+
+async fn track(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |m| m.as_str().to_string());
+    let start = Instant::now();
+    let res = next.run(req).await;
+    app.metrics
+        .api_requests
+        .get_or_create(&ApiLabels {
+            route,
+            status: res.status().as_u16(),
+        })
+        .inc();
+    app.metrics
+        .api_seconds
+        .observe(start.elapsed().as_secs_f64());
+    res
+}
+
+/// The router.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route("/v1/jobs", post(submit).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/queues", get(queues))
+        .route("/v1/nodes", get(nodes).post(register_node))
+        .route("/v1/nodes/{name}/{action}", post(cordon))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
+        .with_state(app)
+}

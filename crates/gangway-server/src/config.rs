@@ -1,0 +1,89 @@
+//! The server's configuration file (YAML): tokens, queues and scheduler knobs.
+//!
+//! ```yaml
+//! admin_token: s3cret-admin
+//! agent_token: s3cret-join
+//! users:
+//!   - name: alice
+//!     token: alice-token
+//!     queues: [research]
+//! queues:
+//!   - name: lab
+//!     quota: { nominal: { gpus: 64 } }
+//!   - name: research
+//!     parent: lab
+//!     quota: { nominal: { gpus: 32 } }
+//! ```
+
+use gangway_core::QueueSpec;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A user and the queues they may submit to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// User name (jobs are owned by it).
+    pub name: String,
+    /// Bearer token.
+    pub token: String,
+    /// Queues the user may submit to.
+    #[serde(default)]
+    pub queues: Vec<String>,
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Admin bearer token: may do anything.
+    pub admin_token: String,
+    /// Token agents join with.
+    pub agent_token: String,
+    /// Users.
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+    /// Queues (parents first).
+    #[serde(default)]
+    pub queues: Vec<QueueSpec>,
+    /// Seconds between scheduling cycles when nothing changes.
+    #[serde(default = "one")]
+    pub cycle_seconds: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// YAML.
+    #[error("config: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    /// Semantics.
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+impl ServerConfig {
+    /// Parses and checks a YAML configuration.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let c: ServerConfig = serde_yaml::from_str(text)?;
+        if c.admin_token.len() < 8 || c.agent_token.len() < 8 {
+            return Err(ConfigError::Invalid(
+                "tokens must be at least 8 characters".into(),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for t in std::iter::once(&c.admin_token)
+            .chain(std::iter::once(&c.agent_token))
+            .chain(c.users.iter().map(|u| &u.token))
+        {
+            if !seen.insert(t) {
+                return Err(ConfigError::Invalid("tokens must be distinct".into()));
+            }
+        }
+        Ok(c)
+    }
+}

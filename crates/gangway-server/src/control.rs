@@ -1,0 +1,343 @@
+//! The control plane's state: the store is the truth; an in-memory
+//! [`ClusterState`] mirrors it for the scheduler. Every change is written to
+//! the store (compare-and-swap on the record's revision) before it is applied
+//! in memory and acknowledged.
+
+use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, JOB_SEQ};
+use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
+use gangway_sched::{
+    apply, schedule, ClusterState, Decisions, Placement, Rejection, ReplicaPlacement,
+    SchedulerConfig, StateConfig,
+};
+use gangway_store::{Compare, Op, Store, StoreError};
+use std::collections::{BTreeMap, HashMap};
+use thiserror::Error;
+
+/// Why a control-plane operation failed.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// Store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The job can never run here, or the spec is wrong.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// Unknown job.
+    #[error("job {0} does not exist")]
+    NoSuchJob(JobId),
+    /// Unknown node.
+    #[error("node {0:?} does not exist")]
+    NoSuchNode(String),
+    /// Bad node.
+    #[error("{0}")]
+    BadNode(String),
+    /// Wrong state for the operation.
+    #[error("job {0} is already {1:?}")]
+    Finished(JobId, JobState),
+    /// A stored record could not be decoded.
+    #[error("stored record {0} is corrupt: {1}")]
+    Corrupt(String, String),
+    /// Someone else changed the record first.
+    #[error("conflicting update of {0}; retry")]
+    Conflict(String),
+}
+
+/// A pending job's explanation as last computed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Why {
+    /// The sentence.
+    pub reason: String,
+    /// Estimated start.
+    pub estimated_start: Option<Time>,
+}
+
+/// Everything the server keeps in memory.
+pub struct Control<S: Store> {
+    store: S,
+    /// Scheduler's mirror of the store.
+    pub cluster: ClusterState,
+    /// Job records with their store revisions.
+    pub jobs: BTreeMap<JobId, (JobRecord, u64)>,
+    /// Last explanation per pending job.
+    pub why: HashMap<JobId, Why>,
+    /// Scheduler knobs.
+    pub sched: SchedulerConfig,
+    /// Decisions of the last cycle (for metrics).
+    pub last_decisions: Decisions,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ControlError> {
+    serde_json::from_slice(bytes).map_err(|e| ControlError::Corrupt(key.to_string(), e.to_string()))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    // Serialising our own plain data types cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+impl<S: Store> Control<S> {
+    /// Loads the state from the store: queues from the config, then nodes, then jobs.
+    pub fn open(store: S, queues: &[gangway_core::QueueSpec]) -> Result<Self, ControlError> {
+        let mut cluster = ClusterState::new(StateConfig::default());
+        for q in queues {
+            cluster
+                .add_queue(q.clone())
+                .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        }
+        for kv in store.range("/nodes/")? {
+            let spec: NodeSpec = decode(&kv.key, &kv.value)?;
+            cluster
+                .add_node(spec)
+                .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        }
+        let mut jobs = BTreeMap::new();
+        for kv in store.range("/jobs/")? {
+            let rec: JobRecord = decode(&kv.key, &kv.value)?;
+            jobs.insert(rec.id, (rec, kv.mod_revision));
+        }
+        let mut c = Control {
+            store,
+            cluster,
+            jobs,
+            why: HashMap::new(),
+            sched: SchedulerConfig::default(),
+            last_decisions: Decisions::default(),
+        };
+        c.rebuild()?;
+        Ok(c)
+    }
+
+    /// Puts every live job back into the scheduler's state.
+    fn rebuild(&mut self) -> Result<(), ControlError> {
+        let live: Vec<JobRecord> = self
+            .jobs
+            .values()
+            .map(|(r, _)| r.clone())
+            .filter(|r| !r.state.is_terminal())
+            .collect();
+        for r in live {
+            // A queue or node may have gone since: such jobs stay recorded but unschedulable.
+            if self
+                .cluster
+                .submit(r.id, r.spec.clone(), r.submitted_at)
+                .is_err()
+            {
+                continue;
+            }
+            if !r.placement.is_empty() {
+                if let Some(p) = self.placement_from(&r.placement) {
+                    let _ = self.cluster.bind(r.id, p, r.submitted_at);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn placement_from(&self, on: &[ReplicaOn]) -> Option<Placement> {
+        let mut replicas = Vec::new();
+        for r in on {
+            let n = self.cluster.node_index(&r.node)?;
+            let info = &self.cluster.nodes()[n as usize];
+            let mut mask = 0u64;
+            for g in &r.gpus {
+                let pos = info.spec.gpus.iter().position(|x| x.index == *g)?;
+                mask |= 1 << pos;
+            }
+            replicas.push(ReplicaPlacement {
+                node: n,
+                gpus: mask,
+            });
+        }
+        let level = gangway_sched::placement::span_level(&self.cluster, &replicas);
+        Some(Placement { replicas, level })
+    }
+
+    fn placement_to(&self, p: &Placement) -> Vec<ReplicaOn> {
+        p.replicas
+            .iter()
+            .map(|r| {
+                let info = &self.cluster.nodes()[r.node as usize];
+                ReplicaOn {
+                    node: info.spec.name.clone(),
+                    gpus: info.device_indices(r.gpus),
+                }
+            })
+            .collect()
+    }
+
+    /// Accepts a job: validated against the cluster, durably stored with a
+    /// fresh id, then queued. Nothing changes when it is rejected.
+    pub fn submit(&mut self, user: &str, spec: JobSpec, now: Time) -> Result<JobId, ControlError> {
+        self.cluster.validate(&spec)?;
+        loop {
+            let seq = self.store.get(JOB_SEQ)?;
+            let (next, cmp) = match &seq {
+                Some(kv) => {
+                    let n: u64 = decode(&kv.key, &kv.value)?;
+                    (n + 1, Compare::Revision(JOB_SEQ.into(), kv.mod_revision))
+                }
+                None => (1, Compare::Absent(JOB_SEQ.into())),
+            };
+            let id = JobId(next);
+            let rec = JobRecord {
+                id,
+                user: user.to_string(),
+                spec: spec.clone(),
+                state: JobState::Pending,
+                submitted_at: now,
+                placement: Vec::new(),
+                events: vec![JobEvent {
+                    at: now,
+                    kind: "submitted".into(),
+                    message: format!("submitted by {user} to queue {}", spec.queue),
+                }],
+            };
+            let r = self.store.txn(
+                &[cmp, Compare::Absent(job_key(id))],
+                &[
+                    Op::Put(JOB_SEQ.into(), encode(&next)),
+                    Op::Put(job_key(id), encode(&rec)),
+                ],
+            )?;
+            if !r.succeeded {
+                continue;
+            }
+            self.cluster.submit(id, spec, now)?;
+            self.jobs.insert(id, (rec, r.revision));
+            return Ok(id);
+        }
+    }
+
+    /// Writes a changed record with compare-and-swap on its revision.
+    fn write(&mut self, rec: JobRecord) -> Result<(), ControlError> {
+        let id = rec.id;
+        let rev = self
+            .jobs
+            .get(&id)
+            .map(|(_, r)| *r)
+            .ok_or(ControlError::NoSuchJob(id))?;
+        let r = self.store.txn(
+            &[Compare::Revision(job_key(id), rev)],
+            &[Op::Put(job_key(id), encode(&rec))],
+        )?;
+        if !r.succeeded {
+            return Err(ControlError::Conflict(job_key(id)));
+        }
+        self.jobs.insert(id, (rec, r.revision));
+        Ok(())
+    }
+
+    /// Cancels a job (pending or running).
+    pub fn cancel(&mut self, id: JobId, by: &str, now: Time) -> Result<(), ControlError> {
+        let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        if rec.state.is_terminal() {
+            return Err(ControlError::Finished(id, rec.state));
+        }
+        let mut rec = rec.clone();
+        rec.state = JobState::Cancelled;
+        rec.events.push(JobEvent {
+            at: now,
+            kind: "cancelled".into(),
+            message: format!("cancelled by {by}"),
+        });
+        self.write(rec)?;
+        let _ = self.cluster.cancel(id);
+        self.why.remove(&id);
+        Ok(())
+    }
+
+    /// Registers (or re-registers) a node.
+    pub fn register_node(&mut self, spec: NodeSpec) -> Result<(), ControlError> {
+        if self.cluster.node_index(&spec.name).is_some() {
+            return Ok(());
+        }
+        let mut probe = self.cluster.clone();
+        probe
+            .add_node(spec.clone())
+            .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        self.store.put(&node_key(&spec.name), &encode(&spec))?;
+        self.cluster = probe;
+        Ok(())
+    }
+
+    /// Cordons or uncordons a node, durably.
+    pub fn cordon(&mut self, name: &str, cordoned: bool) -> Result<(), ControlError> {
+        let n = self
+            .cluster
+            .node_index(name)
+            .ok_or_else(|| ControlError::NoSuchNode(name.into()))?;
+        let mut spec = self.cluster.nodes()[n as usize].spec.clone();
+        spec.cordoned = cordoned;
+        self.store.put(&node_key(name), &encode(&spec))?;
+        self.cluster
+            .set_cordoned(name, cordoned)
+            .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        Ok(())
+    }
+
+    /// One scheduling cycle: decisions are written to the store first, then applied.
+    pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        let d = schedule(&self.cluster, now, &self.sched);
+        let mut applied = Decisions {
+            stats: d.stats.clone(),
+            reservations: d.reservations.clone(),
+            pending: d.pending.clone(),
+            ..Decisions::default()
+        };
+        for b in &d.binds {
+            let Some((rec, _)) = self.jobs.get(&b.job) else {
+                continue;
+            };
+            let mut rec = rec.clone();
+            rec.state = JobState::Scheduled;
+            rec.placement = self.placement_to(&b.placement);
+            rec.events.push(JobEvent {
+                at: now,
+                kind: "scheduled".into(),
+                message: format!(
+                    "placed on {}",
+                    rec.placement
+                        .iter()
+                        .map(|r| format!("{}:{:?}", r.node, r.gpus))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+            });
+            self.write(rec)?;
+            applied.binds.push(b.clone());
+        }
+        for p in &d.preemptions {
+            let Some((rec, _)) = self.jobs.get(&p.job) else {
+                continue;
+            };
+            let mut rec = rec.clone();
+            rec.state = JobState::Preempting;
+            rec.events.push(JobEvent {
+                at: now,
+                kind: "preempting".into(),
+                message: format!(
+                    "preempted by job {} ({:?}), grace {}s",
+                    p.by, p.reason, p.grace_seconds
+                ),
+            });
+            self.write(rec)?;
+            applied.preemptions.push(p.clone());
+        }
+        applied.planned = d.planned.clone();
+        applied.dropped_claims = d.dropped_claims.clone();
+        apply(&mut self.cluster, &applied, now)
+            .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        self.why.clear();
+        for e in &d.pending {
+            self.why.insert(
+                e.job,
+                Why {
+                    reason: e.render(&self.cluster, now),
+                    estimated_start: e.estimated_start,
+                },
+            );
+        }
+        self.last_decisions = d.clone();
+        Ok(d)
+    }
+}

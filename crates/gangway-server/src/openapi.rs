@@ -1,0 +1,43 @@
+//! The OpenAPI document served at `/openapi.json`.
+
+use serde_json::{json, Value};
+
+fn op(summary: &str, ok: &str) -> Value {
+    json!({
+        "summary": summary,
+        "security": [{ "bearer": [] }],
+        "responses": {
+            ok: { "description": "success" },
+            "400": { "description": "malformed request (names the field)" },
+            "401": { "description": "missing or unknown token" },
+            "403": { "description": "token not allowed to do this" },
+            "404": { "description": "no such object" },
+            "422": { "description": "valid request the cluster or queue can never satisfy" }
+        }
+    })
+}
+
+/// The document.
+pub fn document() -> Value {
+    json!({
+        "openapi": "3.0.3",
+        "info": { "title": "Gangway", "version": env!("CARGO_PKG_VERSION") },
+        "components": { "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } } },
+        "paths": {
+            "/v1/jobs": {
+                "post": op("Submit a job (YAML or JSON job spec)", "201"),
+                "get": op("List jobs; filter with ?queue=, ?state=, ?user=", "200")
+            },
+            "/v1/jobs/{id}": { "get": op("A job with its events and why it waits", "200") },
+            "/v1/jobs/{id}/cancel": { "post": op("Cancel a job (owner or admin)", "200") },
+            "/v1/queues": { "get": op("Queues with quota and usage", "200") },
+            "/v1/nodes": {
+                "get": op("Nodes and their GPUs", "200"),
+                "post": op("Register a node (agent or admin token)", "201")
+            },
+            "/v1/nodes/{name}/{action}": { "post": op("cordon, drain or uncordon a node (admin)", "200") },
+            "/metrics": { "get": { "summary": "Prometheus metrics", "responses": { "200": { "description": "text" } } } },
+            "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } }
+        }
+    })
+}

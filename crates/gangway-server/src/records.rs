@@ -1,0 +1,58 @@
+//! What the server stores per job, as JSON under `/jobs/<id>`.
+
+use gangway_core::{JobId, JobSpec, JobState, Time};
+use serde::{Deserialize, Serialize};
+
+/// One rank group's GPUs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaOn {
+    /// Node name.
+    pub node: String,
+    /// GPU device indices (`CUDA_VISIBLE_DEVICES`).
+    pub gpus: Vec<u32>,
+}
+
+/// Something that happened to a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// When.
+    pub at: Time,
+    /// `submitted`, `scheduled`, `preempting`, `cancelled`, ...
+    pub kind: String,
+    /// Details for people.
+    pub message: String,
+}
+
+/// The durable record of a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// Id.
+    pub id: JobId,
+    /// Owner.
+    pub user: String,
+    /// Spec as submitted.
+    pub spec: JobSpec,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Submission time.
+    pub submitted_at: Time,
+    /// Where its replicas run (when scheduled).
+    #[serde(default)]
+    pub placement: Vec<ReplicaOn>,
+    /// History.
+    #[serde(default)]
+    pub events: Vec<JobEvent>,
+}
+
+/// Store key of a job.
+pub fn job_key(id: JobId) -> String {
+    format!("/jobs/{:020}", id.0)
+}
+
+/// Store key of a node.
+pub fn node_key(name: &str) -> String {
+    format!("/nodes/{name}")
+}
+
+/// Key holding the last job id handed out.
+pub const JOB_SEQ: &str = "/meta/job_seq";

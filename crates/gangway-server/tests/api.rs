@@ -1,0 +1,400 @@
+//! The real server on a loopback port with a temporary data dir, driven over HTTP.
+
+use gangway_core::NodeSpec;
+use gangway_server::ServerConfig;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const CONFIG: &str = r#"
+admin_token: admin-secret
+agent_token: agent-secret
+users:
+  - { name: alice, token: alice-token, queues: [research] }
+  - { name: bob, token: bob-token, queues: [prod] }
+queues:
+  - name: lab
+    quota: { nominal: { gpus: 16 } }
+  - name: research
+    parent: lab
+    quota: { nominal: { gpus: 8 } }
+  - name: prod
+    parent: lab
+    quota: { nominal: { gpus: 8 } }
+"#;
+
+struct Server {
+    base: String,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(dir: &std::path::Path) -> Server {
+    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    let app = gangway_server::open(cfg, dir).expect("opens");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    rt.spawn(async move {
+        let _ = gangway_server::serve(app, listener).await;
+    });
+    Server { base, _rt: rt }
+}
+
+fn call(req: ureq::Request, body: Option<(&str, &str)>) -> (u16, Value) {
+    let r = match body {
+        Some((ct, b)) => req.set("Content-Type", ct).send_string(b),
+        None => req.call(),
+    };
+    match r {
+        Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Value::Null)),
+        Err(ureq::Error::Status(code, resp)) => (code, resp.into_json().unwrap_or(Value::Null)),
+        Err(e) => panic!("transport error: {e}"),
+    }
+}
+
+impl Server {
+    fn get(&self, path: &str, token: &str) -> (u16, Value) {
+        call(
+            ureq::get(&format!("{}{path}", self.base))
+                .set("Authorization", &format!("Bearer {token}")),
+            None,
+        )
+    }
+    fn post(&self, path: &str, token: &str, ct: &str, body: &str) -> (u16, Value) {
+        call(
+            ureq::post(&format!("{}{path}", self.base))
+                .set("Authorization", &format!("Bearer {token}")),
+            Some((ct, body)),
+        )
+    }
+    fn submit(&self, token: &str, yaml: &str) -> (u16, Value) {
+        self.post("/v1/jobs", token, "application/yaml", yaml)
+    }
+    fn register(&self, name: &str, gpus: u32) -> (u16, Value) {
+        let spec = NodeSpec::uniform(name, "leaf0", "spine0", gpus, "H100", 80);
+        self.post(
+            "/v1/nodes",
+            "agent-secret",
+            "application/json",
+            &serde_json::to_string(&spec).expect("json"),
+        )
+    }
+    /// Waits (with a deadline, no fixed sleeps) until `f` holds for job `id`.
+    fn wait_job(&self, id: u64, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (code, v) = self.get(&format!("/v1/jobs/{id}"), "admin-secret");
+            assert_eq!(code, 200);
+            if f(&v) {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting on job {id}: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    fn job_count(&self) -> usize {
+        self.get("/v1/jobs", "admin-secret")
+            .1
+            .as_array()
+            .map_or(0, Vec::len)
+    }
+}
+
+fn job(name: &str, queue: &str, replicas: u32, gpus: u32) -> String {
+    format!("name: {name}\nqueue: {queue}\nreplicas: {replicas}\nresources:\n  gpus: {gpus}\n")
+}
+
+#[test]
+fn submit_schedule_explain_and_cancel() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    assert_eq!(s.register("node-b", 4).0, 201);
+    let (code, v) = s.submit("alice-token", &job("train", "research", 1, 4));
+    assert_eq!(code, 201, "{v}");
+    let first = v["id"].as_u64().expect("id");
+    let v = s.wait_job(first, |j| j["state"] == "scheduled");
+    assert_eq!(v["placement"][0]["gpus"], json!([0, 1, 2, 3]));
+    assert_eq!(v["user"], "alice");
+    assert!(v["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .any(|e| e["kind"] == "scheduled"));
+    // Two more 4-GPU jobs: one fits, one waits with a reason.
+    let a = s.submit("alice-token", &job("a", "research", 1, 4)).1["id"]
+        .as_u64()
+        .expect("id");
+    let b = s.submit("alice-token", &job("b", "research", 1, 4)).1["id"]
+        .as_u64()
+        .expect("id");
+    let placed_or_waiting = |j: &Value| j["state"] == "scheduled" || j["reason"].is_string();
+    let va = s.wait_job(a, placed_or_waiting);
+    let vb = s.wait_job(b, placed_or_waiting);
+    let waiting = if va["state"] == "pending" { &va } else { &vb };
+    let reason = waiting["reason"].as_str().expect("reason");
+    // All 8 GPUs are taken: it holds the reservation for when a running job ends.
+    assert!(
+        reason.starts_with("head of line: 1 nodes reserved"),
+        "{reason}"
+    );
+    assert!(waiting["estimated_start"].is_u64());
+    let wid = waiting["id"].as_u64().expect("id");
+    // Cancel it; cancelling again conflicts.
+    let (code, _) = s.post(
+        &format!("/v1/jobs/{wid}/cancel"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 200);
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{wid}"), "alice-token").1["state"],
+        "cancelled"
+    );
+    let (code, v) = s.post(
+        &format!("/v1/jobs/{wid}/cancel"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 409, "{v}");
+    // Filters.
+    let (_, list) = s.get("/v1/jobs?state=scheduled", "bob-token");
+    assert_eq!(list.as_array().expect("list").len(), 2);
+    let (code, v) = s.get("/v1/jobs?state=bogus", "bob-token");
+    assert_eq!(code, 400, "{v}");
+    // Queues and nodes views.
+    let (_, qs) = s.get("/v1/queues", "bob-token");
+    let research = qs
+        .as_array()
+        .expect("queues")
+        .iter()
+        .find(|q| q["name"] == "research")
+        .expect("research");
+    assert_eq!(research["usage"]["gpus"], 8);
+    let (_, ns) = s.get("/v1/nodes", "bob-token");
+    let used: usize = ns
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| {
+            n["gpus"]
+                .as_array()
+                .expect("gpus")
+                .iter()
+                .filter(|g| g["allocated"] == true)
+                .count()
+        })
+        .sum();
+    assert_eq!(used, 8);
+}
+
+#[test]
+fn auth_is_enforced() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let y = job("x", "research", 1, 1);
+    let (code, _) = call(
+        ureq::post(&format!("{}/v1/jobs", s.base)),
+        Some(("application/yaml", &y)),
+    );
+    assert_eq!(code, 401, "no token");
+    assert_eq!(s.submit("wrong-token", &y).0, 401);
+    let (code, v) = s.submit("bob-token", &y);
+    assert_eq!(code, 403, "bob may not use research: {v}");
+    assert!(v["error"]
+        .as_str()
+        .expect("msg")
+        .contains("may not submit to queue research"));
+    assert_eq!(
+        s.submit("agent-secret", &y).0,
+        403,
+        "agents do not submit jobs"
+    );
+    let id = s.submit("alice-token", &y).1["id"].as_u64().expect("id");
+    let (code, _) = s.post(
+        &format!("/v1/jobs/{id}/cancel"),
+        "bob-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 403, "bob cannot cancel alice's job");
+    let (code, _) = s.post(
+        &format!("/v1/jobs/{id}/cancel"),
+        "admin-secret",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 200, "an admin can");
+    let spec = serde_json::to_string(&NodeSpec::uniform(
+        "node-z", "leaf0", "spine0", 8, "H100", 80,
+    ))
+    .expect("json");
+    assert_eq!(
+        s.post("/v1/nodes", "alice-token", "application/json", &spec)
+            .0,
+        403
+    );
+    assert_eq!(
+        s.post(
+            "/v1/nodes/node-a/cordon",
+            "alice-token",
+            "application/json",
+            ""
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        s.post(
+            "/v1/nodes/node-a/cordon",
+            "admin-secret",
+            "application/json",
+            ""
+        )
+        .0,
+        200
+    );
+    assert_eq!(s.get("/v1/jobs", "").0, 401);
+}
+
+#[test]
+fn malformed_specs_get_precise_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let before = s.job_count();
+    let cases: [(&str, u16, &str); 7] = [
+        ("name: [unclosed\n", 400, "job spec"),
+        (
+            "name: x\nqueue: research\nreplicas: 1\nresources:\n  gpus: -1\n",
+            400,
+            "gpus",
+        ),
+        (
+            "name: x\nqueue: research\nreplicas: 1\nresources:\n  gpus: 1\ngpuz: 2\n",
+            400,
+            "gpuz",
+        ),
+        (
+            "name: x\nqueue: research\nreplicas: 0\nresources:\n  gpus: 1\n",
+            422,
+            "replicas: must be at least 1",
+        ),
+        (
+            "name: x\nqueue: nowhere\nreplicas: 1\nresources:\n  gpus: 1\n",
+            403,
+            "may not submit to queue nowhere",
+        ),
+        (
+            "name: x\nqueue: research\nreplicas: 1\nresources:\n  gpus: 16\n",
+            422,
+            "16 GPUs per replica but no matching node has more than 8",
+        ),
+        (
+            "name: x\nqueue: research\nreplicas: 1\nresources:\n  gpus: 1\n  gpu_model: V100\n",
+            422,
+            "no node has V100 GPUs",
+        ),
+    ];
+    for (body, code, needle) in cases {
+        let (got, v) = s.submit("alice-token", body);
+        assert_eq!(got, code, "{body:?} → {v}");
+        let msg = v["error"].as_str().expect("error message");
+        assert!(msg.contains(needle), "{body:?}: {msg}");
+    }
+    // An admin may use any queue, so the unknown queue itself is reported.
+    let (code, v) = s.submit(
+        "admin-secret",
+        "name: x\nqueue: nowhere\nreplicas: 1\nresources:\n  gpus: 1\n",
+    );
+    assert_eq!(code, 422);
+    assert!(v["error"]
+        .as_str()
+        .expect("msg")
+        .contains("queue: unknown queue \"nowhere\""));
+    let (code, v) = s.post(
+        "/v1/jobs",
+        "alice-token",
+        "application/json",
+        "{\"name\": 5}",
+    );
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(s.job_count(), before, "nothing accepted");
+}
+
+#[test]
+fn state_survives_a_restart_without_duplicates() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ids: Vec<u64> = {
+        let s = start(dir.path());
+        s.register("node-a", 8);
+        let ids: Vec<u64> = (0..5)
+            .map(|i| {
+                s.submit("alice-token", &job(&format!("j{i}"), "research", 1, 4))
+                    .1["id"]
+                    .as_u64()
+                    .expect("id")
+            })
+            .collect();
+        s.wait_job(ids[0], |j| j["state"] == "scheduled");
+        s.wait_job(ids[1], |j| j["state"] == "scheduled");
+        ids
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let s = start(dir.path());
+    let (_, list) = s.get("/v1/jobs", "admin-secret");
+    let list = list.as_array().expect("list").clone();
+    assert_eq!(list.len(), 5);
+    let scheduled: Vec<u64> = list
+        .iter()
+        .filter(|j| j["state"] == "scheduled")
+        .map(|j| j["id"].as_u64().expect("id"))
+        .collect();
+    assert_eq!(scheduled, ids[..2].to_vec(), "placements restored");
+    let next = s.submit("alice-token", &job("after", "research", 1, 1)).1["id"]
+        .as_u64()
+        .expect("id");
+    assert_eq!(next, ids[4] + 1, "ids continue, never reused");
+    // The restored placements hold their GPUs: nothing else fits on the node.
+    let v = s.wait_job(next, |j| j["reason"].is_string());
+    assert_eq!(v["state"], "pending");
+}
+
+#[test]
+fn metrics_and_openapi_are_served() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let id = s.submit("alice-token", &job("m", "research", 1, 2)).1["id"]
+        .as_u64()
+        .expect("id");
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    let text = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .expect("metrics")
+        .into_string()
+        .expect("text");
+    assert!(
+        text.contains("gangway_jobs{state=\"scheduled\",queue=\"research\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("gangway_gpus_allocated 2"), "{text}");
+    assert!(text.contains("gangway_scheduling_cycle_seconds_count"));
+    assert!(
+        text.contains("gangway_api_requests_total{route=\"/v1/jobs\",status=\"201\"} 1"),
+        "{text}"
+    );
+    let doc: Value = ureq::get(&format!("{}/openapi.json", s.base))
+        .call()
+        .expect("openapi")
+        .into_json()
+        .expect("json");
+    assert!(doc["paths"]["/v1/jobs"]["post"].is_object());
+}

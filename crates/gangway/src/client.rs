@@ -1,0 +1,300 @@
+//! The user-facing subcommands: `submit`, `queue`, `describe`/`why`, `cancel`,
+//! `nodes`, `queues`, talking to the server's HTTP API.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde_json::Value;
+
+/// How to print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// A table for people.
+    Table,
+    /// JSON for scripts.
+    Json,
+}
+
+/// Where the server is and who we are.
+#[derive(Args, Clone, Debug)]
+pub struct Conn {
+    /// Server address.
+    #[arg(
+        long,
+        global = true,
+        env = "GANGWAY_ADDR",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    pub addr: String,
+    /// Bearer token.
+    #[arg(
+        long,
+        global = true,
+        env = "GANGWAY_TOKEN",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub token: String,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+impl Conn {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.addr.trim_end_matches('/'))
+    }
+
+    fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<Value> {
+        match r {
+            Ok(resp) => Ok(resp.into_json().context("decoding the server's answer")?),
+            Err(ureq::Error::Status(code, resp)) => {
+                let body: Value = resp.into_json().unwrap_or(Value::Null);
+                let msg = body
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no details");
+                bail!("server answered {code}: {msg}")
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot reach the server at {}", self.addr)),
+        }
+    }
+
+    /// GET a path.
+    pub fn get(&self, path: &str) -> Result<Value> {
+        self.handle(
+            ureq::get(&self.url(path))
+                .set("Authorization", &format!("Bearer {}", self.token))
+                .call(),
+        )
+    }
+
+    /// POST a body.
+    pub fn post(&self, path: &str, content_type: &str, body: &str) -> Result<Value> {
+        self.handle(
+            ureq::post(&self.url(path))
+                .set("Authorization", &format!("Bearer {}", self.token))
+                .set("Content-Type", content_type)
+                .send_string(body),
+        )
+    }
+
+    fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
+        match self.output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
+            Output::Table => print!("{}", table(v)),
+        }
+        Ok(())
+    }
+}
+
+fn s(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        Some(Value::String(x)) => x.clone(),
+        Some(Value::Null) | None => "-".into(),
+        Some(x) => x.to_string(),
+    }
+}
+
+fn gpus(job: &Value) -> u64 {
+    let r = job
+        .pointer("/spec/replicas")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let g = job
+        .pointer("/spec/resources/gpus")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    r * g
+}
+
+/// `gangway submit FILE`.
+pub fn submit(c: &Conn, file: &std::path::Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let ct = if file.extension().is_some_and(|e| e == "json") {
+        "application/json"
+    } else {
+        "application/yaml"
+    };
+    let v = c.post("/v1/jobs", ct, &text)?;
+    c.print(&v, |v| format!("job {} submitted\n", s(v, "id")))
+}
+
+/// `gangway queue`.
+pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&str>) -> Result<()> {
+    let mut q = Vec::new();
+    if let Some(x) = queue {
+        q.push(format!("queue={x}"));
+    }
+    if let Some(x) = state {
+        q.push(format!("state={x}"));
+    }
+    if let Some(x) = user {
+        q.push(format!("user={x}"));
+    }
+    let path = if q.is_empty() {
+        "/v1/jobs".to_string()
+    } else {
+        format!("/v1/jobs?{}", q.join("&"))
+    };
+    let v = c.get(&path)?;
+    c.print(&v, |v| {
+        let mut out = format!(
+            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
+            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "REASON"
+        );
+        for j in v.as_array().into_iter().flatten() {
+            out += &format!(
+                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
+                s(j, "id"),
+                j.pointer("/spec/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-"),
+                j.pointer("/spec/queue")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-"),
+                s(j, "user"),
+                s(j, "state"),
+                gpus(j),
+                j.get("reason").and_then(Value::as_str).unwrap_or("")
+            );
+        }
+        out
+    })
+}
+
+/// `gangway describe ID` / `gangway why ID`.
+pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
+    let v = c.get(&format!("/v1/jobs/{id}"))?;
+    c.print(&v, |j| {
+        if why_only {
+            return match j.get("reason").and_then(Value::as_str) {
+                Some(r) => format!("job {id} ({}): {r}\n", s(j, "state")),
+                None => format!("job {id} is {}\n", s(j, "state")),
+            };
+        }
+        let mut out = format!(
+            "job {id}: {}\n  queue {}  user {}  state {}  gpus {}\n",
+            j.pointer("/spec/name")
+                .and_then(Value::as_str)
+                .unwrap_or("-"),
+            j.pointer("/spec/queue")
+                .and_then(Value::as_str)
+                .unwrap_or("-"),
+            s(j, "user"),
+            s(j, "state"),
+            gpus(j)
+        );
+        if let Some(r) = j.get("reason").and_then(Value::as_str) {
+            out += &format!("  waiting: {r}\n");
+        }
+        for p in j
+            .get("placement")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out += &format!(
+                "  rank group on {} GPUs {}\n",
+                s(p, "node"),
+                p.get("gpus").map_or("[]".into(), |g| g.to_string())
+            );
+        }
+        out += "  events:\n";
+        for e in j
+            .get("events")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            out += &format!(
+                "    {} {:<11} {}\n",
+                s(e, "at"),
+                s(e, "kind"),
+                s(e, "message")
+            );
+        }
+        out
+    })
+}
+
+/// `gangway cancel ID`.
+pub fn cancel(c: &Conn, id: u64) -> Result<()> {
+    let v = c.post(&format!("/v1/jobs/{id}/cancel"), "application/json", "")?;
+    c.print(&v, |_| format!("job {id} cancelled\n"))
+}
+
+/// `gangway nodes`.
+pub fn nodes(c: &Conn) -> Result<()> {
+    let v = c.get("/v1/nodes")?;
+    c.print(&v, |v| {
+        let mut out = format!(
+            "{:<16} {:<10} {:>5} {:>5} {:>9}  {}\n",
+            "NODE", "LEAF", "GPUS", "USED", "UNHEALTHY", "STATUS"
+        );
+        for n in v.as_array().into_iter().flatten() {
+            let g = n
+                .get("gpus")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let used = g
+                .iter()
+                .filter(|x| x.get("allocated") == Some(&Value::Bool(true)))
+                .count();
+            let bad = g
+                .iter()
+                .filter(|x| x.get("healthy") == Some(&Value::Bool(false)))
+                .count();
+            let status = if n.get("ready") == Some(&Value::Bool(false)) {
+                "NotReady"
+            } else if n.get("cordoned") == Some(&Value::Bool(true)) {
+                "Cordoned"
+            } else {
+                "Ready"
+            };
+            out += &format!(
+                "{:<16} {:<10} {:>5} {:>5} {:>9}  {status}\n",
+                s(n, "name"),
+                s(n, "leaf"),
+                g.len(),
+                used,
+                bad
+            );
+        }
+        out
+    })
+}
+
+/// `gangway queues`.
+pub fn queues(c: &Conn) -> Result<()> {
+    let v = c.get("/v1/queues")?;
+    c.print(&v, |v| {
+        let mut out = format!(
+            "{:<16} {:<12} {:>8} {:>8} {:>9}\n",
+            "QUEUE", "PARENT", "GPUS", "NOMINAL", "BORROW"
+        );
+        for q in v.as_array().into_iter().flatten() {
+            out += &format!(
+                "{:<16} {:<12} {:>8} {:>8} {:>9}\n",
+                s(q, "name"),
+                s(q, "parent"),
+                q.pointer("/usage/gpus")
+                    .map_or("0".into(), |x| x.to_string()),
+                q.pointer("/quota/nominal/gpus")
+                    .map_or("-".into(), |x| if x.is_null() {
+                        "-".into()
+                    } else {
+                        x.to_string()
+                    }),
+                q.pointer("/quota/borrowing_limit/gpus")
+                    .map_or("-".into(), |x| if x.is_null() {
+                        "-".into()
+                    } else {
+                        x.to_string()
+                    }),
+            );
+        }
+        out
+    })
+}
