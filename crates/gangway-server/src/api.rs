@@ -28,6 +28,57 @@ pub struct App {
     pub metrics: Metrics,
     /// Wakes the scheduler loop.
     pub wake: Notify,
+    /// Submissions waiting for the group-commit writer.
+    pub submissions: tokio::sync::mpsc::UnboundedSender<Submission>,
+    /// The writer's end, taken by [`crate::serve`].
+    pub submissions_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Submission>>>,
+}
+
+/// A submission handed to the group-commit writer.
+pub struct Submission {
+    /// Owner.
+    pub user: String,
+    /// Spec.
+    pub spec: JobSpec,
+    /// Where the answer goes.
+    pub reply: tokio::sync::oneshot::Sender<Result<JobId, ControlError>>,
+}
+
+/// Writes queued submissions in batches: one durable commit for everything
+/// that arrived while the previous commit was in flight.
+pub async fn group_commit(
+    app: std::sync::Weak<App>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Submission>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < 1024 {
+            match rx.try_recv() {
+                Ok(s) => batch.push(s),
+                Err(_) => break,
+            }
+        }
+        let Some(app) = app.upgrade() else { return };
+        let (inputs, replies): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .map(|s| ((s.user, s.spec), s.reply))
+            .unzip();
+        let app2 = app.clone();
+        let results = tokio::task::spawn_blocking(move || match app2.control.lock() {
+            Ok(mut c) => c.submit_batch(inputs, now()),
+            Err(_) => Vec::new(),
+        })
+        .await
+        .unwrap_or_default();
+        let mut results = results.into_iter();
+        for reply in replies {
+            let r = results
+                .next()
+                .unwrap_or_else(|| Err(ControlError::Conflict("state lock poisoned".into())));
+            let _ = reply.send(r);
+        }
+        app.wake.notify_one();
+    }
 }
 
 /// Seconds since the epoch.
@@ -186,8 +237,17 @@ async fn submit(
         spec.user = "admin".into();
     }
     let user = spec.user.clone();
-    let id = lock(&app)?.submit(&user, spec, now())?;
-    app.wake.notify_one();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    app.submissions
+        .send(Submission {
+            user,
+            spec,
+            reply: tx,
+        })
+        .map_err(|_| ApiError(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()))?;
+    let id = rx
+        .await
+        .map_err(|_| ApiError(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()))??;
     Ok((
         StatusCode::CREATED,
         Json(json!({ "id": id, "state": "pending" })),

@@ -168,43 +168,103 @@ impl<S: Store> Control<S> {
     /// Accepts a job: validated against the cluster, durably stored with a
     /// fresh id, then queued. Nothing changes when it is rejected.
     pub fn submit(&mut self, user: &str, spec: JobSpec, now: Time) -> Result<JobId, ControlError> {
-        self.cluster.validate(&spec)?;
+        self.submit_batch(vec![(user.to_string(), spec)], now)
+            .pop()
+            .unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ.into())))
+    }
+
+    /// Accepts several jobs in one durable store transaction (group commit):
+    /// each is validated on its own; the valid ones get consecutive ids.
+    pub fn submit_batch(
+        &mut self,
+        batch: Vec<(String, JobSpec)>,
+        now: Time,
+    ) -> Vec<Result<JobId, ControlError>> {
+        let mut results: Vec<Option<Result<JobId, ControlError>>> = Vec::with_capacity(batch.len());
+        let mut valid = Vec::new();
+        for (i, (_, spec)) in batch.iter().enumerate() {
+            match self.cluster.validate(spec) {
+                Ok(_) => {
+                    results.push(None);
+                    valid.push(i);
+                }
+                Err(e) => results.push(Some(Err(e.into()))),
+            }
+        }
+        if !valid.is_empty() {
+            match self.store_batch(&batch, &valid, now) {
+                Ok(recs) => {
+                    for (i, (rec, rev)) in valid.iter().zip(recs) {
+                        let id = rec.id;
+                        let r = self
+                            .cluster
+                            .submit(id, rec.spec.clone(), now)
+                            .map(|_| id)
+                            .map_err(ControlError::from);
+                        self.jobs.insert(id, (rec, rev));
+                        results[*i] = Some(r);
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    for i in &valid {
+                        results[*i] = Some(Err(ControlError::Conflict(msg.clone())));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ.into()))))
+            .collect()
+    }
+
+    fn store_batch(
+        &mut self,
+        batch: &[(String, JobSpec)],
+        valid: &[usize],
+        now: Time,
+    ) -> Result<Vec<(JobRecord, u64)>, ControlError> {
         loop {
             let seq = self.store.get(JOB_SEQ)?;
-            let (next, cmp) = match &seq {
+            let (last, cmp) = match &seq {
                 Some(kv) => {
                     let n: u64 = decode(&kv.key, &kv.value)?;
-                    (n + 1, Compare::Revision(JOB_SEQ.into(), kv.mod_revision))
+                    (n, Compare::Revision(JOB_SEQ.into(), kv.mod_revision))
                 }
-                None => (1, Compare::Absent(JOB_SEQ.into())),
+                None => (0, Compare::Absent(JOB_SEQ.into())),
             };
-            let id = JobId(next);
-            let rec = JobRecord {
-                id,
-                user: user.to_string(),
-                spec: spec.clone(),
-                state: JobState::Pending,
-                submitted_at: now,
-                placement: Vec::new(),
-                events: vec![JobEvent {
-                    at: now,
-                    kind: "submitted".into(),
-                    message: format!("submitted by {user} to queue {}", spec.queue),
-                }],
-            };
-            let r = self.store.txn(
-                &[cmp, Compare::Absent(job_key(id))],
-                &[
-                    Op::Put(JOB_SEQ.into(), encode(&next)),
-                    Op::Put(job_key(id), encode(&rec)),
-                ],
-            )?;
-            if !r.succeeded {
-                continue;
+            let mut compares = vec![cmp];
+            let mut ops = Vec::new();
+            let mut recs = Vec::new();
+            for (k, &i) in valid.iter().enumerate() {
+                let (user, spec) = &batch[i];
+                let id = JobId(last + 1 + k as u64);
+                let rec = JobRecord {
+                    id,
+                    user: user.clone(),
+                    spec: spec.clone(),
+                    state: JobState::Pending,
+                    submitted_at: now,
+                    placement: Vec::new(),
+                    events: vec![JobEvent {
+                        at: now,
+                        kind: "submitted".into(),
+                        message: format!("submitted by {user} to queue {}", spec.queue),
+                    }],
+                };
+                compares.push(Compare::Absent(job_key(id)));
+                ops.push(Op::Put(job_key(id), encode(&rec)));
+                recs.push(rec);
             }
-            self.cluster.submit(id, spec, now)?;
-            self.jobs.insert(id, (rec, r.revision));
-            return Ok(id);
+            ops.push(Op::Put(
+                JOB_SEQ.into(),
+                encode(&(last + valid.len() as u64)),
+            ));
+            let r = self.store.txn(&compares, &ops)?;
+            if r.succeeded {
+                return Ok(recs.into_iter().map(|rec| (rec, r.revision)).collect());
+            }
         }
     }
 
@@ -284,6 +344,10 @@ impl<S: Store> Control<S> {
             pending: d.pending.clone(),
             ..Decisions::default()
         };
+        // All of the cycle's decisions in one transaction: every record is
+        // compared on its revision, so a concurrent change (a cancel) voids
+        // the batch, which the next cycle recomputes.
+        let mut updates: Vec<JobRecord> = Vec::new();
         for b in &d.binds {
             let Some((rec, _)) = self.jobs.get(&b.job) else {
                 continue;
@@ -303,7 +367,7 @@ impl<S: Store> Control<S> {
                         .join(" ")
                 ),
             });
-            self.write(rec)?;
+            updates.push(rec);
             applied.binds.push(b.clone());
         }
         for p in &d.preemptions {
@@ -320,8 +384,30 @@ impl<S: Store> Control<S> {
                     p.by, p.reason, p.grace_seconds
                 ),
             });
-            self.write(rec)?;
+            updates.push(rec);
             applied.preemptions.push(p.clone());
+        }
+        if !updates.is_empty() {
+            let mut compares = Vec::new();
+            let mut ops = Vec::new();
+            for rec in &updates {
+                let rev = self
+                    .jobs
+                    .get(&rec.id)
+                    .map(|(_, r)| *r)
+                    .ok_or(ControlError::NoSuchJob(rec.id))?;
+                compares.push(Compare::Revision(job_key(rec.id), rev));
+                ops.push(Op::Put(job_key(rec.id), encode(rec)));
+            }
+            let r = self.store.txn(&compares, &ops)?;
+            if !r.succeeded {
+                return Err(ControlError::Conflict(
+                    "a job changed during the cycle".into(),
+                ));
+            }
+            for rec in updates {
+                self.jobs.insert(rec.id, (rec, r.revision));
+            }
         }
         applied.planned = d.planned.clone();
         applied.dropped_claims = d.dropped_claims.clone();

@@ -38,11 +38,14 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
     std::fs::create_dir_all(data_dir)?;
     let store = RedbStore::open(&data_dir.join("gangway.redb"))?;
     let control = Control::open(store, &cfg.queues)?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
         control: Mutex::new(control),
         cfg,
         metrics: metrics::Metrics::new(),
         wake: tokio::sync::Notify::new(),
+        submissions: tx,
+        submissions_rx: Mutex::new(Some(rx)),
     }))
 }
 
@@ -80,6 +83,10 @@ pub async fn scheduler_loop(app: Arc<App>) {
 /// Serves the API on `listener` and runs the scheduler loop until the process ends.
 pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener) -> Result<(), ServeError> {
     tokio::spawn(scheduler_loop(app.clone()));
+    let rx = app.submissions_rx.lock().ok().and_then(|mut g| g.take());
+    if let Some(rx) = rx {
+        tokio::spawn(api::group_commit(Arc::downgrade(&app), rx));
+    }
     axum::serve(listener, api::router(app)).await?;
     Ok(())
 }

@@ -18,6 +18,8 @@ use std::time::Instant;
 pub enum Which {
     /// The scheduling core on a synthetic cluster.
     Sched(SchedArgs),
+    /// The HTTP API: submissions per second and latency on loopback.
+    Api(crate::bench_api::ApiArgs),
 }
 
 /// Options of `bench sched`.
@@ -43,6 +45,7 @@ pub struct SchedArgs {
 pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Sched(a) => sched(&a),
+        Which::Api(a) => crate::bench_api::run(&a),
     }
 }
 

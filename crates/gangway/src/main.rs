@@ -1,6 +1,7 @@
 //! `gangway`: one binary for Gangway's subcommands.
 
 mod bench;
+mod bench_api;
 mod client;
 mod sim;
 

@@ -1,0 +1,115 @@
+//! `gangway bench api`: sustained job submissions per second with latency
+//! percentiles against a real server on loopback, and the time to list jobs
+//! with many stored.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Options of `bench api`.
+#[derive(Args, Clone)]
+pub struct ApiArgs {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Submissions per client.
+    #[arg(long, default_value_t = 250)]
+    per_client: usize,
+}
+
+const CONFIG: &str =
+    "admin_token: bench-admin-token\nagent_token: bench-agent-token\nqueues:\n  - name: bench\n";
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs the API benchmark.
+pub fn run(a: &ApiArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("gangway-bench-api-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = gangway_server::ServerConfig::from_yaml(CONFIG)?;
+    let app = gangway_server::open(cfg, &dir)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let base = format!("http://{}", listener.local_addr()?);
+    rt.spawn(async move {
+        let _ = gangway_server::serve(app, listener).await;
+    });
+    let node = serde_json::to_string(&gangway_core::NodeSpec::uniform(
+        "bench-node",
+        "l0",
+        "s0",
+        8,
+        "H100",
+        80,
+    ))?;
+    ureq::post(&format!("{base}/v1/nodes"))
+        .set("Authorization", "Bearer bench-agent-token")
+        .set("Content-Type", "application/json")
+        .send_string(&node)
+        .context("registering the node")?;
+    let lat = Arc::new(Mutex::new(Vec::with_capacity(a.clients * a.per_client)));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..a.clients)
+        .map(|c| {
+            let base = base.clone();
+            let lat = lat.clone();
+            let n = a.per_client;
+            std::thread::spawn(move || {
+                let agent = ureq::AgentBuilder::new().build();
+                let mut mine = Vec::with_capacity(n);
+                for i in 0..n {
+                    let body = format!(
+                        "name: b{c}-{i}\nqueue: bench\nreplicas: 1\nresources:\n  gpus: 1\n"
+                    );
+                    let t = Instant::now();
+                    let ok = agent
+                        .post(&format!("{base}/v1/jobs"))
+                        .set("Authorization", "Bearer bench-admin-token")
+                        .set("Content-Type", "application/yaml")
+                        .send_string(&body)
+                        .is_ok();
+                    if ok {
+                        mine.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                if let Ok(mut l) = lat.lock() {
+                    l.extend(mine);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mut l = lat.lock().map(|l| l.clone()).unwrap_or_default();
+    l.sort_by(f64::total_cmp);
+    println!(
+        "# gangway bench api: {} clients on loopback, durable (fsync) submissions",
+        a.clients
+    );
+    println!("submissions: {} jobs", l.len());
+    println!("submissions_per_sec: {:.1} jobs/s", l.len() as f64 / secs);
+    println!("submit_latency_p50: {:.2} ms", pct(&l, 0.5));
+    println!("submit_latency_p99: {:.2} ms", pct(&l, 0.99));
+    let t = Instant::now();
+    let list = ureq::get(&format!("{base}/v1/jobs"))
+        .set("Authorization", "Bearer bench-admin-token")
+        .call()?
+        .into_string()?;
+    println!(
+        "list_jobs_latency: {:.2} ms for {} jobs ({} KiB)",
+        t.elapsed().as_secs_f64() * 1e3,
+        l.len(),
+        list.len() / 1024
+    );
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
