@@ -260,6 +260,10 @@ pub struct JobFilter {
     queue: Option<String>,
     state: Option<String>,
     user: Option<String>,
+    /// Skip this many matching jobs.
+    offset: Option<usize>,
+    /// Return at most this many.
+    limit: Option<usize>,
 }
 
 async fn list_jobs(
@@ -285,6 +289,8 @@ async fn list_jobs(
         .filter(|r| f.queue.as_ref().is_none_or(|q| &r.spec.queue == q))
         .filter(|r| f.user.as_ref().is_none_or(|u| &r.user == u))
         .filter(|r| state.is_none_or(|s| r.state == s))
+        .skip(f.offset.unwrap_or(0))
+        .take(f.limit.unwrap_or(usize::MAX))
         .map(|r| view(&c, r))
         .collect();
     Ok(Json(out))
@@ -423,6 +429,33 @@ async fn cordon(
     Ok(Json(json!({ "node": name, "cordoned": on })))
 }
 
+/// Range of the usage report (seconds since the epoch).
+#[derive(Deserialize)]
+pub struct UsageRange {
+    from: Option<u64>,
+    to: Option<u64>,
+}
+
+async fn usage(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(r): Query<UsageRange>,
+) -> ApiResult<Json<serde_json::Value>> {
+    auth(&app, &headers)?;
+    let t = now();
+    let (from, to) = (r.from.unwrap_or(0), r.to.unwrap_or(t));
+    if from > to {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "from: must not be after to".into(),
+        ));
+    }
+    let (q, u) = lock(&app)?.usage(from, to, t);
+    Ok(Json(
+        json!({ "from": from, "to": to, "gpu_hours_by_queue": q, "gpu_hours_by_user": u }),
+    ))
+}
+
 async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
     let c = lock(&app)?;
     let text = app.metrics.render(&c);
@@ -474,6 +507,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/queues", get(queues))
+        .route("/v1/usage", get(usage))
         .route("/v1/nodes", get(nodes).post(register_node))
         .route("/v1/nodes/{name}/{action}", post(cordon))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))

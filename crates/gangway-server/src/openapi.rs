@@ -26,11 +26,12 @@ pub fn document() -> Value {
         "paths": {
             "/v1/jobs": {
                 "post": op("Submit a job (YAML or JSON job spec)", "201"),
-                "get": op("List jobs; filter with ?queue=, ?state=, ?user=", "200")
+                "get": op("List jobs; filter with ?queue=, ?state=, ?user=; page with ?offset=&limit=", "200")
             },
             "/v1/jobs/{id}": { "get": op("A job with its events and why it waits", "200") },
             "/v1/jobs/{id}/cancel": { "post": op("Cancel a job (owner or admin)", "200") },
             "/v1/queues": { "get": op("Queues with quota and usage", "200") },
+            "/v1/usage": { "get": op("GPU-hours per queue and user over ?from=&to= (epoch seconds)", "200") },
             "/v1/nodes": {
                 "get": op("Nodes and their GPUs", "200"),
                 "post": op("Register a node (agent or admin token)", "201")

@@ -177,6 +177,17 @@ fn submit_schedule_explain_and_cancel() {
         .find(|q| q["name"] == "research")
         .expect("research");
     assert_eq!(research["usage"]["gpus"], 8);
+    let (code, u) = s.get("/v1/usage", "bob-token");
+    assert_eq!(code, 200);
+    assert!(
+        u["gpu_hours_by_queue"]["research"]
+            .as_f64()
+            .is_some_and(|h| h >= 0.0),
+        "{u}"
+    );
+    assert_eq!(s.get("/v1/usage?from=10&to=5", "bob-token").0, 400);
+    let (_, page) = s.get("/v1/jobs?offset=1&limit=1", "bob-token");
+    assert_eq!(page.as_array().expect("page").len(), 1);
     let (_, ns) = s.get("/v1/nodes", "bob-token");
     let used: usize = ns
         .as_array()

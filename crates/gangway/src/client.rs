@@ -298,3 +298,26 @@ pub fn queues(c: &Conn) -> Result<()> {
         out
     })
 }
+
+/// `gangway usage`.
+pub fn usage(c: &Conn, from: Option<u64>, to: Option<u64>) -> Result<()> {
+    let mut q = Vec::new();
+    if let Some(f) = from {
+        q.push(format!("from={f}"));
+    }
+    if let Some(t) = to {
+        q.push(format!("to={t}"));
+    }
+    let v = c.get(&format!("/v1/usage?{}", q.join("&")))?;
+    c.print(&v, |v| {
+        let mut out = String::from("GPU-hours by queue:\n");
+        for (k, h) in v["gpu_hours_by_queue"].as_object().into_iter().flatten() {
+            out += &format!("  {k:<16} {:>10.2}\n", h.as_f64().unwrap_or(0.0));
+        }
+        out += "GPU-hours by user:\n";
+        for (k, h) in v["gpu_hours_by_user"].as_object().into_iter().flatten() {
+            out += &format!("  {k:<16} {:>10.2}\n", h.as_f64().unwrap_or(0.0));
+        }
+        out
+    })
+}

@@ -69,6 +69,15 @@ enum Command {
     Nodes,
     /// Lists queues with usage and quota.
     Queues,
+    /// GPU-hours per queue and user over a time range.
+    Usage {
+        /// Start, seconds since the epoch.
+        #[arg(long)]
+        from: Option<u64>,
+        /// End, seconds since the epoch.
+        #[arg(long)]
+        to: Option<u64>,
+    },
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
     /// Benchmarks that print figures (`metric: value unit`).
@@ -115,6 +124,7 @@ fn main() -> Result<()> {
         Command::Cancel { id } => client::cancel(c, id),
         Command::Nodes => client::nodes(c),
         Command::Queues => client::queues(c),
+        Command::Usage { from, to } => client::usage(c, from, to),
         Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
     }
