@@ -199,7 +199,7 @@ fn view(c: &Control<RedbStore>, rec: &JobRecord) -> JobView {
     let why = c.why.get(&rec.id);
     JobView {
         record: rec.clone(),
-        reason: why.map(|w| w.reason.clone()),
+        reason: why.map(|w| w.render(&c.cluster, c.why_at)),
         estimated_start: why.and_then(|w| w.estimated_start),
     }
 }

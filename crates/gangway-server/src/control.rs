@@ -42,15 +42,6 @@ pub enum ControlError {
     Conflict(String),
 }
 
-/// A pending job's explanation as last computed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Why {
-    /// The sentence.
-    pub reason: String,
-    /// Estimated start.
-    pub estimated_start: Option<Time>,
-}
-
 /// Everything the server keeps in memory.
 pub struct Control<S: Store> {
     store: S,
@@ -59,10 +50,12 @@ pub struct Control<S: Store> {
     /// Job records with their store revisions.
     pub jobs: BTreeMap<JobId, (JobRecord, u64)>,
     /// Last explanation per pending job.
-    pub why: HashMap<JobId, Why>,
+    pub why: HashMap<JobId, gangway_sched::Explanation>,
+    /// When they were computed.
+    pub why_at: Time,
     /// Scheduler knobs.
     pub sched: SchedulerConfig,
-    /// Decisions of the last cycle (for metrics).
+    /// Figures of the last cycle.
     pub last_decisions: Decisions,
 }
 
@@ -100,6 +93,7 @@ impl<S: Store> Control<S> {
             cluster,
             jobs,
             why: HashMap::new(),
+            why_at: 0,
             sched: SchedulerConfig::default(),
             last_decisions: Decisions::default(),
         };
@@ -453,17 +447,13 @@ impl<S: Store> Control<S> {
         applied.dropped_claims = d.dropped_claims.clone();
         apply(&mut self.cluster, &applied, now)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        // Explanations are kept structured and rendered when someone asks.
         self.why.clear();
         for e in &d.pending {
-            self.why.insert(
-                e.job,
-                Why {
-                    reason: e.render(&self.cluster, now),
-                    estimated_start: e.estimated_start,
-                },
-            );
+            self.why.insert(e.job, e.clone());
         }
-        self.last_decisions = d.clone();
+        self.why_at = now;
+        self.last_decisions.stats = d.stats.clone();
         Ok(d)
     }
 }

@@ -16,6 +16,9 @@ pub struct ApiArgs {
     /// Submissions per client.
     #[arg(long, default_value_t = 250)]
     per_client: usize,
+    /// Jobs stored before measuring the listing time.
+    #[arg(long, default_value_t = 100_000)]
+    stored: usize,
 }
 
 const CONFIG: &str =
@@ -34,6 +37,7 @@ pub fn run(a: &ApiArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     let cfg = gangway_server::ServerConfig::from_yaml(CONFIG)?;
     let app = gangway_server::open(cfg, &dir)?;
+    let app_ref = app.clone();
     let rt = tokio::runtime::Runtime::new()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -98,16 +102,54 @@ pub fn run(a: &ApiArgs) -> Result<()> {
     println!("submissions_per_sec: {:.1} jobs/s", l.len() as f64 / secs);
     println!("submit_latency_p50: {:.2} ms", pct(&l, 0.5));
     println!("submit_latency_p99: {:.2} ms", pct(&l, 0.99));
-    let t = Instant::now();
-    let list = ureq::get(&format!("{base}/v1/jobs"))
-        .set("Authorization", "Bearer bench-admin-token")
-        .call()?
-        .into_string()?;
+    // Fill the store up to `stored` jobs (in batches, as group commit would).
+    let have = l.len();
+    {
+        let mut c = app_ref
+            .control
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
+        let mut left = a.stored.saturating_sub(have);
+        while left > 0 {
+            let k = left.min(1000);
+            let batch = (0..k)
+                .map(|i| {
+                    let mut spec =
+                        gangway_core::JobSpec::new(&format!("fill-{left}-{i}"), "bench", 1, 1);
+                    spec.user = "admin".into();
+                    ("admin".to_string(), spec)
+                })
+                .collect();
+            c.submit_batch(batch, 0);
+            left -= k;
+        }
+    }
+    let total = a.stored.max(have);
+    let get = |path: &str| -> Result<(f64, usize)> {
+        let t = Instant::now();
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(
+            &mut ureq::get(&format!("{base}{path}"))
+                .set("Authorization", "Bearer bench-admin-token")
+                .call()?
+                .into_reader(),
+            &mut body,
+        )?;
+        Ok((t.elapsed().as_secs_f64() * 1e3, body.len()))
+    };
+    let mut pages = Vec::new();
+    for _ in 0..9 {
+        pages.push(get("/v1/jobs?limit=100")?.0);
+    }
+    pages.sort_by(f64::total_cmp);
     println!(
-        "list_jobs_latency: {:.2} ms for {} jobs ({} KiB)",
-        t.elapsed().as_secs_f64() * 1e3,
-        l.len(),
-        list.len() / 1024
+        "list_jobs_page_latency_p50: {:.2} ms (100 of {total} jobs)",
+        pct(&pages, 0.5)
+    );
+    let (ms, bytes) = get("/v1/jobs")?;
+    println!(
+        "list_jobs_all_latency: {ms:.2} ms ({total} jobs, {} KiB)",
+        bytes / 1024
     );
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
