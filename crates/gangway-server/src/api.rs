@@ -131,7 +131,10 @@ impl From<ControlError> for ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             ControlError::NoSuchJob(_) | ControlError::NoSuchNode(_) => StatusCode::NOT_FOUND,
-            ControlError::Finished(..) | ControlError::Conflict(_) => StatusCode::CONFLICT,
+            ControlError::Finished(..)
+            | ControlError::Conflict(_)
+            | ControlError::BadReport(..) => StatusCode::CONFLICT,
+            ControlError::NotOnNode(..) => StatusCode::FORBIDDEN,
             ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -400,9 +403,68 @@ async fn register_node(
     let spec: NodeSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("node: {e}")))?;
     let name = spec.name.clone();
-    lock(&app)?.register_node(spec)?;
+    let token = lock(&app)?.register_node(spec)?;
     app.wake.notify_one();
-    Ok((StatusCode::CREATED, Json(json!({ "node": name }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "node": name, "node_token": token })),
+    ))
+}
+
+/// An agent's report.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportBody {
+    job: u64,
+    /// `running` or `exited`.
+    state: String,
+    #[serde(default)]
+    exit_code: Option<i32>,
+}
+
+async fn agent_report(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    Json(r): Json<ReportBody>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+    let mut c = lock(&app)?;
+    let own = c.node_tokens.get(&node).is_some_and(|t| t == token);
+    if !own && token != app.cfg.admin_token {
+        let known = token == app.cfg.agent_token
+            || c.node_tokens.values().any(|t| t == token)
+            || app.cfg.users.iter().any(|u| u.token == token);
+        return Err(if known {
+            forbidden(format!("this token may not report for node {node}"))
+        } else {
+            ApiError(StatusCode::UNAUTHORIZED, "unknown token".into())
+        });
+    }
+    let report = match (r.state.as_str(), r.exit_code) {
+        ("running", _) => crate::control::Report::Running,
+        ("exited", Some(code)) => crate::control::Report::Exited(code),
+        ("exited", None) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "exit_code: required when state is exited".into(),
+            ))
+        }
+        (other, _) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("state: expected running or exited, got {other:?}"),
+            ))
+        }
+    };
+    let state = c.report(&node, JobId(r.job), report, now())?;
+    drop(c);
+    app.wake.notify_one();
+    Ok(Json(json!({ "job": r.job, "state": state })))
 }
 
 async fn cordon(
@@ -510,6 +572,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/usage", get(usage))
         .route("/v1/nodes", get(nodes).post(register_node))
         .route("/v1/nodes/{name}/{action}", post(cordon))
+        .route("/v1/agent/{name}/report", post(agent_report))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .with_state(app)
 }

@@ -34,6 +34,12 @@ pub enum ControlError {
     /// Wrong state for the operation.
     #[error("job {0} is already {1:?}")]
     Finished(JobId, JobState),
+    /// A node reported about a job that is not placed on it.
+    #[error("job {1} does not run on node {0:?}")]
+    NotOnNode(String, JobId),
+    /// A report that does not fit the job's state.
+    #[error("job {0} is {1:?}; cannot report {2}")]
+    BadReport(JobId, JobState, &'static str),
     /// A stored record could not be decoded.
     #[error("stored record {0} is corrupt: {1}")]
     Corrupt(String, String),
@@ -57,6 +63,37 @@ pub struct Control<S: Store> {
     pub sched: SchedulerConfig,
     /// Figures of the last cycle.
     pub last_decisions: Decisions,
+    /// Per-node tokens handed out at registration.
+    pub node_tokens: HashMap<String, String>,
+}
+
+/// What an agent reports about a job on its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// All its ranks on this node started.
+    Running,
+    /// Its ranks on this node exited with this code.
+    Exited(i32),
+}
+
+fn fresh_token() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
+    if !ok {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = (t ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Store key of a node's token.
+fn token_key(name: &str) -> String {
+    format!("/node_tokens/{name}")
 }
 
 fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ControlError> {
@@ -83,6 +120,11 @@ impl<S: Store> Control<S> {
                 .add_node(spec)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
+        let mut node_tokens = HashMap::new();
+        for kv in store.range("/node_tokens/")? {
+            let t: String = decode(&kv.key, &kv.value)?;
+            node_tokens.insert(kv.key["/node_tokens/".len()..].to_string(), t);
+        }
         let mut jobs = BTreeMap::new();
         for kv in store.range("/jobs/")? {
             let rec: JobRecord = decode(&kv.key, &kv.value)?;
@@ -96,6 +138,7 @@ impl<S: Store> Control<S> {
             why_at: 0,
             sched: SchedulerConfig::default(),
             last_decisions: Decisions::default(),
+            node_tokens,
         };
         c.rebuild()?;
         Ok(c)
@@ -340,18 +383,91 @@ impl<S: Store> Control<S> {
         (by_queue, by_user)
     }
 
-    /// Registers (or re-registers) a node.
-    pub fn register_node(&mut self, spec: NodeSpec) -> Result<(), ControlError> {
+    /// Registers a node and returns its own token, which its agent uses for
+    /// every report; registering again returns the same token.
+    pub fn register_node(&mut self, spec: NodeSpec) -> Result<String, ControlError> {
         if self.cluster.node_index(&spec.name).is_some() {
-            return Ok(());
+            if let Some(t) = self.node_tokens.get(&spec.name) {
+                return Ok(t.clone());
+            }
         }
         let mut probe = self.cluster.clone();
-        probe
-            .add_node(spec.clone())
-            .map_err(|e| ControlError::BadNode(e.to_string()))?;
-        self.store.put(&node_key(&spec.name), &encode(&spec))?;
+        if probe.node_index(&spec.name).is_none() {
+            probe
+                .add_node(spec.clone())
+                .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        }
+        let token = fresh_token();
+        self.store.txn(
+            &[],
+            &[
+                Op::Put(node_key(&spec.name), encode(&spec)),
+                Op::Put(token_key(&spec.name), encode(&token)),
+            ],
+        )?;
         self.cluster = probe;
-        Ok(())
+        self.node_tokens.insert(spec.name.clone(), token.clone());
+        Ok(token)
+    }
+
+    /// Applies an agent's report about a job on its node: Scheduled → Running;
+    /// on exit, a preempted job is requeued (it resumes from its checkpoint),
+    /// otherwise it succeeded (code 0) or failed.
+    pub fn report(
+        &mut self,
+        node: &str,
+        id: JobId,
+        report: Report,
+        now: Time,
+    ) -> Result<JobState, ControlError> {
+        let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        if !rec.placement.iter().any(|r| r.node == node) {
+            return Err(ControlError::NotOnNode(node.to_string(), id));
+        }
+        let mut rec = rec.clone();
+        let event = |kind: &str, message: String| JobEvent {
+            at: now,
+            kind: kind.into(),
+            message,
+        };
+        match (report, rec.state) {
+            (Report::Running, JobState::Scheduled) => {
+                rec.state = JobState::Running;
+                rec.events
+                    .push(event("running", format!("ranks started on {node}")));
+                self.write(rec)?;
+            }
+            (Report::Running, JobState::Running | JobState::Preempting) => return Ok(rec.state),
+            (Report::Exited(code), JobState::Preempting) => {
+                rec.state = JobState::Pending;
+                rec.placement.clear();
+                rec.events.push(event(
+                    "requeued",
+                    format!("checkpointed and stopped on {node} (exit code {code}); will resume from its checkpoint"),
+                ));
+                self.write(rec)?;
+                let _ = self.cluster.requeue(id);
+            }
+            (Report::Exited(code), JobState::Running | JobState::Scheduled) => {
+                rec.state = if code == 0 {
+                    JobState::Succeeded
+                } else {
+                    JobState::Failed
+                };
+                rec.events.push(event(
+                    if code == 0 { "finished" } else { "failed" },
+                    format!("exited with code {code} on {node}"),
+                ));
+                self.write(rec)?;
+                let _ = self.cluster.finish(id);
+            }
+            (Report::Running, s) => return Err(ControlError::BadReport(id, s, "running")),
+            (Report::Exited(_), s) => return Err(ControlError::BadReport(id, s, "an exit")),
+        }
+        Ok(self
+            .jobs
+            .get(&id)
+            .map_or(JobState::Pending, |(r, _)| r.state))
     }
 
     /// Cordons or uncordons a node, durably.

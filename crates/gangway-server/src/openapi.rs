@@ -36,6 +36,7 @@ pub fn document() -> Value {
                 "get": op("Nodes and their GPUs", "200"),
                 "post": op("Register a node (agent or admin token)", "201")
             },
+            "/v1/agent/{name}/report": { "post": op("An agent reports a job on its node: running, or exited with a code (node token)", "200") },
             "/v1/nodes/{name}/{action}": { "post": op("cordon, drain or uncordon a node (admin)", "200") },
             "/metrics": { "get": { "summary": "Prometheus metrics", "responses": { "200": { "description": "text" } } } },
             "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } }

@@ -409,3 +409,144 @@ fn metrics_and_openapi_are_served() {
         .expect("json");
     assert!(doc["paths"]["/v1/jobs"]["post"].is_object());
 }
+
+#[test]
+fn agents_report_only_for_their_own_node_and_drive_the_lifecycle() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let token_a = s.register("node-a", 8).1["node_token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let token_b = s.register("node-b", 8).1["node_token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    assert_ne!(token_a, token_b);
+    assert_eq!(
+        s.register("node-a", 8).1["node_token"],
+        token_a.as_str(),
+        "re-registering keeps the token"
+    );
+    let id = s.submit("alice-token", &job("run", "research", 1, 8)).1["id"]
+        .as_u64()
+        .expect("id");
+    let v = s.wait_job(id, |j| j["state"] == "scheduled");
+    let node = v["placement"][0]["node"]
+        .as_str()
+        .expect("node")
+        .to_string();
+    let (mine, other) = if node == "node-a" {
+        (&token_a, &token_b)
+    } else {
+        (&token_b, &token_a)
+    };
+    let other_node = if node == "node-a" { "node-b" } else { "node-a" };
+    let report = |n: &str, t: &str, body: &str| {
+        s.post(
+            &format!("/v1/agent/{n}/report"),
+            t,
+            "application/json",
+            body,
+        )
+    };
+    let running = format!("{{\"job\":{id},\"state\":\"running\"}}");
+    assert_eq!(
+        report(&node, other, &running).0,
+        403,
+        "another node's token"
+    );
+    assert_eq!(
+        report(&node, "agent-secret", &running).0,
+        403,
+        "the shared join token"
+    );
+    assert_eq!(report(&node, "nope", &running).0, 401);
+    assert_eq!(
+        report(other_node, other, &running).0,
+        403,
+        "the job is not on that node"
+    );
+    assert_eq!(
+        report(&node, mine, "{\"job\":1,\"state\":\"flying\"}").0,
+        400
+    );
+    let (code, v) = report(&node, mine, &running);
+    assert_eq!((code, v["state"].as_str()), (200, Some("running")));
+    let (code, v) = report(
+        &node,
+        mine,
+        &format!("{{\"job\":{id},\"state\":\"exited\",\"exit_code\":0}}"),
+    );
+    assert_eq!((code, v["state"].as_str()), (200, Some("succeeded")));
+    let v = s.get(&format!("/v1/jobs/{id}"), "alice-token").1;
+    let kinds: Vec<&str> = v["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, vec!["submitted", "scheduled", "running", "finished"]);
+    let (code, _) = report(
+        &node,
+        mine,
+        &format!("{{\"job\":{id},\"state\":\"exited\",\"exit_code\":0}}"),
+    );
+    assert_eq!(code, 409, "a finished job cannot exit twice");
+}
+
+#[test]
+fn a_preempted_job_is_requeued_when_its_agent_reports_the_exit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let token = s.register("node-a", 8).1["node_token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let low = s
+        .submit(
+            "alice-token",
+            "name: exp\nqueue: research\nreplicas: 1\npriority: low\nresources:\n  gpus: 8\n",
+        )
+        .1["id"]
+        .as_u64()
+        .expect("id");
+    s.wait_job(low, |j| j["state"] == "scheduled");
+    let report =
+        |body: String| s.post("/v1/agent/node-a/report", &token, "application/json", &body);
+    assert_eq!(
+        report(format!("{{\"job\":{low},\"state\":\"running\"}}")).0,
+        200
+    );
+    let prod = s
+        .submit("alice-token", "name: retrain\nqueue: research\nreplicas: 1\npriority: production\nresources:\n  gpus: 8\n")
+        .1["id"]
+        .as_u64()
+        .expect("id");
+    let v = s.wait_job(low, |j| j["state"] == "preempting");
+    let last = v["events"]
+        .as_array()
+        .expect("events")
+        .last()
+        .expect("event")
+        .clone();
+    assert!(
+        last["message"]
+            .as_str()
+            .expect("msg")
+            .contains(&format!("preempted by job {prod}")),
+        "{last}"
+    );
+    // The agent delivered SIGTERM; the job checkpointed and exited.
+    let (code, v) = report(format!(
+        "{{\"job\":{low},\"state\":\"exited\",\"exit_code\":143}}"
+    ));
+    assert_eq!((code, v["state"].as_str()), (200, Some("pending")));
+    s.wait_job(prod, |j| j["state"] == "scheduled");
+    let v = s.wait_job(low, |j| j["reason"].is_string());
+    assert!(v["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .any(|e| e["kind"] == "requeued"));
+}
