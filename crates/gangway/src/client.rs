@@ -17,31 +17,66 @@ pub enum Output {
 /// Where the server is and who we are.
 #[derive(Args, Clone, Debug)]
 pub struct Conn {
-    /// Server address.
-    #[arg(
-        long,
-        global = true,
-        env = "GANGWAY_ADDR",
-        default_value = "http://127.0.0.1:7070"
-    )]
-    pub addr: String,
-    /// Bearer token.
-    #[arg(
-        long,
-        global = true,
-        env = "GANGWAY_TOKEN",
-        default_value = "",
-        hide_env_values = true
-    )]
-    pub token: String,
+    /// Server address (flag, then $GANGWAY_ADDR, then the config file, then http://127.0.0.1:7070).
+    #[arg(long, global = true, env = "GANGWAY_ADDR")]
+    pub addr: Option<String>,
+    /// Bearer token (flag, then $GANGWAY_TOKEN, then the config file).
+    #[arg(long, global = true, env = "GANGWAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// CLI config file with `addr:` and `token:` (default: $GANGWAY_CONFIG or ~/.config/gangway/cli.yaml).
+    #[arg(long, global = true)]
+    pub cli_config: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
 
+/// The CLI's config file.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CliFile {
+    addr: Option<String>,
+    token: Option<String>,
+}
+
 impl Conn {
+    /// Fills address and token from the config file where flags and env left them unset.
+    pub fn resolve(mut self) -> Result<Self> {
+        let path = self
+            .cli_config
+            .clone()
+            .or_else(|| std::env::var_os("GANGWAY_CONFIG").map(Into::into))
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|h| std::path::Path::new(&h).join(".config/gangway/cli.yaml"))
+            });
+        let file = match &path {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                serde_yaml::from_str::<CliFile>(&text)
+                    .with_context(|| format!("parsing {}", p.display()))?
+            }
+            _ => CliFile::default(),
+        };
+        self.addr = self
+            .addr
+            .or(file.addr)
+            .or_else(|| Some("http://127.0.0.1:7070".into()));
+        self.token = self.token.or(file.token).or_else(|| Some(String::new()));
+        Ok(self)
+    }
+
+    fn addr(&self) -> &str {
+        self.addr.as_deref().unwrap_or("http://127.0.0.1:7070")
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.token.as_deref().unwrap_or(""))
+    }
+
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.addr.trim_end_matches('/'))
+        format!("{}{path}", self.addr().trim_end_matches('/'))
     }
 
     fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<Value> {
@@ -55,7 +90,7 @@ impl Conn {
                     .unwrap_or("no details");
                 bail!("server answered {code}: {msg}")
             }
-            Err(e) => Err(e).with_context(|| format!("cannot reach the server at {}", self.addr)),
+            Err(e) => Err(e).with_context(|| format!("cannot reach the server at {}", self.addr())),
         }
     }
 
@@ -63,7 +98,7 @@ impl Conn {
     pub fn get(&self, path: &str) -> Result<Value> {
         self.handle(
             ureq::get(&self.url(path))
-                .set("Authorization", &format!("Bearer {}", self.token))
+                .set("Authorization", &self.bearer())
                 .call(),
         )
     }
@@ -72,7 +107,7 @@ impl Conn {
     pub fn post(&self, path: &str, content_type: &str, body: &str) -> Result<Value> {
         self.handle(
             ureq::post(&self.url(path))
-                .set("Authorization", &format!("Bearer {}", self.token))
+                .set("Authorization", &self.bearer())
                 .set("Content-Type", content_type)
                 .send_string(body),
         )

@@ -108,7 +108,8 @@ fn server(config: &std::path::Path, data_dir: &std::path::Path, listen: &str) ->
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let c = &cli.conn;
+    let conn = cli.conn.clone().resolve()?;
+    let c = &conn;
     match cli.command {
         Command::Server {
             config,

@@ -171,6 +171,22 @@ fn cli_submits_lists_explains_and_cancels() {
     );
     let out = cli(&s.addr, "wrong", &["queue"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+    // Address and token from a config file when neither flag nor env gives them.
+    let conf = dir.path().join("cli.yaml");
+    std::fs::write(&conf, format!("addr: {}\ntoken: alice-token\n", s.addr)).expect("cli config");
+    let out = Command::new(BIN)
+        .args(["queues", "--cli-config"])
+        .arg(&conf)
+        .env_remove("GANGWAY_ADDR")
+        .env_remove("GANGWAY_TOKEN")
+        .output()
+        .expect("cli");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && text.contains("research"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
