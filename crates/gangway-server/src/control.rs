@@ -150,7 +150,7 @@ impl<S: Store> Control<S> {
             .jobs
             .values()
             .map(|(r, _)| r.clone())
-            .filter(|r| !r.state.is_terminal())
+            .filter(|r| !r.state.is_terminal() && r.state != JobState::Restarting)
             .collect();
         for r in live {
             // A queue or node may have gone since: such jobs stay recorded but unschedulable.
@@ -289,6 +289,8 @@ impl<S: Store> Control<S> {
                         kind: "submitted".into(),
                         message: format!("submitted by {user} to queue {}", spec.queue),
                     }],
+                    restarts: 0,
+                    restart_at: None,
                 };
                 compares.push(Compare::Absent(job_key(id)));
                 ops.push(Op::Put(job_key(id), encode(&rec)));
@@ -362,7 +364,7 @@ impl<S: Store> Control<S> {
                     "scheduled" | "running" => {
                         start.get_or_insert(e.at);
                     }
-                    "cancelled" | "finished" | "failed" | "requeued" => {
+                    "cancelled" | "finished" | "failed" | "requeued" | "restarting" => {
                         if let Some(s) = start.take() {
                             secs += e.at.min(to).saturating_sub(s.max(from));
                         }
@@ -448,15 +450,46 @@ impl<S: Store> Control<S> {
                 self.write(rec)?;
                 let _ = self.cluster.requeue(id);
             }
+            (Report::Exited(code), JobState::Running | JobState::Scheduled)
+                if code != 0 && rec.restarts < rec.spec.restart.max_restarts =>
+            {
+                // The whole gang stops and restarts from its checkpoint after a backoff.
+                let backoff = rec
+                    .spec
+                    .restart
+                    .backoff_seconds
+                    .saturating_mul(1 << rec.restarts.min(20));
+                rec.restarts += 1;
+                rec.state = JobState::Restarting;
+                rec.restart_at = Some(now + backoff);
+                rec.placement.clear();
+                rec.events.push(event(
+                    "restarting",
+                    format!(
+                        "exited with code {code} on {node}; restart {} of {} in {backoff}s",
+                        rec.restarts, rec.spec.restart.max_restarts
+                    ),
+                ));
+                self.write(rec)?;
+                let _ = self.cluster.cancel(id);
+            }
             (Report::Exited(code), JobState::Running | JobState::Scheduled) => {
                 rec.state = if code == 0 {
                     JobState::Succeeded
                 } else {
                     JobState::Failed
                 };
+                let message = if code == 0 || rec.restarts == 0 {
+                    format!("exited with code {code} on {node}")
+                } else {
+                    format!(
+                        "exited with code {code} on {node} after {} restarts",
+                        rec.restarts
+                    )
+                };
                 rec.events.push(event(
                     if code == 0 { "finished" } else { "failed" },
-                    format!("exited with code {code} on {node}"),
+                    message,
                 ));
                 self.write(rec)?;
                 let _ = self.cluster.finish(id);
@@ -485,8 +518,36 @@ impl<S: Store> Control<S> {
         Ok(())
     }
 
+    /// Restarting jobs whose backoff has passed go back in line (keeping their place).
+    fn resume_restarts(&mut self, now: Time) -> Result<(), ControlError> {
+        let due: Vec<JobRecord> = self
+            .jobs
+            .values()
+            .map(|(r, _)| r)
+            .filter(|r| r.state == JobState::Restarting && r.restart_at.is_some_and(|t| t <= now))
+            .cloned()
+            .collect();
+        for mut rec in due {
+            rec.state = JobState::Pending;
+            rec.restart_at = None;
+            rec.events.push(JobEvent {
+                at: now,
+                kind: "requeued".into(),
+                message: format!(
+                    "back in line after restart backoff (restart {})",
+                    rec.restarts
+                ),
+            });
+            let (id, spec, at) = (rec.id, rec.spec.clone(), rec.submitted_at);
+            self.write(rec)?;
+            let _ = self.cluster.submit(id, spec, at);
+        }
+        Ok(())
+    }
+
     /// One scheduling cycle: decisions are written to the store first, then applied.
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        self.resume_restarts(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
         let mut applied = Decisions {
             stats: d.stats.clone(),
@@ -605,6 +666,8 @@ mod tests {
                 ev(100, "scheduled"),
                 ev(3700, "cancelled"),
             ],
+            restarts: 0,
+            restart_at: None,
         };
         c.jobs.insert(JobId(1), (rec, 1));
         let (q, u) = c.usage(0, 10_000, 20_000);

@@ -42,6 +42,12 @@ pub struct JobRecord {
     /// History.
     #[serde(default)]
     pub events: Vec<JobEvent>,
+    /// Restarts after failures so far.
+    #[serde(default)]
+    pub restarts: u32,
+    /// While restarting: when it may be scheduled again (exponential backoff).
+    #[serde(default)]
+    pub restart_at: Option<Time>,
 }
 
 /// Store key of a job.

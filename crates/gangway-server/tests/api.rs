@@ -550,3 +550,48 @@ fn a_preempted_job_is_requeued_when_its_agent_reports_the_exit() {
         .iter()
         .any(|e| e["kind"] == "requeued"));
 }
+
+#[test]
+fn a_failed_gang_restarts_with_backoff_then_fails_for_good() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let token = s.register("node-a", 8).1["node_token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let spec = "name: flaky\nqueue: research\nreplicas: 1\nresources:\n  gpus: 4\nrestart:\n  max_restarts: 1\n  backoff_seconds: 0\n";
+    let id = s.submit("alice-token", spec).1["id"].as_u64().expect("id");
+    let report =
+        |body: String| s.post("/v1/agent/node-a/report", &token, "application/json", &body);
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    assert_eq!(
+        report(format!("{{\"job\":{id},\"state\":\"running\"}}")).0,
+        200
+    );
+    let (code, v) = report(format!(
+        "{{\"job\":{id},\"state\":\"exited\",\"exit_code\":1}}"
+    ));
+    assert_eq!((code, v["state"].as_str()), (200, Some("restarting")));
+    // Backoff 0: the next cycle puts it back in line and schedules it again.
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    assert_eq!(
+        report(format!("{{\"job\":{id},\"state\":\"running\"}}")).0,
+        200
+    );
+    let (_, v) = report(format!(
+        "{{\"job\":{id},\"state\":\"exited\",\"exit_code\":1}}"
+    ));
+    assert_eq!(v["state"], "failed", "out of restarts");
+    let v = s.get(&format!("/v1/jobs/{id}"), "alice-token").1;
+    let last = v["events"]
+        .as_array()
+        .expect("events")
+        .last()
+        .expect("event")
+        .clone();
+    assert_eq!(
+        last["message"],
+        "exited with code 1 on node-a after 1 restarts"
+    );
+    assert_eq!(v["restarts"], 1);
+}
