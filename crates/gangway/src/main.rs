@@ -106,7 +106,17 @@ fn server(config: &std::path::Path, data_dir: &std::path::Path, listen: &str) ->
     })
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;
