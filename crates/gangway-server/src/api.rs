@@ -196,6 +196,9 @@ pub struct JobView {
     pub reason: Option<String>,
     /// Estimated start.
     pub estimated_start: Option<u64>,
+    /// The lifecycle's Admitted phase: pending, quota admits it, it waits for
+    /// GPUs (derived from the last cycle, not a stored transition).
+    pub admitted: bool,
 }
 
 fn view(c: &Control<RedbStore>, rec: &JobRecord) -> JobView {
@@ -203,6 +206,8 @@ fn view(c: &Control<RedbStore>, rec: &JobRecord) -> JobView {
     JobView {
         record: rec.clone(),
         reason: why.map(|w| w.render(&c.cluster, c.why_at)),
+        admitted: rec.state == JobState::Pending
+            && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
         estimated_start: why.and_then(|w| w.estimated_start),
     }
 }
