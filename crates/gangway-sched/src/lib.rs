@@ -50,7 +50,9 @@ pub struct SchedulerConfig {
     pub fair_share: bool,
     /// Most gangs that may hold a reservation at once.
     pub max_reservations: usize,
-    /// Most preemption searches per cycle (each is a few placements).
+    /// Most preemption searches per cycle. Keeping preemption gradual matters:
+    /// on the contended Chronus trace, 4 gives a 7.7 h average JCT and 6,500
+    /// preemptions where 64 gives 27.5 h and 117,000 (victims churn).
     pub max_preemption_searches: usize,
     /// Strict order (classic FIFO): once a job cannot start, no later job of
     /// its queue may start this cycle. Off for Gangway's own policy.
@@ -64,7 +66,7 @@ impl Default for SchedulerConfig {
             preemption: true,
             fair_share: true,
             max_reservations: 1,
-            max_preemption_searches: 16,
+            max_preemption_searches: 4,
             strict_order: false,
         }
     }
@@ -315,6 +317,9 @@ impl<'a> Session<'a> {
             for (n, m) in held {
                 self.cap.give(&self.state.nodes, n, m, 0, 0);
             }
+            // Capacity grew: cached "does not fit" answers no longer hold.
+            self.fail_cache.clear();
+            self.fits_cache.clear();
         }
     }
 

@@ -280,7 +280,7 @@ fn fair_quotas_keep_one_team_from_taking_every_gpu() {
         .map(|_| d.submit(job("speech", 1, 1, None), None))
         .collect();
     let mut preemptions = Vec::new();
-    for round in 0..4 {
+    for round in 0..12 {
         preemptions.extend(d.cycle().preemptions.clone());
         d.advance(40 + round * 30);
     }
