@@ -89,6 +89,8 @@ impl Policy {
                 backfill: false,
                 preemption: true,
                 fair_share: false,
+                // These policies preempt as a matter of course (LAS, SRTF).
+                max_preemption_searches: baseline_searches(),
                 ..base
             },
             Policy::Capacity => SchedulerConfig {
@@ -124,4 +126,13 @@ impl Policy {
     pub fn all_preemptible(self) -> bool {
         matches!(self, Policy::Tiresias | Policy::Srtf)
     }
+}
+
+/// Preemption searches per cycle for the preemptive baselines (default 16, the
+/// setting they were measured with; `GANGWAY_BASELINE_SEARCHES` overrides it).
+fn baseline_searches() -> usize {
+    std::env::var("GANGWAY_BASELINE_SEARCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16)
 }
