@@ -7,17 +7,23 @@
 //! reservation starts, or are preemptible by the gang. So a 64-GPU gang is not
 //! starved by a stream of 1-GPU jobs.
 
-use crate::placement::{self, hostable};
+use crate::placement;
 use crate::preempt::{release_into, release_placement};
 use crate::state::{ClusterState, Gang};
 use crate::{Reservation, Session};
 use gangway_core::TopologyConstraint;
 
+/// A released job: either running in the state or bound earlier in this cycle.
+enum Released<'a> {
+    Running(&'a crate::state::Job),
+    Bound(&'a crate::state::Job, &'a crate::state::Placement),
+}
+
 /// Computes the reservation for `job` with `replicas` replicas, if the gang can
-/// fit at all once running jobs end.
+/// fit at all once running jobs end. Releases are tracked as plain per-node
+/// counters; the full capacity is rebuilt only when the counters say the gang fits.
 pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Reservation> {
     let state: &ClusterState = s.state;
-    let mut trial = s.cap.clone();
     let req = s.request(job, replicas, None);
     let per = req.per;
     let need = per.gpus * u64::from(replicas);
@@ -26,16 +32,38 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Rese
         && job.topology != TopologyConstraint::Any;
     let leaf_only = job.topology == TopologyConstraint::Leaf;
     let nodes = state.nodes();
-    // Hostable replicas per node and per leaf, kept up to date as jobs are released.
     let class_ok = |n: usize| {
         nodes[n]
             .class
             .map_or(per.gpus == 0, |c| req.class_mask & (1 << c) != 0)
+            && nodes[n].schedulable()
+    };
+    // Light counters: free GPUs, CPU and memory per node.
+    let mut g: Vec<u64> = s
+        .cap
+        .free
+        .iter()
+        .map(|m| u64::from(m.count_ones()))
+        .collect();
+    let mut cpu = s.cap.free_cpu.clone();
+    let mut mem = s.cap.free_mem.clone();
+    let host = |g: u64, c: u64, m: u64| -> u64 {
+        let mut h = u64::MAX;
+        for (have, p) in [(g, per.gpus), (c, per.cpu_millis), (m, per.memory_mib)] {
+            if let Some(k) = have.checked_div(p) {
+                h = h.min(k);
+            }
+        }
+        if h == u64::MAX {
+            0
+        } else {
+            h
+        }
     };
     let mut h: Vec<u64> = (0..nodes.len())
         .map(|n| {
             if class_ok(n) {
-                hostable(&nodes[n], &trial, n, &per)
+                host(g[n], cpu[n], mem[n])
             } else {
                 0
             }
@@ -51,41 +79,50 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Rese
     bound.sort_unstable();
     let mut running = state.running_by_end().peekable();
     let mut bound_it = bound.into_iter().peekable();
+    let mut released: Vec<Released<'_>> = Vec::new();
+    let mut trial: Option<(crate::Capacity, usize)> = None;
     loop {
-        // Merge the two end-ordered streams.
         let take_running = match (running.peek(), bound_it.peek()) {
             (Some((t1, _)), Some((t2, _))) => t1 <= t2,
             (Some(_), None) => true,
             (None, Some(_)) => false,
             (None, None) => return None,
         };
-        let (t, touched) = if take_running {
+        let (t, rel) = if take_running {
             let (t, id) = running.next()?;
             let Some(v) = state.job(id) else { continue };
             if s.victims.contains(&id) {
                 // Victims leave soon anyway; their GPUs are for their preemptor.
                 continue;
             }
-            release_into(state, &mut trial, v);
-            let nodes_of = match &v.status {
-                crate::JobStatus::Running(run) => run.placement.nodes(),
-                crate::JobStatus::Pending => Vec::new(),
-            };
-            (t, nodes_of)
+            (t, Released::Running(v))
         } else {
             let (t, bi) = bound_it.next()?;
             let b = &s.decisions.binds[bi];
             let Some(v) = state.job(b.job) else { continue };
-            release_placement(state, &mut trial, v, &b.placement);
-            (t, b.placement.nodes())
+            (t, Released::Bound(v, &b.placement))
         };
+        let (v, p) = match &rel {
+            Released::Running(v) => match &v.status {
+                crate::JobStatus::Running(run) => (*v, &run.placement),
+                crate::JobStatus::Pending => continue,
+            },
+            Released::Bound(v, p) => (*v, *p),
+        };
+        let vp = v.per_replica();
         let mut ready = false;
-        for n in touched {
-            let ni = n as usize;
+        for rp in &p.replicas {
+            let ni = rp.node as usize;
+            if !nodes[ni].schedulable() {
+                continue;
+            }
+            g[ni] += u64::from((rp.gpus & nodes[ni].healthy).count_ones());
+            cpu[ni] += vp.cpu_millis;
+            mem[ni] += vp.memory_mib;
             if !class_ok(ni) {
                 continue;
             }
-            let nh = hostable(&nodes[ni], &trial, ni, &per);
+            let nh = host(g[ni], cpu[ni], mem[ni]);
             let l = nodes[ni].leaf as usize;
             leaf_h[l] = leaf_h[l] + nh - h[ni];
             total_h = total_h + nh - h[ni];
@@ -98,8 +135,18 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Rese
                 total_h >= r
             };
         }
+        released.push(rel);
         if ready {
-            if let Ok(p) = placement::place(state, &trial, &req) {
+            // Bring a real capacity up to date with everything released so far.
+            let (cap, done) = trial.get_or_insert_with(|| (s.cap.clone(), 0));
+            for rel in &released[*done..] {
+                match rel {
+                    Released::Running(v) => release_into(state, cap, v),
+                    Released::Bound(v, p) => release_placement(state, cap, v, p),
+                }
+            }
+            *done = released.len();
+            if let Ok(p) = placement::place(state, cap, &req) {
                 return Some(Reservation {
                     job: job.id,
                     start_at: t.max(s.now),

@@ -54,6 +54,10 @@ struct Entry<'a> {
     parts: (u32, u32),
     /// GPUs it holds.
     gpus: u64,
+    /// Copies of the job's id, queue and priority, so scans stay in this array.
+    id: JobId,
+    queue: QueueId,
+    priority: i32,
 }
 
 /// What a victim frees on one node: node, GPUs (healthy), CPU, memory.
@@ -65,9 +69,9 @@ pub(crate) struct VictimIndex<'a> {
     entries: Vec<Entry<'a>>,
     parts: Vec<Part>,
     /// Entry indices by (lost work, priority, newest first): priority preemption.
-    by_lost: Vec<u32>,
+    by_lost: Option<Vec<u32>>,
     /// Entry indices by (priority, lost work, newest first): reclaim.
-    by_priority: Vec<u32>,
+    by_priority: Option<Vec<u32>>,
 }
 
 impl<'a> VictimIndex<'a> {
@@ -100,35 +104,48 @@ impl<'a> VictimIndex<'a> {
                     started: r.started,
                     parts: (start, parts.len() as u32),
                     gpus: r.placement.gpus(),
+                    id,
+                    queue: job.queue,
+                    priority: job.priority,
                 });
             }
         }
-        let mut by_lost: Vec<u32> = (0..entries.len() as u32).collect();
-        by_lost.sort_by_key(|&i| {
-            let e = &entries[i as usize];
-            (
-                e.lost,
-                e.job.priority,
-                std::cmp::Reverse(e.started),
-                e.job.id,
-            )
-        });
-        let mut by_priority: Vec<u32> = (0..entries.len() as u32).collect();
-        by_priority.sort_by_key(|&i| {
-            let e = &entries[i as usize];
-            (
-                e.job.priority,
-                e.lost,
-                std::cmp::Reverse(e.started),
-                e.job.id,
-            )
-        });
         VictimIndex {
             entries,
             parts,
-            by_lost,
-            by_priority,
+            by_lost: None,
+            by_priority: None,
         }
+    }
+
+    /// Entry indices in the order a search of `reason` walks them (sorted on first use).
+    fn order(&mut self, reason: PreemptReason) -> &[u32] {
+        let entries = &self.entries;
+        let slot = match reason {
+            PreemptReason::Priority => &mut self.by_lost,
+            PreemptReason::Reclaim => &mut self.by_priority,
+        };
+        slot.get_or_insert_with(|| {
+            // Sort plain keys, not indices that chase each job while comparing.
+            let mut k: Vec<((u64, u64, std::cmp::Reverse<Time>, JobId), u32)> = entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let prio = u64::from((e.priority as u32) ^ 0x8000_0000);
+                    let key = match reason {
+                        PreemptReason::Priority => {
+                            (e.lost, prio, std::cmp::Reverse(e.started), e.id)
+                        }
+                        PreemptReason::Reclaim => {
+                            (prio, e.lost, std::cmp::Reverse(e.started), e.id)
+                        }
+                    };
+                    (key, i as u32)
+                })
+                .collect();
+            k.sort_unstable();
+            k.into_iter().map(|(_, i)| i).collect()
+        })
     }
 }
 
@@ -253,10 +270,12 @@ pub(crate) fn try_preempt(
     if s.victim_index.is_none() {
         s.victim_index = Some(VictimIndex::build(state, s.now));
     }
+    // Sort this search's order once per cycle, then scan plain data.
+    s.victim_index.as_mut()?.order(reason);
     let index = s.victim_index.as_ref()?;
-    let order = match reason {
-        PreemptReason::Priority => &index.by_lost,
-        PreemptReason::Reclaim => &index.by_priority,
+    let order: &[u32] = match reason {
+        PreemptReason::Priority => index.by_lost.as_deref()?,
+        PreemptReason::Reclaim => index.by_priority.as_deref()?,
     };
     // Reclaim takes back only what was borrowed: a victim's queue must not fall
     // below its nominal quota, or it would reclaim in turn and the cluster would
@@ -271,10 +290,10 @@ pub(crate) fn try_preempt(
         .copied()
         .filter(|&i| {
             let e = &index.entries[i as usize];
-            queue_ok[e.job.queue as usize]
-                && !s.victims.contains(&e.job.id)
-                && (reason == PreemptReason::Priority && e.job.priority < job.priority
-                    || reason == PreemptReason::Reclaim && budgets.allows(e.job.queue, e.gpus))
+            queue_ok[e.queue as usize]
+                && !s.victims.contains(&e.id)
+                && (reason == PreemptReason::Priority && e.priority < job.priority
+                    || reason == PreemptReason::Reclaim && budgets.allows(e.queue, e.gpus))
         })
         .collect();
     let per = job.per;
