@@ -63,6 +63,9 @@ struct Entry<'a> {
 /// What a victim frees on one node: node, GPUs (healthy), CPU, memory.
 type Part = (NodeIdx, u64, u64, u64);
 
+/// (first criterion, second criterion, newest first, id).
+type SortKey = (u64, u64, std::cmp::Reverse<Time>, JobId);
+
 /// Every running preemptible job with its cost, built once per cycle on the
 /// first preemption search, so each search is a linear scan of plain data.
 pub(crate) struct VictimIndex<'a> {
@@ -127,7 +130,7 @@ impl<'a> VictimIndex<'a> {
         };
         slot.get_or_insert_with(|| {
             // Sort plain keys, not indices that chase each job while comparing.
-            let mut k: Vec<((u64, u64, std::cmp::Reverse<Time>, JobId), u32)> = entries
+            let mut k: Vec<(SortKey, u32)> = entries
                 .iter()
                 .enumerate()
                 .map(|(i, e)| {
