@@ -166,6 +166,10 @@ impl<S: Store> Control<S> {
                     let _ = self.cluster.bind(r.id, p, r.submitted_at);
                 }
             }
+            // A victim in its grace period stays one: nobody preempts it twice.
+            if let (JobState::Preempting, Some(by)) = (r.state, r.preempted_by) {
+                let _ = self.cluster.mark_preempting(r.id, by, r.submitted_at);
+            }
         }
         Ok(())
     }
@@ -291,6 +295,7 @@ impl<S: Store> Control<S> {
                     }],
                     restarts: 0,
                     restart_at: None,
+                    preempted_by: None,
                 };
                 compares.push(Compare::Absent(job_key(id)));
                 ops.push(Op::Put(job_key(id), encode(&rec)));
@@ -443,6 +448,7 @@ impl<S: Store> Control<S> {
             (Report::Exited(code), JobState::Preempting) => {
                 rec.state = JobState::Pending;
                 rec.placement.clear();
+                rec.preempted_by = None;
                 rec.events.push(event(
                     "requeued",
                     format!("checkpointed and stopped on {node} (exit code {code}); will resume from its checkpoint"),
@@ -587,6 +593,7 @@ impl<S: Store> Control<S> {
             };
             let mut rec = rec.clone();
             rec.state = JobState::Preempting;
+            rec.preempted_by = Some(p.by);
             rec.events.push(JobEvent {
                 at: now,
                 kind: "preempting".into(),
@@ -668,6 +675,7 @@ mod tests {
             ],
             restarts: 0,
             restart_at: None,
+            preempted_by: None,
         };
         c.jobs.insert(JobId(1), (rec, 1));
         let (q, u) = c.usage(0, 10_000, 20_000);

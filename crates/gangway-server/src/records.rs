@@ -48,6 +48,9 @@ pub struct JobRecord {
     /// While restarting: when it may be scheduled again (exponential backoff).
     #[serde(default)]
     pub restart_at: Option<Time>,
+    /// While preempting: the job it makes room for.
+    #[serde(default)]
+    pub preempted_by: Option<JobId>,
 }
 
 /// Store key of a job.

@@ -537,6 +537,22 @@ fn a_preempted_job_is_requeued_when_its_agent_reports_the_exit() {
             .contains(&format!("preempted by job {prod}")),
         "{last}"
     );
+    // The server restarts during the grace period: the victim is still preempting
+    // and nobody else is preempted for the same job.
+    drop(report);
+    drop(s);
+    let s = start(dir.path());
+    let v = s.wait_job(prod, |j| j["reason"].is_string());
+    assert_eq!(
+        v["reason"],
+        "waiting for 1 preempted job(s) to checkpoint and exit"
+    );
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{low}"), "alice-token").1["state"],
+        "preempting"
+    );
+    let report =
+        |body: String| s.post("/v1/agent/node-a/report", &token, "application/json", &body);
     // The agent delivered SIGTERM; the job checkpointed and exited.
     let (code, v) = report(format!(
         "{{\"job\":{low},\"state\":\"exited\",\"exit_code\":143}}"
