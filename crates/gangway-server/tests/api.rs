@@ -539,7 +539,6 @@ fn a_preempted_job_is_requeued_when_its_agent_reports_the_exit() {
     );
     // The server restarts during the grace period: the victim is still preempting
     // and nobody else is preempted for the same job.
-    drop(report);
     drop(s);
     let s = start(dir.path());
     let v = s.wait_job(prod, |j| j["reason"].is_string());
