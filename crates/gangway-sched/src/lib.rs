@@ -406,14 +406,7 @@ impl<'a> Session<'a> {
         min: u32,
         all_reserved: bool,
     ) -> Result<Placement, FitFailure> {
-        let key = ShapeKey {
-            per: job.per,
-            mask: job.class_mask,
-            constraint: job.topology,
-            replicas: kq,
-            min,
-            all_reserved_excluded: all_reserved,
-        };
+        let key = self.shape(job, kq, min, all_reserved);
         if let Some(f) = self.fail_cache.get(&key) {
             self.decisions.stats.cache_hits += 1;
             return Err(*f);
@@ -434,14 +427,7 @@ impl<'a> Session<'a> {
     /// Whether the job would fit if the reservation did not exist (cached per
     /// shape for the cycle; only used to explain the wait).
     fn fits_unreserved(&mut self, job: &Gang, kq: u32, min: u32) -> bool {
-        let key = ShapeKey {
-            per: job.per,
-            mask: job.class_mask,
-            constraint: job.topology,
-            replicas: kq,
-            min,
-            all_reserved_excluded: false,
-        };
+        let key = self.shape(job, kq, min, false);
         if let Some(f) = self.fits_cache.get(&key) {
             return *f;
         }
