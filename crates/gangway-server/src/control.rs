@@ -61,8 +61,6 @@ pub struct Control<S: Store> {
     pub why_at: Time,
     /// Scheduler knobs.
     pub sched: SchedulerConfig,
-    /// Figures of the last cycle.
-    pub last_decisions: Decisions,
     /// Per-node tokens handed out at registration.
     pub node_tokens: HashMap<String, String>,
 }
@@ -137,7 +135,6 @@ impl<S: Store> Control<S> {
             why: HashMap::new(),
             why_at: 0,
             sched: SchedulerConfig::default(),
-            last_decisions: Decisions::default(),
             node_tokens,
         };
         c.rebuild()?;
@@ -555,12 +552,8 @@ impl<S: Store> Control<S> {
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
         self.resume_restarts(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
-        let mut applied = Decisions {
-            stats: d.stats.clone(),
-            reservations: d.reservations.clone(),
-            pending: d.pending.clone(),
-            ..Decisions::default()
-        };
+        // Only what `apply` reads; the explanations are not copied.
+        let mut applied = Decisions::default();
         // All of the cycle's decisions in one transaction: every record is
         // compared on its revision, so a concurrent change (a cancel) voids
         // the batch, which the next cycle recomputes.
@@ -637,7 +630,6 @@ impl<S: Store> Control<S> {
             self.why.insert(e.job, e.clone());
         }
         self.why_at = now;
-        self.last_decisions.stats = d.stats.clone();
         Ok(d)
     }
 }

@@ -115,12 +115,6 @@ impl Metrics {
                 })
                 .inc();
         }
-        let total: u64 = c
-            .cluster
-            .nodes()
-            .iter()
-            .map(|n| n.spec.gpus.len() as u64)
-            .sum();
         let unhealthy: u64 = c
             .cluster
             .nodes()
@@ -137,7 +131,6 @@ impl Metrics {
         self.gpus_allocated.set(allocated as i64);
         self.gpus_free.set(c.cluster.free_gpus() as i64);
         self.gpus_unhealthy.set(unhealthy as i64);
-        let _ = total;
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out

@@ -146,6 +146,12 @@ pub struct Engine {
     rng: u64,
     now: Time,
     rec: Recorder,
+    /// The core's configuration for the policy, fixed for the run.
+    cfg: gangway_sched::SchedulerConfig,
+    /// `GANGWAY_SIM_WATCH`: a job whose explanation is printed every cycle.
+    watch: Option<u64>,
+    /// `GANGWAY_SIM_DEBUG`: print every preemption.
+    debug: bool,
     /// Events processed.
     pub events_processed: u64,
     /// Scheduling cycles run.
@@ -184,7 +190,7 @@ impl Engine {
                 rejected: None,
             })
             .collect();
-        let rec = Recorder::new(&state, &spec, &jobs);
+        let rec = Recorder::new(&state, &jobs);
         let mut e = Engine {
             policy,
             opts,
@@ -195,6 +201,11 @@ impl Engine {
             rng: 0,
             now: 0,
             rec,
+            cfg: policy.config(),
+            watch: std::env::var("GANGWAY_SIM_WATCH")
+                .ok()
+                .and_then(|w| w.parse().ok()),
+            debug: std::env::var_os("GANGWAY_SIM_DEBUG").is_some(),
             events_processed: 0,
             cycles: 0,
         };
@@ -337,7 +348,6 @@ impl Engine {
                 j.done = j.trace.duration;
                 j.finish = Some(now);
                 self.state.finish(Self::id(i)).map_err(err)?;
-                self.rec.job_done(&self.jobs[i]);
                 *settled += 1;
                 Ok(true)
             }
@@ -438,8 +448,7 @@ impl Engine {
                 self.rerank(i);
             }
         }
-        let cfg = self.policy.config();
-        let d: Decisions = schedule(&self.state, now, &cfg);
+        let d: Decisions = schedule(&self.state, now, &self.cfg);
         self.cycles += 1;
         apply(&mut self.state, &d, now).map_err(|source| SimError::State { at: now, source })?;
         for b in &d.binds {
@@ -462,8 +471,7 @@ impl Engine {
                 }
             }
         }
-        if let Some(w) = std::env::var_os("GANGWAY_SIM_WATCH") {
-            let w: u64 = w.to_string_lossy().parse().unwrap_or(0);
+        if let Some(w) = self.watch {
             if let Some(e) = d.pending.iter().find(|e| e.job.0 == w) {
                 eprintln!("t={now} watch {w}: {}", e.render(&self.state, now));
             }
@@ -471,7 +479,7 @@ impl Engine {
                 eprintln!("t={now} watch {w}: bound");
             }
         }
-        if std::env::var_os("GANGWAY_SIM_DEBUG").is_some() {
+        if self.debug {
             for p in &d.preemptions {
                 let v = &self.jobs[(p.job.0 - 1) as usize].trace;
                 let b = &self.jobs[(p.by.0 - 1) as usize].trace;

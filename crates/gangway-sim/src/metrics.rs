@@ -3,7 +3,6 @@
 //! share against quota over time, Jain's fairness across queues, starvation,
 //! preemptions and GPU-hours lost, fragmentation.
 
-use crate::cluster::ClusterSpec;
 use crate::engine::SimJob;
 use crate::policy::Policy;
 use gangway_core::Time;
@@ -138,7 +137,7 @@ pub struct Recorder {
 
 impl Recorder {
     /// Starts recording for a cluster and its jobs.
-    pub fn new(state: &ClusterState, spec: &ClusterSpec, jobs: &[SimJob]) -> Self {
+    pub fn new(state: &ClusterState, jobs: &[SimJob]) -> Self {
         let capacity = state.total().gpus.max(1) as f64;
         let horizon = jobs.iter().map(|j| j.trace.submit).max().unwrap_or(0) + 1;
         let bucket = (horizon / 400).max(600);
@@ -152,7 +151,6 @@ impl Recorder {
                 .map_or(capacity, |n| n.max(1) as f64);
             queue_norm.insert(q.spec.name.clone(), norm);
         }
-        let _ = spec;
         Recorder {
             capacity,
             node_gpus: state
@@ -228,9 +226,6 @@ impl Recorder {
             self.frag_samples += 1;
         }
     }
-
-    /// A job finished.
-    pub fn job_done(&mut self, _job: &SimJob) {}
 
     /// A node failed.
     pub fn node_failed(&mut self) {
