@@ -153,7 +153,6 @@ impl<'a> VictimIndex<'a> {
 }
 
 /// Per quota-holding queue, GPUs above nominal that reclaim may take.
-#[derive(Default)]
 pub(crate) struct Budgets {
     /// Per queue: the queue whose nominal governs its borrowing.
     holder: Vec<Option<QueueId>>,
@@ -194,16 +193,23 @@ impl Budgets {
         }
     }
 
-    /// Whether a whole set of victims stays within the budgets.
-    fn allows_set(&self, set: &[(QueueId, u64)]) -> bool {
+    /// Whether a whole set of victims (entries of `index`) stays within the budgets.
+    fn allows_set(&self, index: &VictimIndex<'_>, set: &[u32]) -> bool {
         let mut used: rustc_hash::FxHashMap<QueueId, u64> = Default::default();
-        for &(q, g) in set {
-            if let Some(h) = self.holder.get(q as usize).copied().flatten() {
-                *used.entry(h).or_default() += g;
+        for &i in set {
+            let e = &index.entries[i as usize];
+            if let Some(h) = self.holder.get(e.queue as usize).copied().flatten() {
+                *used.entry(h).or_default() += e.gpus;
             }
         }
         used.iter().all(|(h, u)| self.left[*h as usize] >= *u)
     }
+}
+
+/// Whether a set of victims is allowed: always for priority preemption;
+/// within the borrowed budgets for reclaim.
+fn within(budgets: Option<&Budgets>, index: &VictimIndex<'_>, set: &[u32]) -> bool {
+    budgets.is_none_or(|b| b.allows_set(index, set))
 }
 
 fn feasible(s: &Session<'_>, job: &Gang, min: u32, victims: &[&Job]) -> Option<Placement> {
@@ -283,11 +289,8 @@ pub(crate) fn try_preempt(
     // Reclaim takes back only what was borrowed: a victim's queue must not fall
     // below its nominal quota, or it would reclaim in turn and the cluster would
     // churn. Budget per quota-holding queue: usage above nominal.
-    let budgets: Budgets = if reason == PreemptReason::Reclaim {
-        reclaim_budgets(state, &s.cap)
-    } else {
-        Budgets::default()
-    };
+    let budgets: Option<Budgets> =
+        (reason == PreemptReason::Reclaim).then(|| reclaim_budgets(state, &s.cap));
     let cands: Vec<u32> = order
         .iter()
         .copied()
@@ -296,7 +299,7 @@ pub(crate) fn try_preempt(
             queue_ok[e.queue as usize]
                 && !s.victims.contains(&e.id)
                 && (reason == PreemptReason::Priority && e.priority < job.priority
-                    || reason == PreemptReason::Reclaim && budgets.allows(e.queue, e.gpus))
+                    || budgets.as_ref().is_some_and(|b| b.allows(e.queue, e.gpus)))
         })
         .collect();
     let per = job.per;
@@ -307,9 +310,9 @@ pub(crate) fn try_preempt(
             TopologyConstraint::Auto | TopologyConstraint::Node
         );
     let chosen = if single && per.gpus > 0 {
-        per_node_search(s, index, job, min, &cands, &budgets, reason)
+        per_node_search(s, index, job, min, &cands, budgets.as_ref())
     } else {
-        greedy_search(s, index, job, min, &cands, &budgets, reason)
+        greedy_search(s, index, job, min, &cands, budgets.as_ref())
     };
     let Some((victims, placement)) = chosen else {
         s.preempt_fail.insert(fail_key);
@@ -353,20 +356,8 @@ fn per_node_search(
     job: &Gang,
     min: u32,
     cands: &[u32],
-    budgets: &Budgets,
-    reason: PreemptReason,
+    budgets: Option<&Budgets>,
 ) -> Option<Choice> {
-    let within_budget = |set: &[u32]| {
-        reason != PreemptReason::Reclaim
-            || budgets.allows_set(
-                &set.iter()
-                    .map(|&i| {
-                        let e = &index.entries[i as usize];
-                        (e.job.queue, e.gpus)
-                    })
-                    .collect::<Vec<_>>(),
-            )
-    };
     let state = s.state;
     let per = job.per;
     let mask = job.class_mask;
@@ -413,7 +404,7 @@ fn per_node_search(
     }
     options.sort();
     for (_, set) in options {
-        if !within_budget(&set) {
+        if !within(budgets, index, &set) {
             continue;
         }
         let victims: Vec<&Job> = set.iter().map(|&i| index.entries[i as usize].job).collect();
@@ -432,20 +423,8 @@ fn greedy_search(
     job: &Gang,
     min: u32,
     cands: &[u32],
-    budgets: &Budgets,
-    reason: PreemptReason,
+    budgets: Option<&Budgets>,
 ) -> Option<Choice> {
-    let within_budget = |set: &[u32]| {
-        reason != PreemptReason::Reclaim
-            || budgets.allows_set(
-                &set.iter()
-                    .map(|&i| {
-                        let e = &index.entries[i as usize];
-                        (e.job.queue, e.gpus)
-                    })
-                    .collect::<Vec<_>>(),
-            )
-    };
     let need = job.per.gpus * u64::from(min);
     let mut chosen: Vec<u32> = Vec::new();
     let mut freed = 0u64;
@@ -456,7 +435,7 @@ fn greedy_search(
         |set: &[u32]| -> Vec<&Job> { set.iter().map(|&i| index.entries[i as usize].job).collect() };
     for &i in cands {
         chosen.push(i);
-        if !within_budget(&chosen) {
+        if !within(budgets, index, &chosen) {
             chosen.pop();
             continue;
         }
@@ -495,9 +474,4 @@ fn greedy_search(
         }
     }
     Some((chosen, placement))
-}
-
-/// Ids of the victims in a list of preemptions (helper for callers).
-pub fn victims(p: &[Preempt]) -> Vec<JobId> {
-    p.iter().map(|p| p.job).collect()
 }
