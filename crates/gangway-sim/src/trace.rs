@@ -51,6 +51,14 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    fn new(t: &Table<'_>) -> Self {
+        LoadReport {
+            source: t.path.clone(),
+            rows: t.rows.len(),
+            ..Default::default()
+        }
+    }
+
     fn skip(&mut self, why: &str) {
         *self.skipped.entry(why.to_string()).or_default() += 1;
     }
@@ -226,11 +234,7 @@ pub fn parse_philly(path: &str, text: &str) -> Result<Trace, TraceError> {
         t.col("num_gpus")?,
         t.col("cluster")?,
     );
-    let mut report = LoadReport {
-        source: path.to_string(),
-        rows: t.rows.len(),
-        ..Default::default()
-    };
+    let mut report = LoadReport::new(&t);
     let mut raw = Vec::new();
     for (i, row) in t.rows.iter().enumerate() {
         let Some(at) = field(row, ts).and_then(parse_timestamp) else {
@@ -294,11 +298,7 @@ pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceE
         t.col("duration")?,
         t.col("job_type")?,
     );
-    let mut report = LoadReport {
-        source: path.to_string(),
-        rows: t.rows.len(),
-        ..Default::default()
-    };
+    let mut report = LoadReport::new(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
         let (Some(g), Some(s), Some(d)) = (
@@ -345,11 +345,7 @@ pub fn parse_tiresias(path: &str, text: &str) -> Result<Trace, TraceError> {
         t.col("submit_time")?,
         t.col("duration")?,
     );
-    let mut report = LoadReport {
-        source: path.to_string(),
-        rows: t.rows.len(),
-        ..Default::default()
-    };
+    let mut report = LoadReport::new(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
         let (Some(g), Some(s), Some(d)) = (
@@ -396,11 +392,7 @@ pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
         t.col("deletion_time")?,
         t.col("scheduled_time")?,
     );
-    let mut report = LoadReport {
-        source: path.to_string(),
-        rows: t.rows.len(),
-        ..Default::default()
-    };
+    let mut report = LoadReport::new(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
         let (Some(g), Some(created), Some(deleted)) = (

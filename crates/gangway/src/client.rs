@@ -122,12 +122,23 @@ impl Conn {
     }
 }
 
-fn s(v: &Value, k: &str) -> String {
-    match v.get(k) {
+/// A field for a table: strings bare, absent or null as `-`.
+fn show(v: Option<&Value>) -> String {
+    match v {
         Some(Value::String(x)) => x.clone(),
         Some(Value::Null) | None => "-".into(),
         Some(x) => x.to_string(),
     }
+}
+
+/// Field `k` of `v`, for a table.
+fn s(v: &Value, k: &str) -> String {
+    show(v.get(k))
+}
+
+/// The value at JSON pointer `ptr` in `v`, for a table.
+fn at(v: &Value, ptr: &str) -> String {
+    show(v.pointer(ptr))
 }
 
 fn gpus(job: &Value) -> u64 {
@@ -182,12 +193,8 @@ pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&s
             out += &format!(
                 "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
                 s(j, "id"),
-                j.pointer("/spec/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("-"),
-                j.pointer("/spec/queue")
-                    .and_then(Value::as_str)
-                    .unwrap_or("-"),
+                at(j, "/spec/name"),
+                at(j, "/spec/queue"),
                 s(j, "user"),
                 s(j, "state"),
                 gpus(j),
@@ -210,12 +217,8 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
         }
         let mut out = format!(
             "job {id}: {}\n  queue {}  user {}  state {}  gpus {}\n",
-            j.pointer("/spec/name")
-                .and_then(Value::as_str)
-                .unwrap_or("-"),
-            j.pointer("/spec/queue")
-                .and_then(Value::as_str)
-                .unwrap_or("-"),
+            at(j, "/spec/name"),
+            at(j, "/spec/queue"),
             s(j, "user"),
             s(j, "state"),
             gpus(j)
@@ -316,18 +319,8 @@ pub fn queues(c: &Conn) -> Result<()> {
                 s(q, "parent"),
                 q.pointer("/usage/gpus")
                     .map_or("0".into(), |x| x.to_string()),
-                q.pointer("/quota/nominal/gpus")
-                    .map_or("-".into(), |x| if x.is_null() {
-                        "-".into()
-                    } else {
-                        x.to_string()
-                    }),
-                q.pointer("/quota/borrowing_limit/gpus")
-                    .map_or("-".into(), |x| if x.is_null() {
-                        "-".into()
-                    } else {
-                        x.to_string()
-                    }),
+                at(q, "/quota/nominal/gpus"),
+                at(q, "/quota/borrowing_limit/gpus"),
             );
         }
         out
