@@ -2,6 +2,7 @@
 
 use crate::resources::Resources;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 use thiserror::Error;
 
@@ -153,6 +154,36 @@ impl Default for RestartPolicy {
     }
 }
 
+/// A data volume mounted into every rank (Docker bind mount; for the process
+/// executor the source path is simply visible at its own path).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// Path on the node.
+    pub source: String,
+    /// Path inside the container.
+    pub target: String,
+    /// Mount read-only (datasets).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// What each rank runs: a command, optionally inside a container image.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSpec {
+    /// Program and arguments of every rank (`["python", "train.py"]`).
+    pub command: Vec<String>,
+    /// Container image; ranks run as plain processes when absent.
+    pub image: Option<String>,
+    /// Extra environment variables (Gangway's own variables win on conflict).
+    pub env: BTreeMap<String, String>,
+    /// Working directory; `gangway submit` fills in the submission directory, as `sbatch` does.
+    pub workdir: Option<String>,
+    /// Data mounts.
+    pub mounts: Vec<Mount>,
+}
+
 /// A job as a user submits it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -189,6 +220,9 @@ pub struct JobSpec {
     /// Placement constraint across the topology.
     #[serde(default)]
     pub topology: TopologyConstraint,
+    /// What the ranks run.
+    #[serde(default)]
+    pub run: RunSpec,
 }
 
 /// A structural problem with a job spec, found before looking at the cluster.
@@ -227,6 +261,15 @@ pub enum SpecError {
     /// Empty model string.
     #[error("resources.gpu_model: must not be empty when given")]
     EmptyModel,
+    /// A checkpoint signal Gangway does not know.
+    #[error("checkpoint.signal: unknown signal {0:?} (use e.g. SIGTERM, SIGINT, SIGUSR1)")]
+    BadSignal(String),
+    /// A mount without an absolute path.
+    #[error("run.mounts[{0}]: source and target must be absolute paths")]
+    BadMount(usize),
+    /// An environment variable name that is not one.
+    #[error("run.env: {0:?} is not a valid variable name")]
+    BadEnvName(String),
 }
 
 impl JobSpec {
@@ -248,6 +291,7 @@ impl JobSpec {
             restart: RestartPolicy::default(),
             runtime_seconds: None,
             topology: TopologyConstraint::Auto,
+            run: RunSpec::default(),
         }
     }
 
@@ -309,8 +353,41 @@ impl JobSpec {
         if r.gpu_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
             return Err(SpecError::EmptyModel);
         }
+        if signal_number(&self.checkpoint.signal).is_none() {
+            return Err(SpecError::BadSignal(self.checkpoint.signal.clone()));
+        }
+        for (i, m) in self.run.mounts.iter().enumerate() {
+            if !m.source.starts_with('/') || !m.target.starts_with('/') {
+                return Err(SpecError::BadMount(i));
+            }
+        }
+        for k in self.run.env.keys() {
+            let ok = !k.is_empty()
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err(SpecError::BadEnvName(k.clone()));
+            }
+        }
         Ok(())
     }
+}
+
+/// The POSIX number of a signal named like `SIGTERM`, `TERM` or `15`;
+/// `None` for names Gangway does not deliver.
+pub fn signal_number(name: &str) -> Option<i32> {
+    let n = name.trim().to_ascii_uppercase();
+    let n = n.strip_prefix("SIG").unwrap_or(&n);
+    Some(match n {
+        "HUP" | "1" => 1,
+        "INT" | "2" => 2,
+        "QUIT" | "3" => 3,
+        "KILL" | "9" => 9,
+        "USR1" | "10" => 10,
+        "USR2" | "12" => 12,
+        "TERM" | "15" => 15,
+        _ => return None,
+    })
 }
 
 /// The lifecycle of a job (see docs/ARCHITECTURE.md).

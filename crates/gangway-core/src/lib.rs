@@ -4,14 +4,15 @@
 //! This crate does no I/O. Its serde types are the API's types, so the server,
 //! the simulator and the CLI all speak the same language.
 
+pub mod agent;
 pub mod job;
 pub mod node;
 pub mod queue;
 pub mod resources;
 
 pub use job::{
-    CheckpointPolicy, JobId, JobSpec, JobState, PriorityClass, ReplicaResources, RestartPolicy,
-    SpecError, TopologyConstraint,
+    signal_number, CheckpointPolicy, JobId, JobSpec, JobState, Mount, PriorityClass,
+    ReplicaResources, RestartPolicy, RunSpec, SpecError, TopologyConstraint,
 };
 pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
 pub use queue::{QueueSpec, Quota, ResourceLimits};

@@ -49,6 +49,12 @@ pub struct NodeSpec {
     /// A cordoned node keeps what runs on it but receives no new work.
     #[serde(default)]
     pub cordoned: bool,
+    /// Address other nodes reach this one at (`MASTER_ADDR` when it hosts rank 0).
+    #[serde(default)]
+    pub address: String,
+    /// Where its agent serves rank logs (`http://addr:port`), when it has one.
+    #[serde(default)]
+    pub agent_url: Option<String>,
 }
 
 impl NodeSpec {
@@ -71,6 +77,8 @@ impl NodeSpec {
             spine: spine.to_string(),
             labels: BTreeMap::new(),
             cordoned: false,
+            address: String::new(),
+            agent_url: None,
         }
     }
 }

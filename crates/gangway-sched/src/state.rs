@@ -842,6 +842,21 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Records where a node and its agent are reached (they may change when
+    /// the agent restarts); scheduling does not depend on them.
+    pub fn set_endpoint(
+        &mut self,
+        node: &str,
+        address: &str,
+        agent_url: Option<String>,
+    ) -> Result<(), StateError> {
+        let n = self.node_mut(node)?;
+        let spec = &mut self.nodes[n as usize].spec;
+        spec.address = address.to_string();
+        spec.agent_url = agent_url;
+        Ok(())
+    }
+
     /// Marks a node Ready or NotReady (missed heartbeats).
     pub fn set_ready(&mut self, node: &str, ready: bool) -> Result<(), StateError> {
         let n = self.node_mut(node)?;

@@ -10,6 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use gangway_core::agent::{LogChunk, SyncRequest, SyncResponse};
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec};
 use gangway_store::RedbStore;
 use serde::{Deserialize, Serialize};
@@ -133,7 +134,8 @@ impl From<ControlError> for ApiError {
             ControlError::NoSuchJob(_) | ControlError::NoSuchNode(_) => StatusCode::NOT_FOUND,
             ControlError::Finished(..)
             | ControlError::Conflict(_)
-            | ControlError::BadReport(..) => StatusCode::CONFLICT,
+            | ControlError::BadReport(..)
+            | ControlError::StaleAttempt(..) => StatusCode::CONFLICT,
             ControlError::NotOnNode(..) => StatusCode::FORBIDDEN,
             ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -383,8 +385,11 @@ async fn nodes(
             json!({
                 "name": n.spec.name,
                 "leaf": n.spec.leaf,
+                "address": n.spec.address,
                 "cordoned": n.spec.cordoned,
+                "cordon_reason": c.cordon_reasons.get(&n.spec.name),
                 "ready": n.ready,
+                "last_heartbeat": c.last_seen.get(&n.spec.name),
                 "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
                     "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
                     "healthy": g.healthy, "allocated": alloc & (1 << k) != 0,
@@ -421,10 +426,34 @@ async fn register_node(
 #[serde(deny_unknown_fields)]
 pub struct ReportBody {
     job: u64,
+    /// The attempt the report is about (the current one when absent).
+    #[serde(default)]
+    attempt: Option<u32>,
     /// `running` or `exited`.
     state: String,
     #[serde(default)]
     exit_code: Option<i32>,
+}
+
+/// Checks that the caller may act for `node`: its own node token, or the admin token.
+fn node_auth(app: &App, c: &Control<RedbStore>, headers: &HeaderMap, node: &str) -> ApiResult<()> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+    let own = c.node_tokens.get(node).is_some_and(|t| t == token);
+    if own || token == app.cfg.admin_token {
+        return Ok(());
+    }
+    let known = token == app.cfg.agent_token
+        || c.node_tokens.values().any(|t| t == token)
+        || app.cfg.users.iter().any(|u| u.token == token);
+    Err(if known {
+        forbidden(format!("this token may not report for node {node}"))
+    } else {
+        ApiError(StatusCode::UNAUTHORIZED, "unknown token".into())
+    })
 }
 
 async fn agent_report(
@@ -433,23 +462,8 @@ async fn agent_report(
     Path(node): Path<String>,
     Json(r): Json<ReportBody>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
     let mut c = lock(&app)?;
-    let own = c.node_tokens.get(&node).is_some_and(|t| t == token);
-    if !own && token != app.cfg.admin_token {
-        let known = token == app.cfg.agent_token
-            || c.node_tokens.values().any(|t| t == token)
-            || app.cfg.users.iter().any(|u| u.token == token);
-        return Err(if known {
-            forbidden(format!("this token may not report for node {node}"))
-        } else {
-            ApiError(StatusCode::UNAUTHORIZED, "unknown token".into())
-        });
-    }
+    node_auth(&app, &c, &headers, &node)?;
     let report = match (r.state.as_str(), r.exit_code) {
         ("running", _) => crate::control::Report::Running,
         ("exited", Some(code)) => crate::control::Report::Exited(code),
@@ -466,10 +480,140 @@ async fn agent_report(
             ))
         }
     };
-    let state = c.report(&node, JobId(r.job), report, now())?;
+    let state = c.report(&node, JobId(r.job), r.attempt, report, now())?;
     drop(c);
     app.wake.notify_one();
     Ok(Json(json!({ "job": r.job, "state": state })))
+}
+
+async fn agent_sync(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<SyncResponse>> {
+    let req: SyncRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
+    let mut c = lock(&app)?;
+    node_auth(&app, &c, &headers, &node)?;
+    let before: Vec<_> = req
+        .tasks
+        .iter()
+        .filter_map(|t| c.jobs.get(&t.job).map(|(r, _)| (r.id, r.state)))
+        .collect();
+    let out = c.sync(&node, &req, now())?;
+    let changed = before
+        .iter()
+        .any(|(id, st)| c.jobs.get(id).is_some_and(|(r, _)| r.state != *st));
+    drop(c);
+    if changed {
+        app.wake.notify_one();
+    }
+    Ok(Json(out))
+}
+
+/// Which log to read.
+#[derive(Deserialize)]
+pub struct LogQuery {
+    /// Rank (default 0).
+    rank: Option<u32>,
+    /// Attempt (default: the latest that was placed).
+    attempt: Option<u32>,
+    /// Byte offset to start at.
+    offset: Option<u64>,
+}
+
+async fn job_logs(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+    Query(q): Query<LogQuery>,
+) -> ApiResult<Json<LogChunk>> {
+    auth(&app, &headers)?;
+    let rank = q.rank.unwrap_or(0);
+    let (url, token, attempt) = {
+        let c = lock(&app)?;
+        let (rec, _) = c
+            .jobs
+            .get(&JobId(id))
+            .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
+        if rec.ran_on.is_empty() {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("job {id} has not been placed yet: no logs"),
+            ));
+        }
+        let node = rec.ran_on.get(rank as usize).ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("rank: job {id} has ranks 0..{}", rec.ran_on.len()),
+            )
+        })?;
+        let url = c
+            .cluster
+            .node_index(node)
+            .and_then(|n| c.cluster.nodes()[n as usize].spec.agent_url.clone())
+            .ok_or_else(|| {
+                ApiError(
+                    StatusCode::NOT_FOUND,
+                    format!("node {node} has no agent serving logs"),
+                )
+            })?;
+        let token = c.node_tokens.get(node).cloned().unwrap_or_default();
+        (url, token, q.attempt.unwrap_or(rec.ran_attempt))
+    };
+    let target = format!(
+        "{}/v1/logs/{id}/{attempt}/{rank}?offset={}",
+        url.trim_end_matches('/'),
+        q.offset.unwrap_or(0)
+    );
+    let r = tokio::task::spawn_blocking(move || {
+        ureq::get(&target)
+            .set("Authorization", &format!("Bearer {token}"))
+            .timeout(std::time::Duration::from_secs(10))
+            .call()
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    match r {
+        Ok(resp) => resp.into_json::<LogChunk>().map(Json).map_err(|e| {
+            ApiError(
+                StatusCode::BAD_GATEWAY,
+                format!("agent answered badly: {e}"),
+            )
+        }),
+        Err(ureq::Error::Status(404, _)) => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no log for job {id} attempt {attempt} rank {rank}"),
+        )),
+        Err(e) => Err(ApiError(
+            StatusCode::BAD_GATEWAY,
+            format!("cannot reach the agent: {e}"),
+        )),
+    }
+}
+
+async fn gpu_health(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path((name, index, action)): Path<(String, u32, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    if auth(&app, &headers)? != Principal::Admin {
+        return Err(forbidden("only admins change GPU health"));
+    }
+    let healthy = match action.as_str() {
+        "healthy" | "clear" => true,
+        "unhealthy" => false,
+        other => {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("unknown GPU action {other:?} (healthy, clear or unhealthy)"),
+            ))
+        }
+    };
+    lock(&app)?.set_gpu_health(&name, index, healthy)?;
+    app.wake.notify_one();
+    Ok(Json(json!({ "node": name, "gpu": index, "healthy": healthy })))
 }
 
 async fn cordon(
@@ -578,6 +722,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/nodes", get(nodes).post(register_node))
         .route("/v1/nodes/{name}/{action}", post(cordon))
         .route("/v1/agent/{name}/report", post(agent_report))
+        .route("/v1/agent/{name}/sync", post(agent_sync))
+        .route("/v1/jobs/{id}/logs", get(job_logs))
+        .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .with_state(app)
 }

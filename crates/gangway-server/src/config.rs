@@ -15,6 +15,7 @@
 //!     quota: { nominal: { gpus: 32 } }
 //! ```
 
+use crate::control::NodeLifecycle;
 use gangway_core::QueueSpec;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -49,10 +50,32 @@ pub struct ServerConfig {
     /// Seconds between scheduling cycles when nothing changes.
     #[serde(default = "one")]
     pub cycle_seconds: u64,
+    /// Seconds without a heartbeat before a node is NotReady (no new work).
+    #[serde(default = "ten")]
+    pub node_not_ready_seconds: u64,
+    /// Seconds without a heartbeat before a node's gangs are treated as lost
+    /// and restarted elsewhere.
+    #[serde(default = "thirty")]
+    pub node_lost_seconds: u64,
+    /// Gang failures in a row on one node before it is cordoned (0: never).
+    #[serde(default = "three")]
+    pub auto_cordon_failures: u32,
 }
 
 fn one() -> u64 {
     1
+}
+
+fn ten() -> u64 {
+    10
+}
+
+fn thirty() -> u64 {
+    30
+}
+
+fn three() -> u32 {
+    3
 }
 
 /// A configuration that cannot be used.
@@ -67,12 +90,26 @@ pub enum ConfigError {
 }
 
 impl ServerConfig {
+    /// The node lifecycle knobs.
+    pub fn lifecycle(&self) -> NodeLifecycle {
+        NodeLifecycle {
+            node_not_ready_seconds: self.node_not_ready_seconds,
+            node_lost_seconds: self.node_lost_seconds,
+            auto_cordon_failures: self.auto_cordon_failures,
+        }
+    }
+
     /// Parses and checks a YAML configuration.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let c: ServerConfig = serde_yaml::from_str(text)?;
         if c.admin_token.len() < 8 || c.agent_token.len() < 8 {
             return Err(ConfigError::Invalid(
                 "tokens must be at least 8 characters".into(),
+            ));
+        }
+        if c.node_lost_seconds < c.node_not_ready_seconds {
+            return Err(ConfigError::Invalid(
+                "node_lost_seconds must not be less than node_not_ready_seconds".into(),
             ));
         }
         let mut seen = std::collections::BTreeSet::new();

@@ -10,7 +10,11 @@ use gangway_sched::{
     SchedulerConfig, StateConfig,
 };
 use gangway_store::{Compare, Op, Store, StoreError};
-use std::collections::{BTreeMap, HashMap};
+use gangway_core::agent::{
+    master_port, Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
+};
+use gangway_core::signal_number;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use thiserror::Error;
 
 /// Why a control-plane operation failed.
@@ -46,6 +50,50 @@ pub enum ControlError {
     /// Someone else changed the record first.
     #[error("conflicting update of {0}; retry")]
     Conflict(String),
+    /// A report about an attempt that is over.
+    #[error("job {0} attempt {1} is over (the current attempt is {2})")]
+    StaleAttempt(JobId, u32, u32),
+}
+
+/// How a job's attempt ends.
+enum Ending {
+    /// Preempted and stopped: back in line, resumes from its checkpoint.
+    Requeued(String),
+    /// A rank or node failed: restart per the policy, or fail.
+    Failed(String),
+    /// Every rank exited 0.
+    Succeeded(String),
+}
+
+impl JobEvent {
+    fn new(at: Time, kind: &str, message: String) -> Self {
+        JobEvent {
+            at,
+            kind: kind.into(),
+            message,
+        }
+    }
+}
+
+/// Node lifecycle knobs (from the server config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeLifecycle {
+    /// Seconds without a heartbeat before a node is NotReady.
+    pub node_not_ready_seconds: u64,
+    /// Seconds without a heartbeat before its gangs are treated as lost.
+    pub node_lost_seconds: u64,
+    /// Gang failures in a row on one node before it is cordoned (0: never).
+    pub auto_cordon_failures: u32,
+}
+
+impl Default for NodeLifecycle {
+    fn default() -> Self {
+        NodeLifecycle {
+            node_not_ready_seconds: 10,
+            node_lost_seconds: 30,
+            auto_cordon_failures: 3,
+        }
+    }
 }
 
 /// Everything the server keeps in memory.
@@ -63,6 +111,21 @@ pub struct Control<S: Store> {
     pub sched: SchedulerConfig,
     /// Per-node tokens handed out at registration.
     pub node_tokens: HashMap<String, String>,
+    /// Node lifecycle knobs.
+    pub lifecycle: NodeLifecycle,
+    /// Last heartbeat per node (in memory: a restarted server gives every
+    /// node a fresh grace period from `opened_at`).
+    pub last_seen: HashMap<String, Time>,
+    /// When this state was loaded.
+    pub opened_at: Time,
+    /// Nodes whose gangs were already treated as lost.
+    pub lost: HashSet<String>,
+    /// Gang failures in a row per node.
+    pub node_failures: HashMap<String, u32>,
+    /// Why a node was cordoned automatically.
+    pub cordon_reasons: HashMap<String, String>,
+    /// The agents' last verdict per GPU.
+    reported_health: HashMap<(String, u32), bool>,
 }
 
 /// What an agent reports about a job on its node.
@@ -72,6 +135,12 @@ pub enum Report {
     Running,
     /// Its ranks on this node exited with this code.
     Exited(i32),
+}
+
+fn now_secs() -> Time {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn fresh_token() -> String {
@@ -136,6 +205,13 @@ impl<S: Store> Control<S> {
             why_at: 0,
             sched: SchedulerConfig::default(),
             node_tokens,
+            lifecycle: NodeLifecycle::default(),
+            last_seen: HashMap::new(),
+            opened_at: now_secs(),
+            lost: HashSet::new(),
+            node_failures: HashMap::new(),
+            cordon_reasons: HashMap::new(),
+            reported_health: HashMap::new(),
         };
         c.rebuild()?;
         Ok(c)
@@ -293,6 +369,11 @@ impl<S: Store> Control<S> {
                     restarts: 0,
                     restart_at: None,
                     preempted_by: None,
+                    attempt: 0,
+                    started_on: Default::default(),
+                    exited_on: Default::default(),
+                    ran_on: Vec::new(),
+                    ran_attempt: 0,
                 };
                 compares.push(Compare::Absent(job_key(id)));
                 ops.push(Op::Put(job_key(id), encode(&rec)));
@@ -390,9 +471,18 @@ impl<S: Store> Control<S> {
     /// Registers a node and returns its own token, which its agent uses for
     /// every report; registering again returns the same token.
     pub fn register_node(&mut self, spec: NodeSpec) -> Result<String, ControlError> {
-        if self.cluster.node_index(&spec.name).is_some() {
-            if let Some(t) = self.node_tokens.get(&spec.name) {
-                return Ok(t.clone());
+        if let Some(n) = self.cluster.node_index(&spec.name) {
+            if let Some(t) = self.node_tokens.get(&spec.name).cloned() {
+                // A restarted agent may come back on another address or port.
+                let old = &self.cluster.nodes()[n as usize].spec;
+                if old.address != spec.address || old.agent_url != spec.agent_url {
+                    self.cluster
+                        .set_endpoint(&spec.name, &spec.address, spec.agent_url.clone())
+                        .map_err(|e| ControlError::BadNode(e.to_string()))?;
+                    self.store_node(n)?;
+                }
+                self.last_seen.insert(spec.name.clone(), now_secs());
+                return Ok(t);
             }
         }
         let mut probe = self.cluster.clone();
@@ -402,6 +492,7 @@ impl<S: Store> Control<S> {
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
         let token = fresh_token();
+        self.last_seen.insert(spec.name.clone(), now_secs());
         self.store.txn(
             &[],
             &[
@@ -414,88 +505,80 @@ impl<S: Store> Control<S> {
         Ok(token)
     }
 
-    /// Applies an agent's report about a job on its node: Scheduled → Running;
-    /// on exit, a preempted job is requeued (it resumes from its checkpoint),
-    /// otherwise it succeeded (code 0) or failed.
+    /// Applies an agent's report about a job on its node. `attempt` (when
+    /// given) must be the job's current one: reports about an earlier run are
+    /// refused, so a late exit can never end a fresh attempt.
+    ///
+    /// A node's ranks running makes Scheduled → Running once every node of the
+    /// gang has said so. Any non-zero exit stops the whole gang (restart or
+    /// fail); a gang succeeds when every node's ranks exited 0; a preempted
+    /// gang is requeued (to resume from its checkpoint) once every node's ranks
+    /// have stopped.
     pub fn report(
         &mut self,
         node: &str,
         id: JobId,
+        attempt: Option<u32>,
         report: Report,
         now: Time,
     ) -> Result<JobState, ControlError> {
         let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        if let Some(a) = attempt {
+            if a != rec.attempt {
+                return Err(ControlError::StaleAttempt(id, a, rec.attempt));
+            }
+        }
         if !rec.placement.iter().any(|r| r.node == node) {
             return Err(ControlError::NotOnNode(node.to_string(), id));
         }
         let mut rec = rec.clone();
-        let event = |kind: &str, message: String| JobEvent {
-            at: now,
-            kind: kind.into(),
-            message,
-        };
+        let nodes = rec.nodes().len();
         match (report, rec.state) {
             (Report::Running, JobState::Scheduled) => {
-                rec.state = JobState::Running;
-                rec.events
-                    .push(event("running", format!("ranks started on {node}")));
-                self.write(rec)?;
+                if rec.started_on.insert(node.to_string()) {
+                    if rec.started_on.len() == nodes {
+                        rec.state = JobState::Running;
+                        let message = if nodes == 1 {
+                            format!("ranks started on {node}")
+                        } else {
+                            format!("all ranks started on {nodes} nodes")
+                        };
+                        rec.events.push(JobEvent::new(now, "running", message));
+                    }
+                    self.write(rec)?;
+                }
             }
             (Report::Running, JobState::Running | JobState::Preempting) => return Ok(rec.state),
             (Report::Exited(code), JobState::Preempting) => {
-                rec.state = JobState::Pending;
-                rec.placement.clear();
-                rec.preempted_by = None;
-                rec.events.push(event(
-                    "requeued",
-                    format!("checkpointed and stopped on {node} (exit code {code}); will resume from its checkpoint"),
-                ));
-                self.write(rec)?;
-                let _ = self.cluster.requeue(id);
+                rec.exited_on.insert(node.to_string(), code);
+                if rec.exited_on.len() == nodes {
+                    let msg = format!(
+                        "checkpointed and stopped on {} (exit code {code}); will resume from its checkpoint",
+                        if nodes == 1 { node.to_string() } else { format!("{nodes} nodes") }
+                    );
+                    self.end_attempt(rec, Ending::Requeued(msg), now)?;
+                } else {
+                    self.write(rec)?;
+                }
             }
-            (Report::Exited(code), JobState::Running | JobState::Scheduled)
-                if code != 0 && rec.restarts < rec.spec.restart.max_restarts =>
-            {
-                // The whole gang stops and restarts from its checkpoint after a backoff.
-                let backoff = rec
-                    .spec
-                    .restart
-                    .backoff_seconds
-                    .saturating_mul(1 << rec.restarts.min(20));
-                rec.restarts += 1;
-                rec.state = JobState::Restarting;
-                rec.restart_at = Some(now + backoff);
-                rec.placement.clear();
-                rec.events.push(event(
-                    "restarting",
-                    format!(
-                        "exited with code {code} on {node}; restart {} of {} in {backoff}s",
-                        rec.restarts, rec.spec.restart.max_restarts
-                    ),
-                ));
-                self.write(rec)?;
-                let _ = self.cluster.cancel(id);
+            (Report::Exited(code), JobState::Running | JobState::Scheduled) if code != 0 => {
+                self.note_node_failure(node, now)?;
+                let msg = format!("exited with code {code} on {node}");
+                self.end_attempt(rec, Ending::Failed(msg), now)?;
             }
             (Report::Exited(code), JobState::Running | JobState::Scheduled) => {
-                rec.state = if code == 0 {
-                    JobState::Succeeded
+                self.node_failures.remove(node);
+                rec.exited_on.insert(node.to_string(), code);
+                if rec.exited_on.len() == nodes {
+                    let msg = if nodes == 1 {
+                        format!("exited with code {code} on {node}")
+                    } else {
+                        format!("all ranks exited with code 0 on {nodes} nodes")
+                    };
+                    self.end_attempt(rec, Ending::Succeeded(msg), now)?;
                 } else {
-                    JobState::Failed
-                };
-                let message = if code == 0 || rec.restarts == 0 {
-                    format!("exited with code {code} on {node}")
-                } else {
-                    format!(
-                        "exited with code {code} on {node} after {} restarts",
-                        rec.restarts
-                    )
-                };
-                rec.events.push(event(
-                    if code == 0 { "finished" } else { "failed" },
-                    message,
-                ));
-                self.write(rec)?;
-                let _ = self.cluster.finish(id);
+                    self.write(rec)?;
+                }
             }
             (Report::Running, s) => return Err(ControlError::BadReport(id, s, "running")),
             (Report::Exited(_), s) => return Err(ControlError::BadReport(id, s, "an exit")),
@@ -504,6 +587,318 @@ impl<S: Store> Control<S> {
             .jobs
             .get(&id)
             .map_or(JobState::Pending, |(r, _)| r.state))
+    }
+
+    /// Ends the job's current attempt: requeue (preempted), restart after a
+    /// backoff or fail for good (a rank or node failed), or succeed.
+    fn end_attempt(
+        &mut self,
+        mut rec: JobRecord,
+        ending: Ending,
+        now: Time,
+    ) -> Result<(), ControlError> {
+        let id = rec.id;
+        rec.started_on.clear();
+        rec.exited_on.clear();
+        rec.preempted_by = None;
+        match ending {
+            Ending::Requeued(msg) => {
+                rec.state = JobState::Pending;
+                rec.placement.clear();
+                rec.attempt += 1;
+                rec.events.push(JobEvent::new(now, "requeued", msg));
+                self.write(rec)?;
+                let _ = self.cluster.requeue(id);
+            }
+            Ending::Failed(msg) if rec.restarts < rec.spec.restart.max_restarts => {
+                // The whole gang stops and restarts from its checkpoint after a backoff.
+                let backoff = rec
+                    .spec
+                    .restart
+                    .backoff_seconds
+                    .saturating_mul(1 << rec.restarts.min(20));
+                rec.restarts += 1;
+                rec.attempt += 1;
+                rec.state = JobState::Restarting;
+                rec.restart_at = Some(now + backoff);
+                rec.placement.clear();
+                let text = format!(
+                    "{msg}; restart {} of {} in {backoff}s",
+                    rec.restarts, rec.spec.restart.max_restarts
+                );
+                rec.events.push(JobEvent::new(now, "restarting", text));
+                self.write(rec)?;
+                let _ = self.cluster.cancel(id);
+            }
+            Ending::Failed(msg) => {
+                rec.state = JobState::Failed;
+                let text = if rec.restarts == 0 {
+                    msg
+                } else {
+                    format!("{msg} after {} restarts", rec.restarts)
+                };
+                rec.events.push(JobEvent::new(now, "failed", text));
+                self.write(rec)?;
+                let _ = self.cluster.finish(id);
+            }
+            Ending::Succeeded(msg) => {
+                rec.state = JobState::Succeeded;
+                rec.events.push(JobEvent::new(now, "finished", msg));
+                self.write(rec)?;
+                let _ = self.cluster.finish(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a failed gang on `node`; after `auto_cordon_failures` in a row
+    /// (no success between) the node is cordoned, so a bad machine stops
+    /// eating the restarts of every job sent to it.
+    fn note_node_failure(&mut self, node: &str, now: Time) -> Result<(), ControlError> {
+        let n = self.node_failures.entry(node.to_string()).or_insert(0);
+        *n += 1;
+        let limit = self.lifecycle.auto_cordon_failures;
+        if limit > 0 && *n >= limit {
+            let count = *n;
+            self.node_failures.remove(node);
+            let already = self
+                .cluster
+                .node_index(node)
+                .is_some_and(|i| self.cluster.nodes()[i as usize].spec.cordoned);
+            if !already {
+                self.cordon(node, true)?;
+                let why = format!("cordoned automatically at {now}: {count} gangs failed on it in a row");
+                tracing::warn!("node {node} {why}");
+                self.cordon_reasons.insert(node.to_string(), why);
+            }
+        }
+        Ok(())
+    }
+
+    /// An agent's sync: records the heartbeat (a NotReady node is Ready
+    /// again), applies GPU health changes and task reports, and answers with
+    /// everything that should run on the node.
+    pub fn sync(
+        &mut self,
+        node: &str,
+        req: &SyncRequest,
+        now: Time,
+    ) -> Result<SyncResponse, ControlError> {
+        let n = self
+            .cluster
+            .node_index(node)
+            .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
+        self.last_seen.insert(node.to_string(), now);
+        self.lost.remove(node);
+        if !self.cluster.nodes()[n as usize].ready {
+            tracing::info!("node {node} is Ready again");
+            self.cluster
+                .set_ready(node, true)
+                .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        }
+        self.apply_gpu_health(node, &req.gpus)?;
+        for t in &req.tasks {
+            let report = match t.state {
+                TaskState::Running => Report::Running,
+                TaskState::Exited { exit_code } => Report::Exited(exit_code),
+            };
+            match self.report(node, t.job, Some(t.attempt), report, now) {
+                // Stale attempts and jobs gone elsewhere: the answer below no
+                // longer lists them, so the agent stops them.
+                Ok(_)
+                | Err(
+                    ControlError::StaleAttempt(..)
+                    | ControlError::NotOnNode(..)
+                    | ControlError::NoSuchJob(_)
+                    | ControlError::BadReport(..),
+                ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(SyncResponse {
+            assignments: self.assignments(node),
+        })
+    }
+
+    /// GPU health as reported by the agent: a change of the agent's verdict
+    /// is applied (and stored); an admin's clearing stands until the agent's
+    /// verdict changes again.
+    fn apply_gpu_health(&mut self, node: &str, gpus: &[GpuHealth]) -> Result<(), ControlError> {
+        let Some(n) = self.cluster.node_index(node) else {
+            return Ok(());
+        };
+        let mut changed = false;
+        for g in gpus {
+            let key = (node.to_string(), g.index);
+            if self.reported_health.insert(key, g.healthy) == Some(g.healthy) {
+                continue;
+            }
+            let spec = &self.cluster.nodes()[n as usize].spec;
+            let Some(pos) = spec.gpus.iter().position(|x| x.index == g.index) else {
+                continue;
+            };
+            if spec.gpus[pos].healthy != g.healthy {
+                if !g.healthy {
+                    tracing::warn!(
+                        "node {node} GPU {} unhealthy: {}",
+                        g.index,
+                        g.reason.as_deref().unwrap_or("reported by its agent")
+                    );
+                }
+                self.cluster
+                    .set_gpu_health(node, pos, g.healthy)
+                    .map_err(|e| ControlError::BadNode(e.to_string()))?;
+                changed = true;
+            }
+        }
+        if changed {
+            self.store_node(n)?;
+        }
+        Ok(())
+    }
+
+    /// Marks a GPU healthy or unhealthy by admin decision, durably.
+    pub fn set_gpu_health(
+        &mut self,
+        node: &str,
+        index: u32,
+        healthy: bool,
+    ) -> Result<(), ControlError> {
+        let n = self
+            .cluster
+            .node_index(node)
+            .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
+        let pos = self.cluster.nodes()[n as usize]
+            .spec
+            .gpus
+            .iter()
+            .position(|g| g.index == index)
+            .ok_or_else(|| ControlError::BadNode(format!("node {node} has no GPU {index}")))?;
+        self.cluster
+            .set_gpu_health(node, pos, healthy)
+            .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        self.store_node(n)
+    }
+
+    fn store_node(&mut self, n: gangway_sched::NodeIdx) -> Result<(), ControlError> {
+        let spec = &self.cluster.nodes()[n as usize].spec;
+        self.store.put(&node_key(&spec.name), &encode(spec))?;
+        Ok(())
+    }
+
+    /// Everything that should run on `node`: each live job attempt placed
+    /// there whose ranks on it have not exited, with the gang's rendezvous.
+    pub fn assignments(&self, node: &str) -> Vec<Assignment> {
+        let Some(n) = self.cluster.node_index(node) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut ids: Vec<JobId> = self.cluster.jobs_on(n).to_vec();
+        ids.sort();
+        for id in ids {
+            let Some((rec, _)) = self.jobs.get(&id) else {
+                continue;
+            };
+            let live = matches!(
+                rec.state,
+                JobState::Scheduled | JobState::Running | JobState::Preempting
+            );
+            if !live || rec.exited_on.contains_key(node) {
+                continue;
+            }
+            let nodes = rec.nodes();
+            let Some(node_rank) = nodes.iter().position(|x| *x == node) else {
+                continue;
+            };
+            let mut ranks = Vec::new();
+            for (rank, r) in rec.placement.iter().enumerate() {
+                if r.node == node {
+                    ranks.push(RankAssignment {
+                        rank: rank as u32,
+                        local_rank: ranks.len() as u32,
+                        gpus: r.gpus.clone(),
+                    });
+                }
+            }
+            let master = &rec.placement[0].node;
+            let master_addr = self
+                .cluster
+                .node_index(master)
+                .map(|i| self.cluster.nodes()[i as usize].spec.address.clone())
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(|| master.clone());
+            out.push(Assignment {
+                job: id,
+                attempt: rec.attempt,
+                name: rec.spec.name.clone(),
+                user: rec.user.clone(),
+                run: rec.spec.run.clone(),
+                ranks,
+                world_size: rec.placement.len() as u32,
+                node_rank: node_rank as u32,
+                nnodes: nodes.len() as u32,
+                master_addr,
+                master_port: master_port(id, rec.attempt),
+                cpu_millis: rec.spec.resources.cpu_millis,
+                memory_mib: rec.spec.resources.memory_mib,
+                checkpoint_signal: signal_number(&rec.spec.checkpoint.signal).unwrap_or(15),
+                grace_seconds: rec.spec.checkpoint.grace_seconds,
+                stop: rec.state == JobState::Preempting,
+            });
+        }
+        out
+    }
+
+    /// Node lifecycle, run each cycle: a node silent for
+    /// `node_not_ready_seconds` is NotReady (no new work); silent for
+    /// `node_lost_seconds`, its gangs are lost: preempted ones are requeued,
+    /// the others restart elsewhere per their restart policy.
+    fn check_nodes(&mut self, now: Time) -> Result<(), ControlError> {
+        let lc = self.lifecycle;
+        let mut lost_now = Vec::new();
+        for info in self.cluster.nodes() {
+            let name = &info.spec.name;
+            let seen = *self.last_seen.get(name).unwrap_or(&self.opened_at);
+            let silent = now.saturating_sub(seen);
+            if silent >= lc.node_lost_seconds && !self.lost.contains(name) {
+                lost_now.push((name.clone(), silent, info.ready));
+            } else if silent >= lc.node_not_ready_seconds && info.ready {
+                lost_now.push((name.clone(), silent, true));
+            }
+        }
+        for (name, silent, ready) in lost_now {
+            if ready {
+                tracing::warn!("node {name} is NotReady: no heartbeat for {silent}s");
+                self.cluster
+                    .set_ready(&name, false)
+                    .map_err(|e| ControlError::BadNode(e.to_string()))?;
+            }
+            if silent < lc.node_lost_seconds {
+                continue;
+            }
+            self.lost.insert(name.clone());
+            let Some(n) = self.cluster.node_index(&name) else {
+                continue;
+            };
+            let ids: Vec<JobId> = self.cluster.jobs_on(n).to_vec();
+            for id in ids {
+                let Some((rec, _)) = self.jobs.get(&id) else {
+                    continue;
+                };
+                let rec = rec.clone();
+                let msg = format!("node {name} lost (no heartbeat for {silent}s)");
+                match rec.state {
+                    JobState::Preempting => {
+                        self.end_attempt(rec, Ending::Requeued(msg), now)?;
+                    }
+                    JobState::Scheduled | JobState::Running => {
+                        self.end_attempt(rec, Ending::Failed(msg), now)?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Cordons or uncordons a node, durably.
@@ -550,6 +945,7 @@ impl<S: Store> Control<S> {
 
     /// One scheduling cycle: decisions are written to the store first, then applied.
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        self.check_nodes(now)?;
         self.resume_restarts(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
         // Only what `apply` reads; the explanations are not copied.
@@ -565,6 +961,10 @@ impl<S: Store> Control<S> {
             let mut rec = rec.clone();
             rec.state = JobState::Scheduled;
             rec.placement = self.placement_to(&b.placement);
+            rec.ran_on = rec.placement.iter().map(|r| r.node.clone()).collect();
+            rec.ran_attempt = rec.attempt;
+            rec.started_on.clear();
+            rec.exited_on.clear();
             rec.events.push(JobEvent {
                 at: now,
                 kind: "scheduled".into(),
@@ -668,6 +1068,11 @@ mod tests {
             restarts: 0,
             restart_at: None,
             preempted_by: None,
+            attempt: 0,
+            started_on: Default::default(),
+            exited_on: Default::default(),
+            ran_on: Vec::new(),
+            ran_attempt: 0,
         };
         c.jobs.insert(JobId(1), (rec, 1));
         let (q, u) = c.usage(0, 10_000, 20_000);

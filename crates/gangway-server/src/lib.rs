@@ -37,7 +37,8 @@ pub enum ServeError {
 pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> {
     std::fs::create_dir_all(data_dir)?;
     let store = RedbStore::open(&data_dir.join("gangway.redb"))?;
-    let control = Control::open(store, &cfg.queues)?;
+    let mut control = Control::open(store, &cfg.queues)?;
+    control.lifecycle = cfg.lifecycle();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
         control: Mutex::new(control),

@@ -2,6 +2,7 @@
 
 use gangway_core::{JobId, JobSpec, JobState, Time};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One rank group's GPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +52,35 @@ pub struct JobRecord {
     /// While preempting: the job it makes room for.
     #[serde(default)]
     pub preempted_by: Option<JobId>,
+    /// Which run this is: every requeue and restart starts a new attempt, and
+    /// agents stop ranks of any other attempt.
+    #[serde(default)]
+    pub attempt: u32,
+    /// Nodes whose ranks of this attempt have all started.
+    #[serde(default)]
+    pub started_on: BTreeSet<String>,
+    /// Nodes whose ranks of this attempt have all exited, with the exit code.
+    #[serde(default)]
+    pub exited_on: BTreeMap<String, i32>,
+    /// The node of each rank of the latest attempt that was placed (for logs).
+    #[serde(default)]
+    pub ran_on: Vec<String>,
+    /// That attempt.
+    #[serde(default)]
+    pub ran_attempt: u32,
+}
+
+impl JobRecord {
+    /// The distinct nodes of the current placement, in rank order.
+    pub fn nodes(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for r in &self.placement {
+            if !out.contains(&r.node.as_str()) {
+                out.push(&r.node);
+            }
+        }
+        out
+    }
 }
 
 /// Store key of a job.

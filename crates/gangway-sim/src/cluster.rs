@@ -355,6 +355,8 @@ impl ClusterSpec {
                     spine: format!("spine{spine:03}"),
                     labels: BTreeMap::new(),
                     cordoned: false,
+                    address: String::new(),
+                    agent_url: None,
                 };
                 s.add_node(node).map_err(err)?;
                 i += 1;

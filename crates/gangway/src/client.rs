@@ -67,6 +67,16 @@ impl Conn {
         Ok(self)
     }
 
+    /// A connection to a local server (for `gangway up`).
+    pub fn local(addr: &str, token: &str) -> Self {
+        Conn {
+            addr: Some(addr.to_string()),
+            token: Some(token.to_string()),
+            cli_config: None,
+            output: Output::Table,
+        }
+    }
+
     fn addr(&self) -> &str {
         self.addr.as_deref().unwrap_or("http://127.0.0.1:7070")
     }
@@ -155,15 +165,120 @@ fn gpus(job: &Value) -> u64 {
 
 /// `gangway submit FILE`.
 pub fn submit(c: &Conn, file: &std::path::Path) -> Result<()> {
+    let v = post_spec(c, file)?;
+    c.print(&v, |v| format!("job {} submitted\n", s(v, "id")))
+}
+
+/// Submits a job file and returns its id.
+pub fn submit_id(c: &Conn, file: &std::path::Path) -> Result<u64> {
+    let v = post_spec(c, file)?;
+    v.get("id")
+        .and_then(Value::as_u64)
+        .context("the server's answer has no job id")
+}
+
+/// Waits until every job has ended, printing each one's final state.
+pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
+    let mut left: Vec<u64> = ids.to_vec();
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for id in left {
+            let job = c.get(&format!("/v1/jobs/{id}"))?;
+            let state = s(&job, "state");
+            if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+                let last = job
+                    .get("events")
+                    .and_then(Value::as_array)
+                    .and_then(|e| e.last())
+                    .map(|e| s(e, "message"))
+                    .unwrap_or_default();
+                println!("job {id}: {state} ({last})");
+            } else {
+                still.push(id);
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+    Ok(())
+}
+
+fn post_spec(c: &Conn, file: &std::path::Path) -> Result<Value> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let ct = if file.extension().is_some_and(|e| e == "json") {
-        "application/json"
-    } else {
-        "application/yaml"
+    let (ct, body) = match with_submit_dir(&text)? {
+        Some(json) => ("application/json", json),
+        None if file.extension().is_some_and(|e| e == "json") => ("application/json", text),
+        None => ("application/yaml", text),
     };
-    let v = c.post("/v1/jobs", ct, &text)?;
-    c.print(&v, |v| format!("job {} submitted\n", s(v, "id")))
+    c.post("/v1/jobs", ct, &body)
+}
+
+/// Like `sbatch`, a job whose ranks run as processes starts in the directory
+/// it was submitted from unless its spec names one: returns the spec as JSON
+/// with `run.workdir` filled in, or `None` when nothing needs filling (the
+/// server then reports any problem with the spec itself).
+fn with_submit_dir(text: &str) -> Result<Option<String>> {
+    let Ok(mut v) = serde_yaml::from_str::<serde_json::Value>(text) else {
+        return Ok(None);
+    };
+    let Some(run) = v.get_mut("run").and_then(Value::as_object_mut) else {
+        return Ok(None);
+    };
+    let has_command = run.get("command").is_some_and(|c| !c.is_null());
+    if !has_command || run.contains_key("workdir") || run.get("image").is_some_and(|i| !i.is_null()) {
+        return Ok(None);
+    }
+    let cwd = std::env::current_dir().context("finding the submission directory")?;
+    run.insert("workdir".into(), Value::String(cwd.display().to_string()));
+    Ok(Some(serde_json::to_string(&v)?))
+}
+
+/// `gangway logs JOB [--rank N] [--attempt A] [--follow]`: prints a rank's
+/// log; with `--follow`, keeps printing until the job ends.
+pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) -> Result<()> {
+    use std::io::Write;
+    let mut offset = 0u64;
+    let mut attempt = attempt;
+    loop {
+        let job = c.get(&format!("/v1/jobs/{id}"))?;
+        let state = s(&job, "state");
+        let done = matches!(state.as_str(), "succeeded" | "failed" | "cancelled");
+        let latest = job.get("ran_attempt").and_then(Value::as_u64).map(|a| a as u32);
+        if follow && attempt.is_some() && latest.is_some() && attempt != latest && job.get("ran_on").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+            // A new attempt started (restart or resume): follow it from its beginning.
+            attempt = latest;
+            offset = 0;
+            println!("--- attempt {} ---", attempt.unwrap_or(0));
+        }
+        let mut path = format!("/v1/jobs/{id}/logs?rank={rank}&offset={offset}");
+        if let Some(a) = attempt {
+            path += &format!("&attempt={a}");
+        }
+        let chunk = match c.get(&path) {
+            Ok(v) => v,
+            Err(e) if follow && !done && e.to_string().contains("404") => {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let data = chunk.get("data").and_then(Value::as_str).unwrap_or("");
+        print!("{data}");
+        std::io::stdout().flush()?;
+        offset = chunk.get("next_offset").and_then(Value::as_u64).unwrap_or(offset);
+        if attempt.is_none() {
+            attempt = latest;
+        }
+        if !follow || (done && data.is_empty()) {
+            return Ok(());
+        }
+        if data.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
 }
 
 /// `gangway queue`.

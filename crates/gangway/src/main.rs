@@ -3,6 +3,7 @@
 mod bench;
 mod bench_api;
 mod client;
+mod local;
 mod sim;
 
 use anyhow::{Context, Result};
@@ -32,6 +33,24 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
+    },
+    /// Runs a node agent: registers the node, runs the ranks the server assigns.
+    Agent(local::AgentArgs),
+    /// Starts a local cluster: a server and N agents with declared GPUs.
+    Up(local::UpArgs),
+    /// Prints a rank's log.
+    Logs {
+        /// Job id.
+        id: u64,
+        /// Rank.
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// Attempt (default: the latest).
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing until the job ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
     },
     /// Submits a job spec (YAML or JSON).
     Submit {
@@ -126,6 +145,14 @@ fn run() -> Result<()> {
             data_dir,
             listen,
         } => server(&config, &data_dir, &listen),
+        Command::Agent(a) => local::agent(&a),
+        Command::Up(a) => local::up(&a),
+        Command::Logs {
+            id,
+            rank,
+            attempt,
+            follow,
+        } => client::logs(c, id, rank, attempt, follow),
         Command::Submit { file } => client::submit(c, &file),
         Command::Queue { queue, state, user } => {
             client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())

@@ -1,0 +1,477 @@
+//! The agent's life: discover, register, then sync and reconcile until stopped.
+
+use crate::config::{AgentConfig, ExecutorKind};
+use crate::discovery::{discover, machine_size, Discovery, DiscoveryError};
+use crate::executor::{Executor, ExecutorError, Launch, Rank, RankKey};
+use crate::logs::{log_path, LogServer};
+use crate::reconcile::{plan, Action, TaskKey, TaskView};
+use gangway_core::agent::{rank_env, Assignment, SyncRequest, SyncResponse, TaskReport};
+use gangway_core::NodeSpec;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
+
+/// Why an agent could not start.
+#[derive(Debug, Error)]
+pub enum AgentError {
+    /// No GPUs could be found.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    /// The executor could not be set up.
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+    /// Local I/O (state dir, log listener).
+    #[error("agent: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server refused the node for good.
+    #[error("the server refused to register node {node}: {msg}")]
+    Refused {
+        /// Node.
+        node: String,
+        /// Server's message.
+        msg: String,
+    },
+}
+
+/// One rank as the agent tracks it.
+struct RankRun {
+    handle: Rank,
+    exit: Option<i32>,
+}
+
+/// One job attempt on this node.
+struct Task {
+    ranks: BTreeMap<u32, RankRun>,
+    signal: i32,
+    grace: Duration,
+    stop_sent: bool,
+    kill_at: Option<Instant>,
+}
+
+impl Task {
+    fn view(&self) -> TaskView {
+        TaskView {
+            exits: self.ranks.values().map(|r| r.exit).collect(),
+            stop_sent: self.stop_sent,
+        }
+    }
+}
+
+/// A running agent.
+pub struct Agent {
+    cfg: AgentConfig,
+    discovery: Discovery,
+    executor: Executor,
+    token: Arc<RwLock<String>>,
+    tasks: BTreeMap<TaskKey, Task>,
+    exits_tx: UnboundedSender<(RankKey, i32)>,
+    exits_rx: UnboundedReceiver<(RankKey, i32)>,
+    agent_url: String,
+}
+
+/// Controls an agent started with [`Agent::start`].
+pub struct AgentHandle {
+    /// Node name.
+    pub node: String,
+    /// Where the agent serves logs.
+    pub log_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AgentHandle {
+    /// Stops the agent: its ranks are killed, then it returns.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+enum SyncError {
+    /// The server does not know the node or its token: register again.
+    Unregistered(String),
+    Other(String),
+}
+
+fn post_json<T: serde::de::DeserializeOwned>(
+    url: &str,
+    token: &str,
+    body: &impl serde::Serialize,
+) -> Result<T, (Option<u16>, String)> {
+    let r = ureq::post(url)
+        .set("Authorization", &format!("Bearer {token}"))
+        .timeout(Duration::from_secs(5))
+        .send_json(body);
+    match r {
+        Ok(resp) => resp.into_json::<T>().map_err(|e| (None, e.to_string())),
+        Err(ureq::Error::Status(code, resp)) => {
+            let text = resp.into_string().unwrap_or_default();
+            Err((Some(code), text))
+        }
+        Err(e) => Err((None, e.to_string())),
+    }
+}
+
+impl Agent {
+    /// Discovers the GPUs, starts the log server, registers with the server
+    /// (retrying until it answers) and starts syncing.
+    pub async fn start(cfg: AgentConfig) -> Result<AgentHandle, AgentError> {
+        std::fs::create_dir_all(&cfg.state_dir)?;
+        std::fs::create_dir_all(&cfg.checkpoint_root)?;
+        let discovery = discover(&cfg.inventory)?;
+        let executor = Executor::new(
+            cfg.executor == ExecutorKind::Docker,
+            cfg.gpu_runtime,
+            &cfg.node,
+        )
+        .await?;
+        let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
+        let log_addr = listener.local_addr()?;
+        let host = if log_addr.ip().is_unspecified() {
+            cfg.address.clone()
+        } else {
+            log_addr.ip().to_string()
+        };
+        let agent_url = format!("http://{host}:{}", log_addr.port());
+        let token = Arc::new(RwLock::new(String::new()));
+        let logs = LogServer {
+            dir: cfg.state_dir.join("logs"),
+            token: token.clone(),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, crate::logs::router(logs)).await {
+                tracing::error!("log server: {e}");
+            }
+        });
+        tracing::info!(
+            "agent {}: {} GPUs ({}), {:?} executor, logs on {agent_url}",
+            cfg.node,
+            discovery.gpus.len(),
+            discovery.source,
+            cfg.executor
+        );
+        let (exits_tx, exits_rx) = unbounded_channel();
+        let (stop, stop_rx) = watch::channel(false);
+        let node = cfg.node.clone();
+        let mut agent = Agent {
+            cfg,
+            discovery,
+            executor,
+            token,
+            tasks: BTreeMap::new(),
+            exits_tx,
+            exits_rx,
+            agent_url,
+        };
+        agent.register(stop_rx.clone()).await?;
+        let task = tokio::spawn(agent.run(stop_rx));
+        Ok(AgentHandle {
+            node,
+            log_addr,
+            stop,
+            task,
+        })
+    }
+
+    fn node_spec(&self) -> NodeSpec {
+        let (cpu, mem) = machine_size();
+        NodeSpec {
+            name: self.cfg.node.clone(),
+            gpus: self.discovery.gpus.clone(),
+            cpu_millis: if self.cfg.cpu_millis > 0 { self.cfg.cpu_millis } else { cpu },
+            memory_mib: if self.cfg.memory_mib > 0 { self.cfg.memory_mib } else { mem },
+            leaf: self.cfg.leaf.clone(),
+            spine: self.cfg.spine.clone(),
+            labels: self.cfg.labels.clone(),
+            cordoned: false,
+            address: self.cfg.address.clone(),
+            agent_url: Some(self.agent_url.clone()),
+        }
+    }
+
+    /// Registers until the server answers; a 4xx other than auth is final.
+    async fn register(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
+        let url = format!("{}/v1/nodes", self.cfg.server.trim_end_matches('/'));
+        let spec = self.node_spec();
+        let mut warned = false;
+        loop {
+            let (u, t, s) = (url.clone(), self.cfg.join_token.clone(), spec.clone());
+            let r = tokio::task::spawn_blocking(move || post_json::<serde_json::Value>(&u, &t, &s))
+                .await
+                .unwrap_or_else(|e| Err((None, e.to_string())));
+            match r {
+                Ok(v) => {
+                    let tok = v["node_token"].as_str().unwrap_or_default().to_string();
+                    if let Ok(mut g) = self.token.write() {
+                        *g = tok;
+                    }
+                    tracing::info!("node {} registered with {}", self.cfg.node, self.cfg.server);
+                    return Ok(());
+                }
+                Err((Some(code), msg)) if (400..500).contains(&code) && code != 401 && code != 429 => {
+                    return Err(AgentError::Refused {
+                        node: self.cfg.node.clone(),
+                        msg: format!("{code} {msg}"),
+                    });
+                }
+                Err((_, msg)) => {
+                    if !warned {
+                        tracing::warn!("cannot register with {}: {msg}; retrying", self.cfg.server);
+                        warned = true;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = stop.changed() => return Ok(()),
+            }
+        }
+    }
+
+    fn record_exit(&mut self, k: RankKey, code: i32) {
+        if let Some(r) = self
+            .tasks
+            .get_mut(&(k.job, k.attempt))
+            .and_then(|t| t.ranks.get_mut(&k.rank))
+        {
+            r.exit.get_or_insert(code);
+        }
+    }
+
+    fn drain_exits(&mut self) {
+        while let Ok((k, code)) = self.exits_rx.try_recv() {
+            self.record_exit(k, code);
+        }
+    }
+
+    async fn sync(&self) -> Result<SyncResponse, SyncError> {
+        let req = SyncRequest {
+            gpus: self.discovery.health(&self.cfg.state_dir),
+            tasks: self
+                .tasks
+                .iter()
+                .map(|((job, attempt), t)| TaskReport {
+                    job: *job,
+                    attempt: *attempt,
+                    state: t.view().state(),
+                })
+                .collect(),
+        };
+        let url = format!(
+            "{}/v1/agent/{}/sync",
+            self.cfg.server.trim_end_matches('/'),
+            self.cfg.node
+        );
+        let token = self.token.read().map(|t| t.clone()).unwrap_or_default();
+        let r = tokio::task::spawn_blocking(move || post_json::<SyncResponse>(&url, &token, &req))
+            .await
+            .unwrap_or_else(|e| Err((None, e.to_string())));
+        r.map_err(|(code, msg)| match code {
+            Some(401 | 403 | 404) => SyncError::Unregistered(msg),
+            _ => SyncError::Other(msg),
+        })
+    }
+
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            self.drain_exits();
+            self.enforce_grace().await;
+            let mut acted = false;
+            match self.sync().await {
+                Ok(resp) => {
+                    if failing_since.take().is_some() {
+                        tracing::info!("node {}: server reachable again", self.cfg.node);
+                    }
+                    acted = self.reconcile(resp.assignments).await;
+                }
+                Err(SyncError::Unregistered(msg)) => {
+                    tracing::warn!("node {}: {msg}; registering again", self.cfg.node);
+                    if self.register(stop.clone()).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Err(SyncError::Other(msg)) => {
+                    // Unreachable server: ranks keep running (a partition may
+                    // heal); the server decides what happens to them.
+                    if failing_since.is_none() {
+                        tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
+                        failing_since = Some(Instant::now());
+                    }
+                }
+            }
+            if acted {
+                // Report what was just started or stopped without waiting a period.
+                continue;
+            }
+            let wait = self.next_deadline().map_or(self.cfg.sync_interval, |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(self.cfg.sync_interval)
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                Some((k, code)) = self.exits_rx.recv() => self.record_exit(k, code),
+                _ = stop.changed() => {}
+            }
+        }
+        self.kill_all().await;
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.tasks
+            .values()
+            .filter(|t| t.view().alive())
+            .filter_map(|t| t.kill_at)
+            .min()
+    }
+
+    /// Ranks still running when their grace period ends are killed.
+    async fn enforce_grace(&mut self) {
+        let now = Instant::now();
+        let due: Vec<TaskKey> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.kill_at.is_some_and(|d| d <= now) && t.view().alive())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            tracing::info!("job {} attempt {}: grace period over; killing", k.0, k.1);
+            self.signal_task(k, libc::SIGKILL).await;
+            if let Some(t) = self.tasks.get_mut(&k) {
+                t.kill_at = None;
+            }
+        }
+    }
+
+    async fn signal_task(&self, k: TaskKey, sig: i32) {
+        if let Some(t) = self.tasks.get(&k) {
+            for r in t.ranks.values().filter(|r| r.exit.is_none()) {
+                self.executor.signal(&r.handle, sig).await;
+            }
+        }
+    }
+
+    /// Kills a task's ranks and waits (bounded) until they are gone, so
+    /// their GPUs are free before anything else starts on them.
+    async fn kill_and_reap(&mut self, k: TaskKey) {
+        self.signal_task(k, libc::SIGKILL).await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.tasks.get(&k).is_some_and(|t| t.view().alive()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::error!("job {} attempt {}: ranks survived SIGKILL for 15s", k.0, k.1);
+                break;
+            }
+            match tokio::time::timeout(left, self.exits_rx.recv()).await {
+                Ok(Some((rk, code))) => self.record_exit(rk, code),
+                _ => break,
+            }
+        }
+    }
+
+    async fn kill_all(&mut self) {
+        let keys: Vec<TaskKey> = self.tasks.keys().copied().collect();
+        for k in keys {
+            self.kill_and_reap(k).await;
+        }
+    }
+
+    /// Applies the plan; returns whether anything changed.
+    async fn reconcile(&mut self, desired: Vec<Assignment>) -> bool {
+        let local: BTreeMap<TaskKey, TaskView> =
+            self.tasks.iter().map(|(k, t)| (*k, t.view())).collect();
+        let actions = plan(&desired, &local);
+        let acted = !actions.is_empty();
+        for a in actions {
+            match a {
+                Action::Kill(k) => {
+                    tracing::info!("job {} attempt {}: no longer wanted here; killing", k.0, k.1);
+                    self.kill_and_reap(k).await;
+                    self.tasks.remove(&k);
+                }
+                Action::Forget(k) => {
+                    self.tasks.remove(&k);
+                }
+                Action::Checkpoint(k) => {
+                    let Some((sig, grace)) = self.tasks.get(&k).map(|t| (t.signal, t.grace)) else {
+                        continue;
+                    };
+                    tracing::info!(
+                        "job {} attempt {}: preempted; signal {sig}, {}s to checkpoint",
+                        k.0,
+                        k.1,
+                        grace.as_secs()
+                    );
+                    self.signal_task(k, sig).await;
+                    if let Some(t) = self.tasks.get_mut(&k) {
+                        t.stop_sent = true;
+                        t.kill_at = Some(Instant::now() + grace);
+                    }
+                }
+                Action::Start(a) => self.start_task(*a).await,
+            }
+        }
+        acted
+    }
+
+    async fn start_task(&mut self, a: Assignment) {
+        let key = (a.job, a.attempt);
+        let mut task = Task {
+            ranks: BTreeMap::new(),
+            signal: a.checkpoint_signal,
+            grace: Duration::from_secs(a.grace_seconds),
+            stop_sent: a.stop,
+            kill_at: None,
+        };
+        if a.stop {
+            // Preempted before it started here: nothing to checkpoint.
+            self.tasks.insert(key, task);
+            return;
+        }
+        let ckpt = self.cfg.checkpoint_root.join(format!("job-{}", a.job));
+        let logs = self.cfg.state_dir.join("logs");
+        tracing::info!(
+            "job {} attempt {}: starting ranks {:?}",
+            a.job,
+            a.attempt,
+            a.ranks.iter().map(|r| r.rank).collect::<Vec<_>>()
+        );
+        for r in &a.ranks {
+            let mut env = rank_env(&a, r);
+            env.insert(
+                "GANGWAY_CHECKPOINT_DIR".into(),
+                ckpt.display().to_string(),
+            );
+            env.insert("GANGWAY_NODE".into(), self.cfg.node.clone());
+            env.insert(
+                "CUDA_VISIBLE_DEVICES".into(),
+                r.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            );
+            let launch = Launch {
+                key: RankKey {
+                    job: a.job,
+                    attempt: a.attempt,
+                    rank: r.rank,
+                },
+                run: a.run.clone(),
+                env,
+                gpus: r.gpus.clone(),
+                cpu_millis: a.cpu_millis,
+                memory_mib: a.memory_mib,
+                log: log_path(&logs, a.job.0, a.attempt, r.rank),
+                checkpoint_dir: ckpt.clone(),
+            };
+            let handle = self.executor.start(launch, self.exits_tx.clone()).await;
+            task.ranks.insert(r.rank, RankRun { handle, exit: None });
+        }
+        self.tasks.insert(key, task);
+    }
+}

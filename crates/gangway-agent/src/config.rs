@@ -1,0 +1,103 @@
+//! How an agent is configured: where the server is, what the node has, how ranks run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the node's GPUs come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inventory {
+    /// Ask NVML (a driver must be present).
+    Nvml,
+    /// Declared by the operator: for machines without GPUs (tests, `gangway up`)
+    /// or without a driver the agent can load.
+    Declared {
+        /// GPU count.
+        gpus: u32,
+        /// Model name.
+        model: String,
+        /// Memory per GPU in GiB.
+        memory_gib: u32,
+        /// Whether all GPUs share one NVLink island (else each is its own).
+        nvlink_all: bool,
+    },
+    /// NVML when it loads, else the declared inventory.
+    Auto(Box<Inventory>),
+}
+
+/// How ranks are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExecutorKind {
+    /// A process group per rank.
+    Process,
+    /// A Docker container per rank (the job's `run.image`); jobs without an
+    /// image still run as processes.
+    Docker,
+}
+
+/// Everything an agent needs to run.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Server base URL, e.g. `http://10.0.0.1:7070`.
+    pub server: String,
+    /// The cluster's join token.
+    pub join_token: String,
+    /// Node name (unique in the cluster).
+    pub node: String,
+    /// Address other nodes reach this node at (`MASTER_ADDR`).
+    pub address: String,
+    /// Where the agent serves logs (`ip:port`; port 0 picks one).
+    pub listen: String,
+    /// Leaf switch / rack.
+    pub leaf: String,
+    /// Spine.
+    pub spine: String,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+    /// GPUs.
+    pub inventory: Inventory,
+    /// Allocatable CPU (thousandths of a core); 0 means what the machine has.
+    pub cpu_millis: u64,
+    /// Allocatable memory in MiB; 0 means what the machine has.
+    pub memory_mib: u64,
+    /// How ranks run.
+    pub executor: ExecutorKind,
+    /// Pass GPUs into containers through the NVIDIA runtime (real GPUs only).
+    pub gpu_runtime: bool,
+    /// Logs, the health file and run state.
+    pub state_dir: PathBuf,
+    /// Checkpoints live in `<checkpoint_root>/job-<id>`; shared storage in a
+    /// real cluster, so a gang resumes wherever it is placed next.
+    pub checkpoint_root: PathBuf,
+    /// Time between syncs.
+    pub sync_interval: Duration,
+}
+
+impl AgentConfig {
+    /// A declared-inventory agent with defaults, for tests and `gangway up`.
+    pub fn declared(server: &str, join_token: &str, node: &str, gpus: u32, state_dir: PathBuf) -> Self {
+        AgentConfig {
+            server: server.to_string(),
+            join_token: join_token.to_string(),
+            node: node.to_string(),
+            address: "127.0.0.1".into(),
+            listen: "127.0.0.1:0".into(),
+            leaf: "leaf0".into(),
+            spine: "spine0".into(),
+            labels: BTreeMap::new(),
+            inventory: Inventory::Declared {
+                gpus,
+                model: "H100".into(),
+                memory_gib: 80,
+                nvlink_all: true,
+            },
+            cpu_millis: 0,
+            memory_mib: 0,
+            executor: ExecutorKind::Process,
+            gpu_runtime: false,
+            checkpoint_root: state_dir.join("checkpoints"),
+            state_dir,
+            sync_interval: Duration::from_secs(2),
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! Executors start one rank each: a process group, or a Docker container
+//! running the job's image. A rank that cannot start "exits" with the shell's
+//! code for it (127: no command; 125: the container could not be created)
+//! and the reason goes to its log, so the gang's restart policy applies.
+
+use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+use gangway_core::{JobId, RunSpec};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One rank of one attempt of one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RankKey {
+    /// Job.
+    pub job: JobId,
+    /// Attempt.
+    pub attempt: u32,
+    /// Global rank.
+    pub rank: u32,
+}
+
+/// Where exits are announced: the rank and its exit code (128+N for signal N).
+pub type ExitSender = UnboundedSender<(RankKey, i32)>;
+
+/// Everything needed to start one rank.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Which rank.
+    pub key: RankKey,
+    /// What to run.
+    pub run: RunSpec,
+    /// Its whole environment beyond PATH/HOME: Gangway's variables and
+    /// `CUDA_VISIBLE_DEVICES` with the host's device indices.
+    pub env: BTreeMap<String, String>,
+    /// Host GPU indices.
+    pub gpus: Vec<u32>,
+    /// CPU limit in thousandths of a core (0: none).
+    pub cpu_millis: u64,
+    /// Memory limit in MiB (0: none).
+    pub memory_mib: u64,
+    /// Log file (stdout and stderr).
+    pub log: PathBuf,
+    /// The job's checkpoint directory (mounted read-write into containers).
+    pub checkpoint_dir: PathBuf,
+}
+
+/// A started rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rank {
+    /// A process group (its leader's pid).
+    Process(i32),
+    /// A container by name.
+    Container(String),
+    /// Never started (its exit was already announced).
+    NotStarted,
+}
+
+/// Starts and signals ranks.
+#[derive(Clone)]
+pub struct Executor {
+    docker: Option<Docker>,
+    gpu_runtime: bool,
+    node: String,
+}
+
+/// Why the executor could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// Docker is not reachable.
+    #[error("docker: {0}")]
+    Docker(#[from] bollard::errors::Error),
+}
+
+fn note(log: &Path, msg: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        let _ = writeln!(f, "[gangway] {msg}");
+    }
+}
+
+fn exit_code(s: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code().or_else(|| s.signal().map(|n| 128 + n)).unwrap_or(255)
+}
+
+impl Executor {
+    /// Processes only, or Docker as well (connecting to the local engine).
+    pub async fn new(docker: bool, gpu_runtime: bool, node: &str) -> Result<Self, ExecutorError> {
+        let docker = if docker {
+            Some(Docker::connect_with_local_defaults()?.negotiate_version().await?)
+        } else {
+            None
+        };
+        Ok(Executor {
+            docker,
+            gpu_runtime,
+            node: node.to_string(),
+        })
+    }
+
+    /// Starts a rank; its exit (or failure to start) is sent on `exits`.
+    pub async fn start(&self, l: Launch, exits: ExitSender) -> Rank {
+        if let Some(parent) = l.log.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let _ = std::fs::create_dir_all(&l.checkpoint_dir);
+        if l.run.command.is_empty() {
+            note(&l.log, "the job spec has no run.command: nothing to run");
+            let _ = exits.send((l.key, 127));
+            return Rank::NotStarted;
+        }
+        match (&l.run.image, &self.docker) {
+            (Some(_), Some(d)) => self.start_container(d.clone(), l, exits).await,
+            (Some(image), None) => {
+                note(&l.log, &format!("the job asks for image {image:?} but this agent runs processes only (start it with --executor docker)"));
+                let _ = exits.send((l.key, 125));
+                Rank::NotStarted
+            }
+            (None, _) => start_process(l, exits),
+        }
+    }
+
+    /// Sends a signal (POSIX number) to every process of the rank.
+    pub async fn signal(&self, rank: &Rank, sig: i32) {
+        match rank {
+            Rank::Process(pgid) => {
+                // SAFETY: kill(2) on a process group we created; no memory is shared.
+                unsafe {
+                    libc::kill(-pgid, sig);
+                }
+            }
+            Rank::Container(name) => {
+                if let Some(d) = &self.docker {
+                    let opts = KillContainerOptionsBuilder::default()
+                        .signal(&sig.to_string())
+                        .build();
+                    if let Err(e) = d.kill_container(name, Some(opts)).await {
+                        tracing::debug!("signal {sig} to container {name}: {e}");
+                    }
+                }
+            }
+            Rank::NotStarted => {}
+        }
+    }
+
+    async fn start_container(&self, d: Docker, l: Launch, exits: ExitSender) -> Rank {
+        let k = l.key;
+        let name = format!(
+            "gangway-{}-j{}-a{}-r{}",
+            self.node.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
+            k.job,
+            k.attempt,
+            k.rank
+        );
+        // A leftover of an earlier agent run with the same name goes first.
+        let rm = RemoveContainerOptionsBuilder::default().force(true).build();
+        let _ = d.remove_container(&name, Some(rm)).await;
+        let mut env = l.env.clone();
+        let mut device_requests = None;
+        if self.gpu_runtime && !l.gpus.is_empty() {
+            // The NVIDIA runtime shows the container only its GPUs, renumbered from 0.
+            let visible: Vec<String> = (0..l.gpus.len()).map(|i| i.to_string()).collect();
+            env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
+            device_requests = Some(vec![DeviceRequest {
+                driver: Some("nvidia".into()),
+                device_ids: Some(l.gpus.iter().map(u32::to_string).collect()),
+                capabilities: Some(vec![vec!["gpu".into()]]),
+                ..Default::default()
+            }]);
+        }
+        let ckpt = l.checkpoint_dir.display().to_string();
+        let mut binds: Vec<String> = l
+            .run
+            .mounts
+            .iter()
+            .map(|m| format!("{}:{}{}", m.source, m.target, if m.read_only { ":ro" } else { "" }))
+            .collect();
+        binds.push(format!("{ckpt}:{ckpt}"));
+        let host = HostConfig {
+            binds: Some(binds),
+            // Ranks reach each other at their nodes' addresses (MASTER_ADDR).
+            network_mode: Some("host".into()),
+            memory: (l.memory_mib > 0).then(|| (l.memory_mib * 1024 * 1024) as i64),
+            nano_cpus: (l.cpu_millis > 0).then(|| (l.cpu_millis * 1_000_000) as i64),
+            device_requests,
+            ..Default::default()
+        };
+        let labels = [
+            ("gangway.job", k.job.to_string()),
+            ("gangway.attempt", k.attempt.to_string()),
+            ("gangway.rank", k.rank.to_string()),
+            ("gangway.node", self.node.clone()),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b))
+        .collect();
+        let body = ContainerCreateBody {
+            image: l.run.image.clone(),
+            cmd: Some(l.run.command.clone()),
+            env: Some(env.iter().map(|(a, b)| format!("{a}={b}")).collect()),
+            working_dir: l.run.workdir.clone(),
+            labels: Some(labels),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptionsBuilder::default().name(&name).build();
+        if let Err(e) = d.create_container(Some(opts), body).await {
+            note(&l.log, &format!("cannot create the container: {e}"));
+            let _ = exits.send((k, 125));
+            return Rank::NotStarted;
+        }
+        if let Err(e) = d.start_container(&name, None).await {
+            note(&l.log, &format!("cannot start the container: {e}"));
+            let _ = d.remove_container(&name, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await;
+            let _ = exits.send((k, 125));
+            return Rank::NotStarted;
+        }
+        let (d2, n2, log) = (d.clone(), name.clone(), l.log.clone());
+        tokio::spawn(async move {
+            let logs = tokio::spawn(copy_logs(d2.clone(), n2.clone(), log));
+            let code = match d2.wait_container(&n2, None).next().await {
+                Some(Ok(r)) => r.status_code as i32,
+                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code as i32,
+                _ => 255,
+            };
+            let _ = logs.await;
+            let rm = RemoveContainerOptionsBuilder::default().force(true).build();
+            let _ = d2.remove_container(&n2, Some(rm)).await;
+            let _ = exits.send((k, code));
+        });
+        Rank::Container(name)
+    }
+}
+
+async fn copy_logs(d: Docker, name: String, log: PathBuf) {
+    let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&log) else {
+        return;
+    };
+    let opts = LogsOptionsBuilder::default()
+        .follow(true)
+        .stdout(true)
+        .stderr(true)
+        .build();
+    let mut s = d.logs(&name, Some(opts));
+    while let Some(Ok(chunk)) = s.next().await {
+        let _ = f.write_all(chunk.as_ref());
+    }
+}
+
+fn start_process(l: Launch, exits: ExitSender) -> Rank {
+    let k = l.key;
+    let log = match std::fs::OpenOptions::new().create(true).append(true).open(&l.log) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!("rank log {}: {e}", l.log.display());
+            let _ = exits.send((k, 125));
+            return Rank::NotStarted;
+        }
+    };
+    let (out, err) = match log.try_clone() {
+        Ok(e) => (log, e),
+        Err(_) => {
+            let _ = exits.send((k, 125));
+            return Rank::NotStarted;
+        }
+    };
+    let mut cmd = tokio::process::Command::new(&l.run.command[0]);
+    cmd.args(&l.run.command[1..])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    for var in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
+        if let Some(v) = std::env::var_os(var) {
+            cmd.env(var, v);
+        }
+    }
+    cmd.envs(&l.env);
+    if let Some(dir) = &l.run.workdir {
+        cmd.current_dir(dir);
+    }
+    match cmd.spawn() {
+        Ok(mut child) => {
+            let pid = child.id().map_or(0, |p| p as i32);
+            tokio::spawn(async move {
+                let code = child.wait().await.map_or(255, exit_code);
+                let _ = exits.send((k, code));
+            });
+            Rank::Process(pid)
+        }
+        Err(e) => {
+            note(&l.log, &format!("cannot start {:?}: {e}", l.run.command[0]));
+            let _ = exits.send((k, 127));
+            Rank::NotStarted
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Gangway's node agent: it registers its node (GPUs from NVML or a declared
+//! inventory), then syncs with the server every few seconds like a kubelet:
+//! it reports GPU health and what its ranks are doing, receives the node's
+//! desired state, and reconciles — starting ranks that should run (as
+//! processes or Docker containers, with `CUDA_VISIBLE_DEVICES` and
+//! torchrun-style variables), signalling ranks whose job is being preempted
+//! and killing them after the grace period, and killing anything else.
+//! Rank logs go to files and are served to the server for `gangway logs`.
+
+pub mod agent;
+pub mod config;
+pub mod discovery;
+pub mod executor;
+pub mod logs;
+pub mod reconcile;
+
+pub use agent::{Agent, AgentError};
+pub use config::{AgentConfig, ExecutorKind, Inventory};
