@@ -1,0 +1,376 @@
+//! A real cluster for end-to-end tests: a `gangway server` process and
+//! `gangway agent` processes with declared GPUs, each on its own state dir.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gangway");
+pub const ADMIN: &str = "admin-secret";
+pub const JOIN: &str = "agent-secret";
+
+/// A rank for tests: records its environment and pid, checkpoints a step
+/// counter, resumes from it, saves it on SIGTERM, and runs until `$OUT/stop`
+/// exists or `STEPS` steps of 0.2 s are done (so nothing outlives a test long).
+pub const RANK_SCRIPT: &str = r#"#!/bin/sh
+key="$GANGWAY_ATTEMPT-$RANK"
+env > "$OUT/env-$key.tmp" && mv "$OUT/env-$key.tmp" "$OUT/env-$key"
+echo $$ > "$OUT/pid-$key"
+echo "rank $RANK of $WORLD_SIZE starting on $GANGWAY_NODE"
+ckpt="$GANGWAY_CHECKPOINT_DIR/rank-$RANK"
+step=0
+if [ -f "$ckpt" ]; then step=$(cat "$ckpt"); echo "$step" > "$OUT/resumed-$key"; fi
+trap 'echo "$step" > "$ckpt"; echo "$step" > "$OUT/checkpointed-$key"; exit 0' TERM
+while [ "$step" -lt "${STEPS:-600}" ] && [ ! -e "$OUT/stop" ]; do
+  sleep 0.2
+  step=$((step + 1))
+  echo "$step" > "$ckpt"
+done
+echo "rank $RANK done at step $step"
+"#;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub addr: String,
+    pub out: PathBuf,
+    pub script: PathBuf,
+    server: Child,
+    pub agents: BTreeMap<String, Child>,
+    /// Extra commands to run at teardown (network namespaces).
+    pub teardown: Vec<Vec<String>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.out.join("stop"), "");
+        for c in self.agents.values_mut() {
+            // SIGTERM: the agent kills its ranks on the way out.
+            let _ = Command::new("kill").arg(c.id().to_string()).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for c in self.agents.values_mut() {
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        kill_recorded_ranks(&self.out);
+        for cmd in &self.teardown {
+            let _ = Command::new(&cmd[0]).args(&cmd[1..]).output();
+        }
+    }
+}
+
+/// Kills every rank that recorded its pid (orphans of a killed agent).
+pub fn kill_recorded_ranks(out: &Path) {
+    for (_, pid) in pids(out, None) {
+        let _ = Command::new("kill").args(["-9", "--", &format!("-{pid}")]).output();
+    }
+}
+
+/// `pid-ATTEMPT-RANK` files: (rank, pid) of one attempt, or of all.
+pub fn pids(out: &Path, attempt: Option<u32>) -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(out).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("pid-") else { continue };
+        let Some((a, r)) = rest.split_once('-') else { continue };
+        let (Ok(a), Ok(r)) = (a.parse::<u32>(), r.parse::<u32>()) else { continue };
+        if attempt.is_some_and(|x| x != a) {
+            continue;
+        }
+        if let Ok(p) = std::fs::read_to_string(e.path()).map(|t| t.trim().parse::<u32>()) {
+            if let Ok(p) = p {
+                v.push((r, p));
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+pub fn alive(pid: u32) -> bool {
+    // A zombie (state Z) still has a /proc entry but runs nothing.
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+    !state.starts_with(['Z', 'X'])
+}
+
+pub fn server_config(extra: &str) -> String {
+    format!(
+        "admin_token: {ADMIN}\nagent_token: {JOIN}\ncycle_seconds: 1\nnode_not_ready_seconds: 2\nnode_lost_seconds: 4\nqueues:\n  - name: default\n{extra}"
+    )
+}
+
+impl Cluster {
+    /// A server on `listen_ip` with the test config.
+    pub fn start(listen_ip: &str) -> Cluster {
+        Self::start_with(listen_ip, &server_config(""))
+    }
+
+    pub fn start_with(listen_ip: &str, config: &str) -> Cluster {
+        let dir = tempfile::tempdir().expect("tmp");
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(&out).expect("out dir");
+        // Containers may run as another user: let anyone write results.
+        let _ = Command::new("chmod").args(["0777"]).arg(&out).status();
+        let script = dir.path().join("rank.sh");
+        std::fs::write(&script, RANK_SCRIPT).expect("script");
+        let cfg = dir.path().join("server.yaml");
+        std::fs::write(&cfg, config).expect("config");
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
+        let server = Command::new(BIN)
+            .args(["server", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen", &format!("{listen_ip}:{port}")])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn server");
+        let addr = format!("http://{listen_ip}:{port}");
+        let c = Cluster {
+            dir,
+            addr,
+            out,
+            script,
+            server,
+            agents: BTreeMap::new(),
+            teardown: Vec::new(),
+        };
+        wait_for("server up", 20, || ureq::get(&format!("{}/healthz", c.addr)).call().ok());
+        c
+    }
+
+    /// Starts `gangway agent` for `node` with `gpus` declared GPUs; `prefix`
+    /// runs it elsewhere (e.g. `ip netns exec NS`).
+    pub fn agent(&mut self, node: &str, gpus: u32, prefix: &[&str], extra: &[&str]) {
+        let state = self.dir.path().join(node);
+        std::fs::create_dir_all(&state).expect("state dir");
+        let log = std::fs::File::create(self.dir.path().join(format!("{node}.log"))).expect("log");
+        let mut argv: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+        argv.push(BIN.into());
+        for a in [
+            "agent",
+            "--server",
+            &self.addr,
+            "--join-token",
+            JOIN,
+            "--node",
+            node,
+            "--inventory",
+            "declared",
+            "--gpus",
+            &gpus.to_string(),
+            "--sync-ms",
+            "300",
+            "--cpu-millis",
+            "64000",
+            "--memory-mib",
+            "262144",
+        ] {
+            argv.push(a.to_string());
+        }
+        argv.push("--state-dir".into());
+        argv.push(state.display().to_string());
+        argv.push("--checkpoint-root".into());
+        argv.push(self.dir.path().join("checkpoints").display().to_string());
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn agent");
+        self.agents.insert(node.to_string(), child);
+    }
+
+    /// Waits until `n` nodes are registered and Ready.
+    pub fn wait_nodes(&self, n: usize) {
+        wait_for("nodes ready", 30, || {
+            let v = self.get("/v1/nodes");
+            let ready = v
+                .as_array()?
+                .iter()
+                .filter(|x| x["ready"] == Value::Bool(true))
+                .count();
+            (ready >= n).then_some(())
+        });
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        match ureq::get(&format!("{}{path}", self.addr))
+            .set("Authorization", &format!("Bearer {ADMIN}"))
+            .call()
+        {
+            Ok(r) => r.into_json().expect("json"),
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    }
+
+    pub fn submit(&self, spec: &Value) -> u64 {
+        let r = ureq::post(&format!("{}/v1/jobs", self.addr))
+            .set("Authorization", &format!("Bearer {ADMIN}"))
+            .send_json(spec.clone());
+        match r {
+            Ok(r) => r.into_json::<Value>().expect("json")["id"].as_u64().expect("id"),
+            Err(ureq::Error::Status(c, r)) => panic!("submit: {c} {}", r.into_string().unwrap_or_default()),
+            Err(e) => panic!("submit: {e}"),
+        }
+    }
+
+    pub fn job(&self, id: u64) -> Value {
+        self.get(&format!("/v1/jobs/{id}"))
+    }
+
+    /// Waits until the job satisfies `f`; the job's JSON on failure.
+    pub fn wait_job(&self, id: u64, what: &str, secs: u64, f: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let j = self.job(id);
+            if f(&j) {
+                return j;
+            }
+            if Instant::now() > deadline {
+                self.dump();
+                panic!("job {id}: {what} within {secs}s; job is {j:#}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Prints the server's and agents' logs (on failure).
+    pub fn dump(&self) {
+        for e in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "log") {
+                eprintln!("==== {}\n{}", p.display(), std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+
+    /// A job spec running the test rank script.
+    pub fn rank_job(&self, name: &str, replicas: u32, gpus: u32) -> Value {
+        serde_json::json!({
+            "name": name,
+            "queue": "default",
+            "replicas": replicas,
+            "resources": { "gpus": gpus },
+            "restart": { "max_restarts": 3, "backoff_seconds": 0 },
+            "checkpoint": { "grace_seconds": 10 },
+            "run": {
+                "command": ["sh", self.script.display().to_string()],
+                "env": { "OUT": self.out.display().to_string() }
+            }
+        })
+    }
+
+    /// Environments recorded by the ranks of one attempt, by rank.
+    pub fn envs(&self, attempt: u32) -> BTreeMap<u32, BTreeMap<String, String>> {
+        read_envs(&self.out, attempt)
+    }
+}
+
+pub fn read_envs(out: &Path, attempt: u32) -> BTreeMap<u32, BTreeMap<String, String>> {
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir(out).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix(&format!("env-{attempt}-")) else { continue };
+        let Ok(rank) = rest.parse::<u32>() else { continue };
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let env = text
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        m.insert(rank, env);
+    }
+    m
+}
+
+/// Checks a gang's recorded environments: ranks 0..world, one WORLD_SIZE and
+/// rendezvous, per node distinct local ranks and disjoint GPUs.
+pub fn check_gang_env(envs: &BTreeMap<u32, BTreeMap<String, String>>, world: u32, nodes: usize, gpus_per_rank: usize) {
+    assert_eq!(envs.keys().copied().collect::<Vec<_>>(), (0..world).collect::<Vec<_>>(), "every rank ran once");
+    let one = |k: &str| {
+        let vals: std::collections::BTreeSet<&String> = envs.values().map(|e| &e[k]).collect();
+        assert_eq!(vals.len(), 1, "{k} differs between ranks: {vals:?}");
+        vals.into_iter().next().cloned().unwrap_or_default()
+    };
+    assert_eq!(one("WORLD_SIZE"), world.to_string());
+    one("MASTER_ADDR");
+    one("MASTER_PORT");
+    one("GANGWAY_CHECKPOINT_DIR");
+    assert_eq!(one("NNODES"), nodes.to_string());
+    let mut by_node: BTreeMap<String, Vec<&BTreeMap<String, String>>> = BTreeMap::new();
+    for e in envs.values() {
+        by_node.entry(e["GANGWAY_NODE"].clone()).or_default().push(e);
+    }
+    assert_eq!(by_node.len(), nodes, "ranks spread over {nodes} nodes");
+    let mut node_ranks = std::collections::BTreeSet::new();
+    for (node, es) in &by_node {
+        let nr: std::collections::BTreeSet<&String> = es.iter().map(|e| &e["NODE_RANK"]).collect();
+        assert_eq!(nr.len(), 1, "one NODE_RANK on {node}");
+        node_ranks.insert(nr.into_iter().next().cloned().unwrap_or_default());
+        let mut local: Vec<u32> = es.iter().map(|e| e["LOCAL_RANK"].parse().expect("LOCAL_RANK")).collect();
+        local.sort();
+        assert_eq!(local, (0..es.len() as u32).collect::<Vec<_>>(), "local ranks on {node}");
+        let mut seen = std::collections::BTreeSet::new();
+        for e in es {
+            let devs: Vec<&str> = e["CUDA_VISIBLE_DEVICES"].split(',').collect();
+            assert_eq!(devs.len(), gpus_per_rank, "rank {} GPUs {devs:?}", e["RANK"]);
+            for d in devs {
+                assert!(seen.insert(d.to_string()), "GPU {d} on {node} given to two ranks");
+            }
+            assert_eq!(e["LOCAL_WORLD_SIZE"], es.len().to_string());
+        }
+    }
+    let expect: std::collections::BTreeSet<String> = (0..nodes).map(|i| i.to_string()).collect();
+    assert_eq!(node_ranks, expect, "NODE_RANKs are 0..{nodes}");
+    // Rank 0's node is the rendezvous.
+    let r0 = &envs[&0];
+    assert_eq!(r0["NODE_RANK"], "0");
+}
+
+pub fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn events(j: &Value) -> Vec<(String, String)> {
+    j["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| (e["kind"].as_str().unwrap_or("").to_string(), e["message"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+pub fn state(j: &Value) -> &str {
+    j["state"].as_str().unwrap_or("")
+}
