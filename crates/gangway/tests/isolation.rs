@@ -1,0 +1,239 @@
+//! The agent's ranks in Docker containers, and agents in their own network
+//! namespaces so that node addresses are real. Both need root and tools that
+//! a developer's machine may lack: they skip with a message unless
+//! `GANGWAY_REQUIRE_DOCKER` / `GANGWAY_REQUIRE_NETNS` is set (CI sets both).
+
+mod agents;
+
+use agents::*;
+use serde_json::json;
+use std::process::{Command, Stdio};
+
+const IMAGE: &str = "gangway-test-busybox:1";
+
+fn required(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+fn skip_or_fail(var: &str, why: &str) {
+    assert!(!required(var), "{var} is set but {why}");
+    eprintln!("skipped: {why} (set {var}=1 to make this a failure)");
+}
+
+/// Builds a registry-free image from Debian's static busybox: `docker import`
+/// of a root filesystem with /bin/busybox and its applets as links.
+fn busybox_image() -> Result<(), String> {
+    let ok = |c: &mut Command| c.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !ok(Command::new("docker").arg("version")) {
+        return Err("docker is not reachable".into());
+    }
+    if ok(Command::new("docker").args(["image", "inspect", IMAGE])) {
+        return Ok(());
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .ok_or("no static busybox (apt-get install busybox-static)")?;
+    let root = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
+    std::fs::copy(busybox, bin.join("busybox")).map_err(|e| e.to_string())?;
+    for applet in ["sh", "env", "cat", "echo", "sleep", "mv", "touch", "ls", "nc", "id", "true"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).map_err(|e| e.to_string())?;
+    }
+    for d in ["tmp", "proc", "sys", "dev", "etc"] {
+        std::fs::create_dir_all(root.path().join(d)).map_err(|e| e.to_string())?;
+    }
+    let cmd = format!("tar -C {} -c . | docker import - {IMAGE}", root.path().display());
+    if ok(Command::new("sh").args(["-c", &cmd])) {
+        Ok(())
+    } else {
+        Err("docker import of the busybox rootfs failed".into())
+    }
+}
+
+#[test]
+fn a_gang_runs_in_docker_containers_with_its_gpus_mounts_and_limits() {
+    if let Err(why) = busybox_image() {
+        return skip_or_fail("GANGWAY_REQUIRE_DOCKER", &why);
+    }
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("dock-a", 2, &[], &["--executor", "docker"]);
+    c.agent("dock-b", 2, &[], &["--executor", "docker"]);
+    c.wait_nodes(2);
+    let data = c.dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data dir");
+    std::fs::write(data.join("input"), "tokens\n").expect("input");
+    let out = c.out.display().to_string();
+    let script = r#"
+key="$GANGWAY_ATTEMPT-$RANK"
+env > "$OUT/env-$key"
+cat /data/input > "$OUT/read-$RANK"
+(echo x > /data/written) 2>/dev/null && touch "$OUT/wrote-$RANK"
+cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null > "$OUT/memlimit-$RANK"
+echo "$RANK" > "$GANGWAY_CHECKPOINT_DIR/rank-$RANK"
+echo "rank $RANK in a container"
+"#;
+    let spec = json!({
+        "name": "docker-gang",
+        "queue": "default",
+        "replicas": 4,
+        "resources": { "gpus": 1, "cpu_millis": 500, "memory_mib": 64 },
+        "restart": { "max_restarts": 0 },
+        "run": {
+            "image": IMAGE,
+            "command": ["sh", "-c", script],
+            "env": { "OUT": out },
+            "mounts": [
+                { "source": out, "target": out },
+                { "source": data.display().to_string(), "target": "/data", "read_only": true }
+            ]
+        }
+    });
+    let id = c.submit(&spec);
+    let j = c.wait_job(id, "succeed", 90, |j| matches!(state(j), "succeeded" | "failed"));
+    assert_eq!(state(&j), "succeeded", "{:?}", events(&j));
+    check_gang_env(&c.envs(0), 4, 2, 1);
+    for r in 0..4 {
+        let read = std::fs::read_to_string(c.out.join(format!("read-{r}"))).expect("read the data mount");
+        assert_eq!(read, "tokens\n");
+        assert!(!c.out.join(format!("wrote-{r}")).exists(), "the data mount is read-only");
+        let limit = std::fs::read_to_string(c.out.join(format!("memlimit-{r}"))).expect("limit");
+        assert_eq!(limit.trim(), (64u64 << 20).to_string(), "memory limit of the container");
+        let ck = c.dir.path().join(format!("checkpoints/job-{id}/rank-{r}"));
+        assert!(ck.exists(), "checkpoint written through the mount");
+    }
+    assert!(!data.join("written").exists());
+    let out = Command::new(BIN)
+        .args(["logs", &id.to_string(), "--rank", "3"])
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .output()
+        .expect("logs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rank 3 in a container"));
+}
+
+/// Network namespaces on a private bridge: the server on the host side,
+/// each agent in its own namespace with its own address.
+struct Net {
+    bridge: String,
+    namespaces: Vec<String>,
+}
+
+impl Net {
+    fn teardown(&self) -> Vec<Vec<String>> {
+        let mut t: Vec<Vec<String>> = self
+            .namespaces
+            .iter()
+            .map(|ns| vec!["ip".into(), "netns".into(), "del".into(), ns.clone()])
+            .collect();
+        t.push(vec!["ip".into(), "link".into(), "del".into(), self.bridge.clone()]);
+        t.push(
+            ["iptables", "-D", "FORWARD", "-i", &self.bridge, "-o", &self.bridge, "-j", "ACCEPT"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        );
+        t
+    }
+}
+
+fn sh(cmd: &str) -> Result<(), String> {
+    let o = Command::new("sh").args(["-c", cmd]).output().map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd}: {}", String::from_utf8_lossy(&o.stderr).trim()))
+    }
+}
+
+fn make_net(tag: &str, subnet: &str, n: usize) -> Result<Net, String> {
+    let bridge = format!("gwbr{tag}");
+    let net = Net {
+        bridge: bridge.clone(),
+        namespaces: (0..n).map(|i| format!("gw{tag}ns{i}")).collect(),
+    };
+    // Leftovers of an interrupted run go first.
+    for cmd in net.teardown() {
+        let _ = Command::new(&cmd[0]).args(&cmd[1..]).output();
+    }
+    sh(&format!("ip link add {bridge} type bridge && ip addr add {subnet}.1/24 dev {bridge} && ip link set {bridge} up"))?;
+    // Docker's FORWARD policy would drop bridged traffic where br_netfilter is loaded.
+    let _ = sh(&format!("iptables -I FORWARD -i {bridge} -o {bridge} -j ACCEPT"));
+    for (i, ns) in net.namespaces.iter().enumerate() {
+        let (h, p) = (format!("gw{tag}h{i}"), format!("gw{tag}p{i}"));
+        sh(&format!(
+            "ip netns add {ns} && ip link add {h} type veth peer name {p} && ip link set {p} netns {ns} \
+             && ip link set {h} master {bridge} up && ip netns exec {ns} ip addr add {subnet}.{}/24 dev {p} \
+             && ip netns exec {ns} ip link set {p} up && ip netns exec {ns} ip link set lo up",
+            10 + i
+        ))?;
+    }
+    Ok(net)
+}
+
+#[test]
+fn agents_in_their_own_network_namespaces_rendezvous_at_real_addresses() {
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let has_busybox = std::path::Path::new("/bin/busybox").exists();
+    if !is_root || !has_busybox {
+        return skip_or_fail("GANGWAY_REQUIRE_NETNS", "needs root and /bin/busybox (busybox-static)");
+    }
+    let subnet = "10.213.7";
+    let net = match make_net("t7", subnet, 2) {
+        Ok(n) => n,
+        Err(e) => {
+            return skip_or_fail("GANGWAY_REQUIRE_NETNS", &format!("cannot make network namespaces: {e}"));
+        }
+    };
+    let mut c = Cluster::start(&format!("{subnet}.1"));
+    c.teardown = net.teardown();
+    for (i, ns) in net.namespaces.clone().iter().enumerate() {
+        let addr = format!("{subnet}.{}", 10 + i);
+        c.agent(&format!("ns-node-{i}"), 2, &["ip", "netns", "exec", ns], &["--address", &addr]);
+    }
+    c.wait_nodes(2);
+    // Rank 0 listens on MASTER_PORT in its namespace; rank 1 connects to
+    // MASTER_ADDR from the other namespace: only real addresses get through.
+    let script = r#"
+env > "$OUT/env-$GANGWAY_ATTEMPT-$RANK"
+if [ "$RANK" = 0 ]; then
+  busybox nc -l -p "$MASTER_PORT" > "$OUT/received"
+else
+  i=0
+  until echo "hello from rank $RANK on $GANGWAY_NODE" | busybox nc -w 2 "$MASTER_ADDR" "$MASTER_PORT"; do
+    i=$((i + 1)); [ "$i" -lt 100 ] || exit 3; sleep 0.2
+  done
+fi
+echo "rank $RANK finished"
+"#;
+    let spec = json!({
+        "name": "rendezvous",
+        "queue": "default",
+        "replicas": 2,
+        "resources": { "gpus": 2 },
+        "restart": { "max_restarts": 0 },
+        "run": {
+            "command": ["sh", "-c", script],
+            "env": { "OUT": c.out.display().to_string() }
+        }
+    });
+    let id = c.submit(&spec);
+    let j = c.wait_job(id, "end", 60, |j| matches!(state(j), "succeeded" | "failed"));
+    assert_eq!(state(&j), "succeeded", "{:?}", events(&j));
+    let envs = c.envs(0);
+    check_gang_env(&envs, 2, 2, 2);
+    let rank0_node = &envs[&0]["GANGWAY_NODE"];
+    let idx: usize = rank0_node.trim_start_matches("ns-node-").parse().expect("node index");
+    assert_eq!(envs[&1]["MASTER_ADDR"], format!("{subnet}.{}", 10 + idx), "MASTER_ADDR is rank 0's namespace address");
+    let got = std::fs::read_to_string(c.out.join("received")).expect("rank 0 received");
+    assert!(got.starts_with("hello from rank 1 on ns-node-"), "{got}");
+    // Logs travel from the agent's namespace through the server.
+    let out = Command::new(BIN)
+        .args(["logs", &id.to_string(), "--rank", "1"])
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .output()
+        .expect("logs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rank 1 finished"), "{}", String::from_utf8_lossy(&out.stderr));
+}
