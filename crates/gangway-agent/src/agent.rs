@@ -167,6 +167,7 @@ impl Agent {
             exits_rx,
             agent_url,
         };
+        agent.adopt_leftovers().await;
         agent.register(stop_rx.clone()).await?;
         let task = tokio::spawn(agent.run(stop_rx));
         Ok(AgentHandle {
@@ -177,13 +178,55 @@ impl Agent {
         })
     }
 
+    /// Ranks left running by an earlier run of this agent (it crashed or was
+    /// killed) cannot be waited on or trusted: they are killed, and their
+    /// attempts reported as exited with 137 so the server restarts the whole
+    /// gang instead of letting a second copy run beside them.
+    async fn adopt_leftovers(&mut self) {
+        let mut found = crate::leftovers::kill_processes(&self.cfg.state_dir);
+        found.extend(self.executor.kill_leftover_containers().await);
+        for k in found {
+            tracing::warn!(
+                "job {} attempt {} rank {}: left running by an earlier agent; killed",
+                k.job,
+                k.attempt,
+                k.rank
+            );
+            let t = self
+                .tasks
+                .entry((k.job, k.attempt))
+                .or_insert_with(|| Task {
+                    ranks: BTreeMap::new(),
+                    signal: libc::SIGTERM,
+                    grace: Duration::ZERO,
+                    stop_sent: false,
+                    kill_at: None,
+                });
+            t.ranks.insert(
+                k.rank,
+                RankRun {
+                    handle: Rank::NotStarted,
+                    exit: Some(128 + libc::SIGKILL),
+                },
+            );
+        }
+    }
+
     fn node_spec(&self) -> NodeSpec {
         let (cpu, mem) = machine_size();
         NodeSpec {
             name: self.cfg.node.clone(),
             gpus: self.discovery.gpus.clone(),
-            cpu_millis: if self.cfg.cpu_millis > 0 { self.cfg.cpu_millis } else { cpu },
-            memory_mib: if self.cfg.memory_mib > 0 { self.cfg.memory_mib } else { mem },
+            cpu_millis: if self.cfg.cpu_millis > 0 {
+                self.cfg.cpu_millis
+            } else {
+                cpu
+            },
+            memory_mib: if self.cfg.memory_mib > 0 {
+                self.cfg.memory_mib
+            } else {
+                mem
+            },
             leaf: self.cfg.leaf.clone(),
             spine: self.cfg.spine.clone(),
             labels: self.cfg.labels.clone(),
@@ -212,7 +255,9 @@ impl Agent {
                     tracing::info!("node {} registered with {}", self.cfg.node, self.cfg.server);
                     return Ok(());
                 }
-                Err((Some(code), msg)) if (400..500).contains(&code) && code != 401 && code != 429 => {
+                Err((Some(code), msg))
+                    if (400..500).contains(&code) && code != 401 && code != 429 =>
+                {
                     return Err(AgentError::Refused {
                         node: self.cfg.node.clone(),
                         msg: format!("{code} {msg}"),
@@ -233,6 +278,7 @@ impl Agent {
     }
 
     fn record_exit(&mut self, k: RankKey, code: i32) {
+        crate::leftovers::forget(&self.cfg.state_dir, k);
         if let Some(r) = self
             .tasks
             .get_mut(&(k.job, k.attempt))
@@ -367,7 +413,11 @@ impl Agent {
         while self.tasks.get(&k).is_some_and(|t| t.view().alive()) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                tracing::error!("job {} attempt {}: ranks survived SIGKILL for 15s", k.0, k.1);
+                tracing::error!(
+                    "job {} attempt {}: ranks survived SIGKILL for 15s",
+                    k.0,
+                    k.1
+                );
                 break;
             }
             match tokio::time::timeout(left, self.exits_rx.recv()).await {
@@ -393,7 +443,11 @@ impl Agent {
         for a in actions {
             match a {
                 Action::Kill(k) => {
-                    tracing::info!("job {} attempt {}: no longer wanted here; killing", k.0, k.1);
+                    tracing::info!(
+                        "job {} attempt {}: no longer wanted here; killing",
+                        k.0,
+                        k.1
+                    );
                     self.kill_and_reap(k).await;
                     self.tasks.remove(&k);
                 }
@@ -446,14 +500,15 @@ impl Agent {
         );
         for r in &a.ranks {
             let mut env = rank_env(&a, r);
-            env.insert(
-                "GANGWAY_CHECKPOINT_DIR".into(),
-                ckpt.display().to_string(),
-            );
+            env.insert("GANGWAY_CHECKPOINT_DIR".into(), ckpt.display().to_string());
             env.insert("GANGWAY_NODE".into(), self.cfg.node.clone());
             env.insert(
                 "CUDA_VISIBLE_DEVICES".into(),
-                r.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+                r.gpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
             );
             let launch = Launch {
                 key: RankKey {
@@ -469,7 +524,11 @@ impl Agent {
                 log: log_path(&logs, a.job.0, a.attempt, r.rank),
                 checkpoint_dir: ckpt.clone(),
             };
+            let key = launch.key;
             let handle = self.executor.start(launch, self.exits_tx.clone()).await;
+            if let Rank::Process(pid) = handle {
+                crate::leftovers::record(&self.cfg.state_dir, key, pid);
+            }
             task.ranks.insert(r.rank, RankRun { handle, exit: None });
         }
         self.tasks.insert(key, task);

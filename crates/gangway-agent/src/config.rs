@@ -75,7 +75,13 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// A declared-inventory agent with defaults, for tests and `gangway up`.
-    pub fn declared(server: &str, join_token: &str, node: &str, gpus: u32, state_dir: PathBuf) -> Self {
+    pub fn declared(
+        server: &str,
+        join_token: &str,
+        node: &str,
+        gpus: u32,
+        state_dir: PathBuf,
+    ) -> Self {
         AgentConfig {
             server: server.to_string(),
             join_token: join_token.to_string(),

@@ -59,7 +59,9 @@ fn from_nvml(nvml: &Nvml) -> Result<Vec<Gpu>, nvml_wrapper::error::NvmlError> {
         // "NVIDIA H100 80GB HBM3" → "H100": the model users ask for.
         let model = name
             .split_whitespace()
-            .find(|w| w.chars().any(|c| c.is_ascii_digit()) && w.chars().any(|c| c.is_ascii_alphabetic()))
+            .find(|w| {
+                w.chars().any(|c| c.is_ascii_digit()) && w.chars().any(|c| c.is_ascii_alphabetic())
+            })
             .unwrap_or(&name)
             .to_string();
         let memory_gib = (d.memory_info()?.total / (1 << 30)) as u32;
@@ -121,7 +123,11 @@ pub fn read_health_file(path: &Path) -> BTreeMap<u32, String> {
         return BTreeMap::new();
     };
     let mut out = BTreeMap::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let (idx, reason) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
         match idx.parse::<u32>() {
             Ok(i) => {
@@ -150,7 +156,9 @@ impl Discovery {
                 if let (None, Some(nvml)) = (&reason, &self.nvml) {
                     reason = match nvml.device_by_index(g.index) {
                         Err(e) => Some(format!("NVML cannot reach the device: {e}")),
-                        Ok(d) => match d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
+                        Ok(d) => match d
+                            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                        {
                             Ok(n) if n > 0 => Some(format!("{n} uncorrected ECC errors")),
                             _ => None,
                         },
@@ -198,8 +206,11 @@ mod tests {
         assert_eq!(d.gpus[3].island, 3, "no NVLink: every GPU its own island");
         let dir = tempfile::tempdir().expect("tmp");
         assert!(d.health(dir.path()).iter().all(|g| g.healthy));
-        std::fs::write(dir.path().join("unhealthy-gpus"), "2 XID 79 fell off the bus\nbogus\n")
-            .expect("write");
+        std::fs::write(
+            dir.path().join("unhealthy-gpus"),
+            "2 XID 79 fell off the bus\nbogus\n",
+        )
+        .expect("write");
         let h = d.health(dir.path());
         assert!(!h[2].healthy);
         assert_eq!(h[2].reason.as_deref(), Some("XID 79 fell off the bus"));

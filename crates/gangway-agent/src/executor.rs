@@ -80,21 +80,31 @@ pub enum ExecutorError {
 }
 
 fn note(log: &Path, msg: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
         let _ = writeln!(f, "[gangway] {msg}");
     }
 }
 
 fn exit_code(s: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    s.code().or_else(|| s.signal().map(|n| 128 + n)).unwrap_or(255)
+    s.code()
+        .or_else(|| s.signal().map(|n| 128 + n))
+        .unwrap_or(255)
 }
 
 impl Executor {
     /// Processes only, or Docker as well (connecting to the local engine).
     pub async fn new(docker: bool, gpu_runtime: bool, node: &str) -> Result<Self, ExecutorError> {
         let docker = if docker {
-            Some(Docker::connect_with_local_defaults()?.negotiate_version().await?)
+            Some(
+                Docker::connect_with_local_defaults()?
+                    .negotiate_version()
+                    .await?,
+            )
         } else {
             None
         };
@@ -154,7 +164,8 @@ impl Executor {
         let k = l.key;
         let name = format!(
             "gangway-{}-j{}-a{}-r{}",
-            self.node.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
+            self.node
+                .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
             k.job,
             k.attempt,
             k.rank
@@ -180,7 +191,14 @@ impl Executor {
             .run
             .mounts
             .iter()
-            .map(|m| format!("{}:{}{}", m.source, m.target, if m.read_only { ":ro" } else { "" }))
+            .map(|m| {
+                format!(
+                    "{}:{}{}",
+                    m.source,
+                    m.target,
+                    if m.read_only { ":ro" } else { "" }
+                )
+            })
             .collect();
         binds.push(format!("{ckpt}:{ckpt}"));
         let host = HostConfig {
@@ -218,7 +236,12 @@ impl Executor {
         }
         if let Err(e) = d.start_container(&name, None).await {
             note(&l.log, &format!("cannot start the container: {e}"));
-            let _ = d.remove_container(&name, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await;
+            let _ = d
+                .remove_container(
+                    &name,
+                    Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+                )
+                .await;
             let _ = exits.send((k, 125));
             return Rank::NotStarted;
         }
@@ -227,7 +250,9 @@ impl Executor {
             let logs = tokio::spawn(copy_logs(d2.clone(), n2.clone(), log));
             let code = match d2.wait_container(&n2, None).next().await {
                 Some(Ok(r)) => r.status_code as i32,
-                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code as i32,
+                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
+                    code as i32
+                }
                 _ => 255,
             };
             let _ = logs.await;
@@ -239,8 +264,54 @@ impl Executor {
     }
 }
 
+impl Executor {
+    /// Kills and removes containers this node's agent started before it
+    /// restarted; returns their ranks.
+    pub async fn kill_leftover_containers(&self) -> Vec<RankKey> {
+        let Some(d) = &self.docker else {
+            return Vec::new();
+        };
+        let mut filters = std::collections::HashMap::new();
+        filters.insert(
+            "label".to_string(),
+            vec![format!("gangway.node={}", self.node)],
+        );
+        let opts = bollard::query_parameters::ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let Ok(list) = d.list_containers(Some(opts)).await else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for c in list {
+            let labels = c.labels.unwrap_or_default();
+            let num = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
+            if let (Some(job), Some(attempt), Some(rank), Some(id)) = (
+                num("gangway.job"),
+                num("gangway.attempt"),
+                num("gangway.rank"),
+                c.id,
+            ) {
+                let rm = RemoveContainerOptionsBuilder::default().force(true).build();
+                let _ = d.remove_container(&id, Some(rm)).await;
+                out.push(RankKey {
+                    job: JobId(job),
+                    attempt: attempt as u32,
+                    rank: rank as u32,
+                });
+            }
+        }
+        out
+    }
+}
+
 async fn copy_logs(d: Docker, name: String, log: PathBuf) {
-    let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&log) else {
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+    else {
         return;
     };
     let opts = LogsOptionsBuilder::default()
@@ -256,7 +327,11 @@ async fn copy_logs(d: Docker, name: String, log: PathBuf) {
 
 fn start_process(l: Launch, exits: ExitSender) -> Rank {
     let k = l.key;
-    let log = match std::fs::OpenOptions::new().create(true).append(true).open(&l.log) {
+    let log = match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&l.log)
+    {
         Ok(f) => f,
         Err(e) => {
             tracing::error!("rank log {}: {e}", l.log.display());

@@ -11,6 +11,7 @@ pub mod agent;
 pub mod config;
 pub mod discovery;
 pub mod executor;
+pub mod leftovers;
 pub mod logs;
 pub mod reconcile;
 

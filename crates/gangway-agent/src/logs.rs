@@ -53,8 +53,12 @@ async fn read_log(
     }
     let path = log_path(&s.dir, job, attempt, rank);
     let offset = q.offset.unwrap_or(0);
-    let mut f = std::fs::File::open(&path)
-        .map_err(|_| (StatusCode::NOT_FOUND, format!("no log for job {job} attempt {attempt} rank {rank}")))?;
+    let mut f = std::fs::File::open(&path).map_err(|_| {
+        (
+            StatusCode::NOT_FOUND,
+            format!("no log for job {job} attempt {attempt} rank {rank}"),
+        )
+    })?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let start = offset.min(len);
     let mut buf = Vec::new();

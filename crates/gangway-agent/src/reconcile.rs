@@ -130,7 +130,10 @@ mod tests {
         let acts = plan(&[assignment(1, 0, true)], &local);
         assert_eq!(
             acts,
-            vec![Action::Forget((JobId(2), 0)), Action::Checkpoint((JobId(1), 0))]
+            vec![
+                Action::Forget((JobId(2), 0)),
+                Action::Checkpoint((JobId(1), 0))
+            ]
         );
         // After acting on it, re-running the plan changes nothing: signalled once.
         local.insert((JobId(1), 0), view(vec![None, None], true));
@@ -150,6 +153,9 @@ mod tests {
             view(vec![Some(0), Some(0)], false).state(),
             TaskState::Exited { exit_code: 0 }
         );
-        assert_eq!(view(vec![], false).state(), TaskState::Exited { exit_code: 0 });
+        assert_eq!(
+            view(vec![], false).state(),
+            TaskState::Exited { exit_code: 0 }
+        );
     }
 }

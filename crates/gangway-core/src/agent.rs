@@ -172,8 +172,14 @@ mod tests {
             }],
         };
         let text = serde_json::to_string(&r).expect("encode");
-        assert!(text.contains(r#""state":"exited","exit_code":137"#), "{text}");
-        assert_eq!(serde_json::from_str::<SyncRequest>(&text).expect("decode"), r);
+        assert!(
+            text.contains(r#""state":"exited","exit_code":137"#),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<SyncRequest>(&text).expect("decode"),
+            r
+        );
     }
 
     #[test]

@@ -568,29 +568,30 @@ async fn job_logs(
         q.offset.unwrap_or(0)
     );
     let r = tokio::task::spawn_blocking(move || {
-        ureq::get(&target)
+        match ureq::get(&target)
             .set("Authorization", &format!("Bearer {token}"))
             .timeout(std::time::Duration::from_secs(10))
             .call()
+        {
+            Ok(resp) => resp.into_json::<LogChunk>().map_err(|e| {
+                ApiError(
+                    StatusCode::BAD_GATEWAY,
+                    format!("agent answered badly: {e}"),
+                )
+            }),
+            Err(ureq::Error::Status(404, _)) => Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no log for job {id} attempt {attempt} rank {rank}"),
+            )),
+            Err(e) => Err(ApiError(
+                StatusCode::BAD_GATEWAY,
+                format!("cannot reach the agent: {e}"),
+            )),
+        }
     })
     .await
     .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    match r {
-        Ok(resp) => resp.into_json::<LogChunk>().map(Json).map_err(|e| {
-            ApiError(
-                StatusCode::BAD_GATEWAY,
-                format!("agent answered badly: {e}"),
-            )
-        }),
-        Err(ureq::Error::Status(404, _)) => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no log for job {id} attempt {attempt} rank {rank}"),
-        )),
-        Err(e) => Err(ApiError(
-            StatusCode::BAD_GATEWAY,
-            format!("cannot reach the agent: {e}"),
-        )),
-    }
+    r.map(Json)
 }
 
 async fn gpu_health(
@@ -613,7 +614,9 @@ async fn gpu_health(
     };
     lock(&app)?.set_gpu_health(&name, index, healthy)?;
     app.wake.notify_one();
-    Ok(Json(json!({ "node": name, "gpu": index, "healthy": healthy })))
+    Ok(Json(
+        json!({ "node": name, "gpu": index, "healthy": healthy }),
+    ))
 }
 
 async fn cordon(

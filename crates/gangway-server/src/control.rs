@@ -4,16 +4,16 @@
 //! in memory and acknowledged.
 
 use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, JOB_SEQ};
+use gangway_core::agent::{
+    master_port, Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
+};
+use gangway_core::signal_number;
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
 use gangway_sched::{
     apply, schedule, ClusterState, Decisions, Placement, Rejection, ReplicaPlacement,
     SchedulerConfig, StateConfig,
 };
 use gangway_store::{Compare, Op, Store, StoreError};
-use gangway_core::agent::{
-    master_port, Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
-};
-use gangway_core::signal_number;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use thiserror::Error;
 
@@ -667,7 +667,8 @@ impl<S: Store> Control<S> {
                 .is_some_and(|i| self.cluster.nodes()[i as usize].spec.cordoned);
             if !already {
                 self.cordon(node, true)?;
-                let why = format!("cordoned automatically at {now}: {count} gangs failed on it in a row");
+                let why =
+                    format!("cordoned automatically at {now}: {count} gangs failed on it in a row");
                 tracing::warn!("node {node} {why}");
                 self.cordon_reasons.insert(node.to_string(), why);
             }

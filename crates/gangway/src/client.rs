@@ -228,7 +228,8 @@ fn with_submit_dir(text: &str) -> Result<Option<String>> {
         return Ok(None);
     };
     let has_command = run.get("command").is_some_and(|c| !c.is_null());
-    if !has_command || run.contains_key("workdir") || run.get("image").is_some_and(|i| !i.is_null()) {
+    if !has_command || run.contains_key("workdir") || run.get("image").is_some_and(|i| !i.is_null())
+    {
         return Ok(None);
     }
     let cwd = std::env::current_dir().context("finding the submission directory")?;
@@ -246,8 +247,19 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
         let job = c.get(&format!("/v1/jobs/{id}"))?;
         let state = s(&job, "state");
         let done = matches!(state.as_str(), "succeeded" | "failed" | "cancelled");
-        let latest = job.get("ran_attempt").and_then(Value::as_u64).map(|a| a as u32);
-        if follow && attempt.is_some() && latest.is_some() && attempt != latest && job.get("ran_on").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+        let latest = job
+            .get("ran_attempt")
+            .and_then(Value::as_u64)
+            .map(|a| a as u32);
+        if follow
+            && attempt.is_some()
+            && latest.is_some()
+            && attempt != latest
+            && job
+                .get("ran_on")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+        {
             // A new attempt started (restart or resume): follow it from its beginning.
             attempt = latest;
             offset = 0;
@@ -268,7 +280,10 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
         let data = chunk.get("data").and_then(Value::as_str).unwrap_or("");
         print!("{data}");
         std::io::stdout().flush()?;
-        offset = chunk.get("next_offset").and_then(Value::as_u64).unwrap_or(offset);
+        offset = chunk
+            .get("next_offset")
+            .and_then(Value::as_u64)
+            .unwrap_or(offset);
         if attempt.is_none() {
             attempt = latest;
         }

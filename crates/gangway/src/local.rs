@@ -254,9 +254,10 @@ fn random_token() -> String {
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
 pub fn up(a: &UpArgs) -> Result<()> {
     init_tracing();
-    let dir = a.data_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("gangway-up-{}", std::process::id()))
-    });
+    let dir = a
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("gangway-up-{}", std::process::id())));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let admin = format!("admin-{}", random_token());
     let join = format!("join-{}", random_token());

@@ -19,10 +19,14 @@ fn a_two_node_gang_starts_together_with_disjoint_gpus_and_consistent_ranks() {
     let j = c.wait_job(id, "succeed", 60, |j| state(j) == "succeeded");
     let ev = events(&j);
     assert!(
-        ev.iter().any(|(k, m)| k == "running" && m == "all ranks started on 2 nodes"),
+        ev.iter()
+            .any(|(k, m)| k == "running" && m == "all ranks started on 2 nodes"),
         "{ev:?}"
     );
-    assert_eq!(ev.last().map(|e| e.1.as_str()), Some("all ranks exited with code 0 on 2 nodes"));
+    assert_eq!(
+        ev.last().map(|e| e.1.as_str()),
+        Some("all ranks exited with code 0 on 2 nodes")
+    );
     let envs = c.envs(0);
     check_gang_env(&envs, 8, 2, 1);
     // MASTER_ADDR is where rank 0 runs; every rank found the same checkpoint dir.
@@ -38,9 +42,19 @@ fn a_two_node_gang_starts_together_with_disjoint_gpus_and_consistent_ranks() {
             .output()
             .expect("gangway logs");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert!(text.contains(&format!("rank {rank} of 8 starting on")), "{text}");
-        assert!(text.contains(&format!("rank {rank} done at step 15")), "{text}");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(&format!("rank {rank} of 8 starting on")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("rank {rank} done at step 15")),
+            "{text}"
+        );
     }
 }
 
@@ -54,7 +68,10 @@ fn a_preempted_job_checkpoints_within_its_grace_and_resumes() {
     let low_id = c.submit(&low);
     c.wait_job(low_id, "run", 30, |j| state(j) == "running");
     // Let it make progress it would hate to lose.
-    let ckpt = c.dir.path().join(format!("checkpoints/job-{low_id}/rank-0"));
+    let ckpt = c
+        .dir
+        .path()
+        .join(format!("checkpoints/job-{low_id}/rank-0"));
     wait_for("progress", 20, || {
         std::fs::read_to_string(&ckpt)
             .ok()
@@ -69,7 +86,11 @@ fn a_preempted_job_checkpoints_within_its_grace_and_resumes() {
         events(j).iter().any(|(k, _)| k == "requeued")
     });
     let ev = events(&j);
-    let requeued = ev.iter().find(|(k, _)| k == "requeued").map(|e| e.1.clone()).unwrap_or_default();
+    let requeued = ev
+        .iter()
+        .find(|(k, _)| k == "requeued")
+        .map(|e| e.1.clone())
+        .unwrap_or_default();
     // It exited by itself (code 0) inside the grace period, not by SIGKILL.
     assert!(requeued.contains("exit code 0"), "{ev:?}");
     let saved: u32 = std::fs::read_to_string(c.out.join("checkpointed-0-0"))
@@ -80,7 +101,9 @@ fn a_preempted_job_checkpoints_within_its_grace_and_resumes() {
     assert!(saved >= 5);
     c.wait_job(prod_id, "succeed", 30, |j| state(j) == "succeeded");
     // The victim runs again as attempt 1 and starts from its checkpoint.
-    c.wait_job(low_id, "run again", 30, |j| state(j) == "running" && j["attempt"] == 1);
+    c.wait_job(low_id, "run again", 30, |j| {
+        state(j) == "running" && j["attempt"] == 1
+    });
     let resumed: u32 = wait_for("resume", 20, || {
         std::fs::read_to_string(c.out.join("resumed-1-0"))
             .ok()
@@ -105,11 +128,17 @@ fn killing_one_rank_restarts_the_whole_gang_from_its_checkpoint() {
     });
     std::thread::sleep(std::time::Duration::from_millis(600));
     let victim = first[5].1;
-    Command::new("kill").args(["-9", &victim.to_string()]).status().expect("kill");
-    let j = c.wait_job(id, "run attempt 1", 30, |j| j["attempt"] == 1 && state(j) == "running");
+    Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill");
+    let j = c.wait_job(id, "run attempt 1", 30, |j| {
+        j["attempt"] == 1 && state(j) == "running"
+    });
     let ev = events(&j);
     assert!(
-        ev.iter().any(|(k, m)| k == "restarting" && m.starts_with("exited with code 137 on ")),
+        ev.iter()
+            .any(|(k, m)| k == "restarting" && m.starts_with("exited with code 137 on ")),
         "{ev:?}"
     );
     let second = wait_for("8 new ranks", 20, || {
@@ -117,11 +146,17 @@ fn killing_one_rank_restarts_the_whole_gang_from_its_checkpoint() {
         (p.len() == 8).then_some(p)
     });
     // No rank of the first attempt survives beside the second.
-    wait_for("old ranks gone", 10, || first.iter().all(|(_, p)| !alive(*p)).then_some(()));
+    wait_for("old ranks gone", 10, || {
+        first.iter().all(|(_, p)| !alive(*p)).then_some(())
+    });
     assert!(second.iter().all(|(_, p)| alive(*p)));
     check_gang_env(&c.envs(1), 8, 2, 1);
     // Every rank of the new attempt resumed from the checkpoint.
-    wait_for("resumed", 10, || (0..8).all(|r| c.out.join(format!("resumed-1-{r}")).exists()).then_some(()));
+    wait_for("resumed", 10, || {
+        (0..8)
+            .all(|r| c.out.join(format!("resumed-1-{r}")).exists())
+            .then_some(())
+    });
     std::fs::write(c.out.join("stop"), "").expect("stop");
     let j = c.wait_job(id, "succeed", 30, |j| state(j) == "succeeded");
     assert_eq!(j["restarts"], 1);
@@ -142,7 +177,9 @@ fn a_lost_node_goes_not_ready_and_its_gang_moves_to_the_remaining_nodes() {
         .iter()
         .map(|r| r["node"].as_str().unwrap_or("").to_string())
         .collect();
-    wait_for("2 ranks", 20, || (pids(&c.out, Some(0)).len() == 2).then_some(()));
+    wait_for("2 ranks", 20, || {
+        (pids(&c.out, Some(0)).len() == 2).then_some(())
+    });
     let lost = placed[1].clone();
     let kept = placed[0].clone();
     let mut agent = c.agents.remove(&lost).expect("agent");
@@ -156,15 +193,22 @@ fn a_lost_node_goes_not_ready_and_its_gang_moves_to_the_remaining_nodes() {
             .filter(|n| n["ready"] == false)
             .map(|_| ())
     });
-    let j = c.wait_job(id, "run elsewhere", 40, |j| j["attempt"] == 1 && state(j) == "running");
+    let j = c.wait_job(id, "run elsewhere", 40, |j| {
+        j["attempt"] == 1 && state(j) == "running"
+    });
     let now_on: Vec<&str> = j["placement"]
         .as_array()
         .expect("placement")
         .iter()
         .map(|r| r["node"].as_str().unwrap_or(""))
         .collect();
-    assert!(!now_on.contains(&lost.as_str()), "rescheduled onto live nodes: {now_on:?}");
-    assert!(events(&j).iter().any(|(k, m)| k == "restarting" && m.contains(&format!("node {lost} lost"))));
+    assert!(
+        !now_on.contains(&lost.as_str()),
+        "rescheduled onto live nodes: {now_on:?}"
+    );
+    assert!(events(&j)
+        .iter()
+        .any(|(k, m)| k == "restarting" && m.contains(&format!("node {lost} lost"))));
     // The surviving node's rank of the lost attempt was stopped.
     let old = pids(&c.out, Some(0));
     let env0 = c.envs(0);
@@ -174,4 +218,116 @@ fn a_lost_node_goes_not_ready_and_its_gang_moves_to_the_remaining_nodes() {
         }
     }
     check_gang_env(&c.envs(1), 2, 2, 4);
+}
+
+#[test]
+fn a_restarted_agent_kills_what_it_left_running_and_the_gang_restarts_once() {
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 4, &[], &[]);
+    c.agent("node-b", 4, &[], &[]);
+    c.wait_nodes(2);
+    let id = c.submit(&c.rank_job("steady", 8, 1));
+    c.wait_job(id, "run", 30, |j| state(j) == "running");
+    let first = wait_for("8 ranks", 20, || {
+        let p = pids(&c.out, Some(0));
+        (p.len() == 8).then_some(p)
+    });
+    let mut agent = c.agents.remove("node-b").expect("agent");
+    agent.kill().expect("SIGKILL the agent");
+    let _ = agent.wait();
+    // Its ranks run on, orphaned, until the agent is back.
+    assert!(first.iter().all(|(_, p)| alive(*p)));
+    c.agent("node-b", 4, &[], &[]);
+    let j = c.wait_job(id, "restart", 30, |j| {
+        j["attempt"] == 1 && state(j) == "running"
+    });
+    assert!(
+        events(&j)
+            .iter()
+            .any(|(k, m)| k == "restarting" && m.starts_with("exited with code 137 on node-b")),
+        "{:?}",
+        events(&j)
+    );
+    wait_for("no rank of attempt 0 survives", 10, || {
+        first.iter().all(|(_, p)| !alive(*p)).then_some(())
+    });
+    let second = wait_for("8 ranks of attempt 1", 20, || {
+        let p = pids(&c.out, Some(1));
+        (p.len() == 8).then_some(p)
+    });
+    assert!(second.iter().all(|(_, p)| alive(*p)));
+    check_gang_env(&c.envs(1), 8, 2, 1);
+    assert_eq!(c.job(id)["attempt"], 1, "restarted exactly once");
+}
+
+#[test]
+fn an_unhealthy_gpu_is_never_assigned_until_it_recovers_or_is_cleared() {
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 4, &[], &[]);
+    c.wait_nodes(1);
+    let health = c.dir.path().join("node-a/unhealthy-gpus");
+    std::fs::write(&health, "2 XID 79: GPU has fallen off the bus\n").expect("health file");
+    wait_for("GPU 2 unhealthy", 10, || {
+        (c.node("node-a")["gpus"][2]["healthy"] == false).then_some(())
+    });
+    let mut spec = c.rank_job("whole-node", 1, 4);
+    spec["run"]["env"]["STEPS"] = json!("1");
+    let id = c.submit(&spec);
+    let j = c.wait_job(id, "wait with a reason", 10, |j| j["reason"].is_string());
+    assert_eq!(state(&j), "pending", "3 healthy GPUs cannot hold 4: {j}");
+    // A 3-GPU job fits beside the bad GPU and never gets it.
+    let mut small = c.rank_job("three", 1, 3);
+    small["run"]["env"]["STEPS"] = json!("1");
+    let small_id = c.submit(&small);
+    let j = c.wait_job(small_id, "succeed", 30, |j| state(j) == "succeeded");
+    let gpus = &j["placement"][0]["gpus"];
+    assert!(
+        !gpus.as_array().expect("gpus").contains(&json!(2)),
+        "{gpus}"
+    );
+    // An admin clears it (the agent still says unhealthy, but has not changed its mind).
+    c.post("/v1/nodes/node-a/gpus/2/clear");
+    c.wait_job(id, "succeed after the clear", 30, |j| {
+        state(j) == "succeeded"
+    });
+    // A new verdict from the agent counts again; recovery counts too.
+    std::fs::write(&health, "").expect("recover");
+    std::fs::write(&health, "1 ECC\n").expect("health");
+    wait_for("GPU 1 unhealthy", 10, || {
+        (c.node("node-a")["gpus"][1]["healthy"] == false).then_some(())
+    });
+    std::fs::remove_file(&health).expect("recover");
+    wait_for("GPU 1 recovered", 10, || {
+        (c.node("node-a")["gpus"][1]["healthy"] == true).then_some(())
+    });
+}
+
+#[test]
+fn a_node_that_keeps_failing_gangs_is_cordoned() {
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 4, &[], &[]);
+    c.wait_nodes(1);
+    let spec = json!({
+        "name": "doomed",
+        "queue": "default",
+        "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 5, "backoff_seconds": 0 },
+        "run": { "command": ["sh", "-c", "exit 1"] }
+    });
+    let id = c.submit(&spec);
+    wait_for("cordoned", 30, || {
+        (c.node("node-a")["cordoned"] == true).then_some(())
+    });
+    let n = c.node("node-a");
+    assert!(
+        n["cordon_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("3 gangs failed on it in a row")),
+        "{n}"
+    );
+    let j = c.wait_job(id, "wait", 10, |j| {
+        state(j) == "pending" && j["reason"].is_string()
+    });
+    assert_eq!(j["restarts"], 3, "no more attempts burnt on the bad node");
 }

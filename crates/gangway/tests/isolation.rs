@@ -23,7 +23,12 @@ fn skip_or_fail(var: &str, why: &str) {
 /// Builds a registry-free image from Debian's static busybox: `docker import`
 /// of a root filesystem with /bin/busybox and its applets as links.
 fn busybox_image() -> Result<(), String> {
-    let ok = |c: &mut Command| c.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let ok = |c: &mut Command| {
+        c.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
     if !ok(Command::new("docker").arg("version")) {
         return Err("docker is not reachable".into());
     }
@@ -38,13 +43,18 @@ fn busybox_image() -> Result<(), String> {
     let bin = root.path().join("bin");
     std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
     std::fs::copy(busybox, bin.join("busybox")).map_err(|e| e.to_string())?;
-    for applet in ["sh", "env", "cat", "echo", "sleep", "mv", "touch", "ls", "nc", "id", "true"] {
+    for applet in [
+        "sh", "env", "cat", "echo", "sleep", "mv", "touch", "ls", "nc", "id", "true",
+    ] {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).map_err(|e| e.to_string())?;
     }
     for d in ["tmp", "proc", "sys", "dev", "etc"] {
         std::fs::create_dir_all(root.path().join(d)).map_err(|e| e.to_string())?;
     }
-    let cmd = format!("tar -C {} -c . | docker import - {IMAGE}", root.path().display());
+    let cmd = format!(
+        "tar -C {} -c . | docker import - {IMAGE}",
+        root.path().display()
+    );
     if ok(Command::new("sh").args(["-c", &cmd])) {
         Ok(())
     } else {
@@ -91,15 +101,25 @@ echo "rank $RANK in a container"
         }
     });
     let id = c.submit(&spec);
-    let j = c.wait_job(id, "succeed", 90, |j| matches!(state(j), "succeeded" | "failed"));
+    let j = c.wait_job(id, "succeed", 90, |j| {
+        matches!(state(j), "succeeded" | "failed")
+    });
     assert_eq!(state(&j), "succeeded", "{:?}", events(&j));
     check_gang_env(&c.envs(0), 4, 2, 1);
     for r in 0..4 {
-        let read = std::fs::read_to_string(c.out.join(format!("read-{r}"))).expect("read the data mount");
+        let read =
+            std::fs::read_to_string(c.out.join(format!("read-{r}"))).expect("read the data mount");
         assert_eq!(read, "tokens\n");
-        assert!(!c.out.join(format!("wrote-{r}")).exists(), "the data mount is read-only");
+        assert!(
+            !c.out.join(format!("wrote-{r}")).exists(),
+            "the data mount is read-only"
+        );
         let limit = std::fs::read_to_string(c.out.join(format!("memlimit-{r}"))).expect("limit");
-        assert_eq!(limit.trim(), (64u64 << 20).to_string(), "memory limit of the container");
+        assert_eq!(
+            limit.trim(),
+            (64u64 << 20).to_string(),
+            "memory limit of the container"
+        );
         let ck = c.dir.path().join(format!("checkpoints/job-{id}/rank-{r}"));
         assert!(ck.exists(), "checkpoint written through the mount");
     }
@@ -127,23 +147,44 @@ impl Net {
             .iter()
             .map(|ns| vec!["ip".into(), "netns".into(), "del".into(), ns.clone()])
             .collect();
-        t.push(vec!["ip".into(), "link".into(), "del".into(), self.bridge.clone()]);
+        t.push(vec![
+            "ip".into(),
+            "link".into(),
+            "del".into(),
+            self.bridge.clone(),
+        ]);
         t.push(
-            ["iptables", "-D", "FORWARD", "-i", &self.bridge, "-o", &self.bridge, "-j", "ACCEPT"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            [
+                "iptables",
+                "-D",
+                "FORWARD",
+                "-i",
+                &self.bridge,
+                "-o",
+                &self.bridge,
+                "-j",
+                "ACCEPT",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         );
         t
     }
 }
 
 fn sh(cmd: &str) -> Result<(), String> {
-    let o = Command::new("sh").args(["-c", cmd]).output().map_err(|e| e.to_string())?;
+    let o = Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map_err(|e| e.to_string())?;
     if o.status.success() {
         Ok(())
     } else {
-        Err(format!("{cmd}: {}", String::from_utf8_lossy(&o.stderr).trim()))
+        Err(format!(
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
     }
 }
 
@@ -159,7 +200,9 @@ fn make_net(tag: &str, subnet: &str, n: usize) -> Result<Net, String> {
     }
     sh(&format!("ip link add {bridge} type bridge && ip addr add {subnet}.1/24 dev {bridge} && ip link set {bridge} up"))?;
     // Docker's FORWARD policy would drop bridged traffic where br_netfilter is loaded.
-    let _ = sh(&format!("iptables -I FORWARD -i {bridge} -o {bridge} -j ACCEPT"));
+    let _ = sh(&format!(
+        "iptables -I FORWARD -i {bridge} -o {bridge} -j ACCEPT"
+    ));
     for (i, ns) in net.namespaces.iter().enumerate() {
         let (h, p) = (format!("gw{tag}h{i}"), format!("gw{tag}p{i}"));
         sh(&format!(
@@ -174,23 +217,37 @@ fn make_net(tag: &str, subnet: &str, n: usize) -> Result<Net, String> {
 
 #[test]
 fn agents_in_their_own_network_namespaces_rendezvous_at_real_addresses() {
-    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
     let has_busybox = std::path::Path::new("/bin/busybox").exists();
     if !is_root || !has_busybox {
-        return skip_or_fail("GANGWAY_REQUIRE_NETNS", "needs root and /bin/busybox (busybox-static)");
+        return skip_or_fail(
+            "GANGWAY_REQUIRE_NETNS",
+            "needs root and /bin/busybox (busybox-static)",
+        );
     }
     let subnet = "10.213.7";
     let net = match make_net("t7", subnet, 2) {
         Ok(n) => n,
         Err(e) => {
-            return skip_or_fail("GANGWAY_REQUIRE_NETNS", &format!("cannot make network namespaces: {e}"));
+            return skip_or_fail(
+                "GANGWAY_REQUIRE_NETNS",
+                &format!("cannot make network namespaces: {e}"),
+            );
         }
     };
     let mut c = Cluster::start(&format!("{subnet}.1"));
     c.teardown = net.teardown();
     for (i, ns) in net.namespaces.clone().iter().enumerate() {
         let addr = format!("{subnet}.{}", 10 + i);
-        c.agent(&format!("ns-node-{i}"), 2, &["ip", "netns", "exec", ns], &["--address", &addr]);
+        c.agent(
+            &format!("ns-node-{i}"),
+            2,
+            &["ip", "netns", "exec", ns],
+            &["--address", &addr],
+        );
     }
     c.wait_nodes(2);
     // Rank 0 listens on MASTER_PORT in its namespace; rank 1 connects to
@@ -219,13 +276,22 @@ echo "rank $RANK finished"
         }
     });
     let id = c.submit(&spec);
-    let j = c.wait_job(id, "end", 60, |j| matches!(state(j), "succeeded" | "failed"));
+    let j = c.wait_job(id, "end", 60, |j| {
+        matches!(state(j), "succeeded" | "failed")
+    });
     assert_eq!(state(&j), "succeeded", "{:?}", events(&j));
     let envs = c.envs(0);
     check_gang_env(&envs, 2, 2, 2);
     let rank0_node = &envs[&0]["GANGWAY_NODE"];
-    let idx: usize = rank0_node.trim_start_matches("ns-node-").parse().expect("node index");
-    assert_eq!(envs[&1]["MASTER_ADDR"], format!("{subnet}.{}", 10 + idx), "MASTER_ADDR is rank 0's namespace address");
+    let idx: usize = rank0_node
+        .trim_start_matches("ns-node-")
+        .parse()
+        .expect("node index");
+    assert_eq!(
+        envs[&1]["MASTER_ADDR"],
+        format!("{subnet}.{}", 10 + idx),
+        "MASTER_ADDR is rank 0's namespace address"
+    );
     let got = std::fs::read_to_string(c.out.join("received")).expect("rank 0 received");
     assert!(got.starts_with("hello from rank 1 on ns-node-"), "{got}");
     // Logs travel from the agent's namespace through the server.
@@ -235,5 +301,9 @@ echo "rank $RANK finished"
         .env("GANGWAY_TOKEN", ADMIN)
         .output()
         .expect("logs");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("rank 1 finished"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("rank 1 finished"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -78,7 +78,9 @@ impl Drop for Cluster {
 /// Kills every rank that recorded its pid (orphans of a killed agent).
 pub fn kill_recorded_ranks(out: &Path) {
     for (_, pid) in pids(out, None) {
-        let _ = Command::new("kill").args(["-9", "--", &format!("-{pid}")]).output();
+        let _ = Command::new("kill")
+            .args(["-9", "--", &format!("-{pid}")])
+            .output();
     }
 }
 
@@ -87,16 +89,20 @@ pub fn pids(out: &Path, attempt: Option<u32>) -> Vec<(u32, u32)> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(out).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        let Some(rest) = name.strip_prefix("pid-") else { continue };
-        let Some((a, r)) = rest.split_once('-') else { continue };
-        let (Ok(a), Ok(r)) = (a.parse::<u32>(), r.parse::<u32>()) else { continue };
+        let Some(rest) = name.strip_prefix("pid-") else {
+            continue;
+        };
+        let Some((a, r)) = rest.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(r)) = (a.parse::<u32>(), r.parse::<u32>()) else {
+            continue;
+        };
         if attempt.is_some_and(|x| x != a) {
             continue;
         }
-        if let Ok(p) = std::fs::read_to_string(e.path()).map(|t| t.trim().parse::<u32>()) {
-            if let Ok(p) = p {
-                v.push((r, p));
-            }
+        if let Ok(Ok(p)) = std::fs::read_to_string(e.path()).map(|t| t.trim().parse::<u32>()) {
+            v.push((r, p));
         }
     }
     v.sort();
@@ -156,7 +162,9 @@ impl Cluster {
             agents: BTreeMap::new(),
             teardown: Vec::new(),
         };
-        wait_for("server up", 20, || ureq::get(&format!("{}/healthz", c.addr)).call().ok());
+        wait_for("server up", 20, || {
+            ureq::get(&format!("{}/healthz", c.addr)).call().ok()
+        });
         c
     }
 
@@ -165,7 +173,11 @@ impl Cluster {
     pub fn agent(&mut self, node: &str, gpus: u32, prefix: &[&str], extra: &[&str]) {
         let state = self.dir.path().join(node);
         std::fs::create_dir_all(&state).expect("state dir");
-        let log = std::fs::File::create(self.dir.path().join(format!("{node}.log"))).expect("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{node}.log")))
+            .expect("log");
         let mut argv: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
         argv.push(BIN.into());
         for a in [
@@ -232,10 +244,31 @@ impl Cluster {
             .set("Authorization", &format!("Bearer {ADMIN}"))
             .send_json(spec.clone());
         match r {
-            Ok(r) => r.into_json::<Value>().expect("json")["id"].as_u64().expect("id"),
-            Err(ureq::Error::Status(c, r)) => panic!("submit: {c} {}", r.into_string().unwrap_or_default()),
+            Ok(r) => r.into_json::<Value>().expect("json")["id"]
+                .as_u64()
+                .expect("id"),
+            Err(ureq::Error::Status(c, r)) => {
+                panic!("submit: {c} {}", r.into_string().unwrap_or_default())
+            }
             Err(e) => panic!("submit: {e}"),
         }
+    }
+
+    pub fn post(&self, path: &str) -> Value {
+        match ureq::post(&format!("{}{path}", self.addr))
+            .set("Authorization", &format!("Bearer {ADMIN}"))
+            .call()
+        {
+            Ok(r) => r.into_json().expect("json"),
+            Err(e) => panic!("POST {path}: {e}"),
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Value {
+        self.get("/v1/nodes")
+            .as_array()
+            .and_then(|v| v.iter().find(|n| n["name"] == name).cloned())
+            .unwrap_or(Value::Null)
     }
 
     pub fn job(&self, id: u64) -> Value {
@@ -260,10 +293,18 @@ impl Cluster {
 
     /// Prints the server's and agents' logs (on failure).
     pub fn dump(&self) {
-        for e in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "log") {
-                eprintln!("==== {}\n{}", p.display(), std::fs::read_to_string(&p).unwrap_or_default());
+                eprintln!(
+                    "==== {}\n{}",
+                    p.display(),
+                    std::fs::read_to_string(&p).unwrap_or_default()
+                );
             }
         }
     }
@@ -294,8 +335,12 @@ pub fn read_envs(out: &Path, attempt: u32) -> BTreeMap<u32, BTreeMap<String, Str
     let mut m = BTreeMap::new();
     for e in std::fs::read_dir(out).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        let Some(rest) = name.strip_prefix(&format!("env-{attempt}-")) else { continue };
-        let Ok(rank) = rest.parse::<u32>() else { continue };
+        let Some(rest) = name.strip_prefix(&format!("env-{attempt}-")) else {
+            continue;
+        };
+        let Ok(rank) = rest.parse::<u32>() else {
+            continue;
+        };
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let env = text
             .lines()
@@ -309,8 +354,17 @@ pub fn read_envs(out: &Path, attempt: u32) -> BTreeMap<u32, BTreeMap<String, Str
 
 /// Checks a gang's recorded environments: ranks 0..world, one WORLD_SIZE and
 /// rendezvous, per node distinct local ranks and disjoint GPUs.
-pub fn check_gang_env(envs: &BTreeMap<u32, BTreeMap<String, String>>, world: u32, nodes: usize, gpus_per_rank: usize) {
-    assert_eq!(envs.keys().copied().collect::<Vec<_>>(), (0..world).collect::<Vec<_>>(), "every rank ran once");
+pub fn check_gang_env(
+    envs: &BTreeMap<u32, BTreeMap<String, String>>,
+    world: u32,
+    nodes: usize,
+    gpus_per_rank: usize,
+) {
+    assert_eq!(
+        envs.keys().copied().collect::<Vec<_>>(),
+        (0..world).collect::<Vec<_>>(),
+        "every rank ran once"
+    );
     let one = |k: &str| {
         let vals: std::collections::BTreeSet<&String> = envs.values().map(|e| &e[k]).collect();
         assert_eq!(vals.len(), 1, "{k} differs between ranks: {vals:?}");
@@ -323,7 +377,10 @@ pub fn check_gang_env(envs: &BTreeMap<u32, BTreeMap<String, String>>, world: u32
     assert_eq!(one("NNODES"), nodes.to_string());
     let mut by_node: BTreeMap<String, Vec<&BTreeMap<String, String>>> = BTreeMap::new();
     for e in envs.values() {
-        by_node.entry(e["GANGWAY_NODE"].clone()).or_default().push(e);
+        by_node
+            .entry(e["GANGWAY_NODE"].clone())
+            .or_default()
+            .push(e);
     }
     assert_eq!(by_node.len(), nodes, "ranks spread over {nodes} nodes");
     let mut node_ranks = std::collections::BTreeSet::new();
@@ -331,15 +388,30 @@ pub fn check_gang_env(envs: &BTreeMap<u32, BTreeMap<String, String>>, world: u32
         let nr: std::collections::BTreeSet<&String> = es.iter().map(|e| &e["NODE_RANK"]).collect();
         assert_eq!(nr.len(), 1, "one NODE_RANK on {node}");
         node_ranks.insert(nr.into_iter().next().cloned().unwrap_or_default());
-        let mut local: Vec<u32> = es.iter().map(|e| e["LOCAL_RANK"].parse().expect("LOCAL_RANK")).collect();
+        let mut local: Vec<u32> = es
+            .iter()
+            .map(|e| e["LOCAL_RANK"].parse().expect("LOCAL_RANK"))
+            .collect();
         local.sort();
-        assert_eq!(local, (0..es.len() as u32).collect::<Vec<_>>(), "local ranks on {node}");
+        assert_eq!(
+            local,
+            (0..es.len() as u32).collect::<Vec<_>>(),
+            "local ranks on {node}"
+        );
         let mut seen = std::collections::BTreeSet::new();
         for e in es {
             let devs: Vec<&str> = e["CUDA_VISIBLE_DEVICES"].split(',').collect();
-            assert_eq!(devs.len(), gpus_per_rank, "rank {} GPUs {devs:?}", e["RANK"]);
+            assert_eq!(
+                devs.len(),
+                gpus_per_rank,
+                "rank {} GPUs {devs:?}",
+                e["RANK"]
+            );
             for d in devs {
-                assert!(seen.insert(d.to_string()), "GPU {d} on {node} given to two ranks");
+                assert!(
+                    seen.insert(d.to_string()),
+                    "GPU {d} on {node} given to two ranks"
+                );
             }
             assert_eq!(e["LOCAL_WORLD_SIZE"], es.len().to_string());
         }
@@ -367,7 +439,12 @@ pub fn events(j: &Value) -> Vec<(String, String)> {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|e| (e["kind"].as_str().unwrap_or("").to_string(), e["message"].as_str().unwrap_or("").to_string()))
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap_or("").to_string(),
+                e["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
         .collect()
 }
 
