@@ -36,7 +36,10 @@ pub fn document() -> Value {
                 "get": op("Nodes and their GPUs", "200"),
                 "post": op("Register a node (agent or admin token)", "201")
             },
-            "/v1/agent/{name}/report": { "post": op("An agent reports a job on its node: running, or exited with a code (node token)", "200") },
+            "/v1/jobs/{id}/logs": { "get": op("A rank's log, relayed from its agent: ?rank=&attempt=&offset= (returns data and next_offset)", "200") },
+            "/v1/agent/{name}/report": { "post": op("An agent reports a job on its node: running, or exited with a code; optional attempt (node token)", "200") },
+            "/v1/agent/{name}/sync": { "post": op("An agent's heartbeat: GPU health and task states in, the node's desired assignments out (node token)", "200") },
+            "/v1/nodes/{name}/gpus/{index}/{action}": { "post": op("Mark a GPU healthy (clear) or unhealthy (admin)", "200") },
             "/v1/nodes/{name}/{action}": { "post": op("cordon, drain or uncordon a node (admin)", "200") },
             "/metrics": { "get": { "summary": "Prometheus metrics", "responses": { "200": { "description": "text" } } } },
             "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } }
