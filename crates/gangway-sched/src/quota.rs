@@ -64,12 +64,25 @@ fn max_floor(d: u64, f: u64) -> u64 {
 }
 
 /// Checks whether queue `q` may take `req` more, against `cap`'s usage.
+/// A request larger than what is physically free passes the cluster-level
+/// check, so that its explanation is about placement, not quota.
 pub fn check(
     state: &ClusterState,
     cap: &Capacity,
     q: QueueId,
     req: Resources,
     preemptible: bool,
+) -> Result<(), QuotaBlock> {
+    check_with(state, cap, q, req, preemptible, true)
+}
+
+fn check_with(
+    state: &ClusterState,
+    cap: &Capacity,
+    q: QueueId,
+    req: Resources,
+    preemptible: bool,
+    exempt_physical: bool,
 ) -> Result<(), QuotaBlock> {
     let queues = state.queues();
     let own = &queues[q as usize];
@@ -129,7 +142,7 @@ pub fn check(
             Resource::Gpus => cap.free_total,
             _ => total.get(res).saturating_sub(cap.root_usage.get(res)),
         };
-        let physical = req.get(res) > free;
+        let physical = exempt_physical && req.get(res) > free;
         if delta.get(res) > 0 && d + delta.get(res) > total.get(res) && !physical {
             return Err(QuotaBlock {
                 queue: q,
@@ -171,10 +184,14 @@ pub fn max_admissible(
     preemptible: bool,
 ) -> Result<u32, QuotaBlock> {
     check(state, cap, q, per * u64::from(min), preemptible)?;
+    // Larger elastic sizes must really fit the cluster-level quota: placement
+    // may place fewer replicas than the size admitted here, and the physical
+    // exemption of a size larger than what is free would not hold for those
+    // (nor keep the check monotone in the size).
     let (mut lo, mut hi) = (min, max);
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if check(state, cap, q, per * u64::from(mid), preemptible).is_ok() {
+        if check_with(state, cap, q, per * u64::from(mid), preemptible, false).is_ok() {
             lo = mid;
         } else {
             hi = mid - 1;

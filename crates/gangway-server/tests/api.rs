@@ -610,3 +610,87 @@ fn a_failed_gang_restarts_with_backoff_then_fails_for_good() {
     );
     assert_eq!(v["restarts"], 1);
 }
+
+#[test]
+fn sync_answers_assignments_and_refuses_reports_about_an_old_attempt() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let ta = s.register("node-a", 4).1["node_token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let tb = s.register("node-b", 4).1["node_token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let spec = "name: gang\nqueue: research\nreplicas: 2\nresources:\n  gpus: 4\nrestart:\n  max_restarts: 2\n  backoff_seconds: 0\nrun:\n  command: [train]\n";
+    let id = s.submit("alice-token", spec).1["id"].as_u64().expect("id");
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    let sync = |node: &str, token: &str, tasks: &str| {
+        s.post(
+            &format!("/v1/agent/{node}/sync"),
+            token,
+            "application/json",
+            &format!("{{\"tasks\":[{tasks}]}}"),
+        )
+    };
+    // Each node is told to run its rank, with one rendezvous for the gang.
+    let (code, a) = sync("node-a", &ta, "");
+    assert_eq!(code, 200, "{a}");
+    let (_, b) = sync("node-b", &tb, "");
+    let (aa, bb) = (&a["assignments"][0], &b["assignments"][0]);
+    assert_eq!(aa["world_size"], 2);
+    assert_eq!(aa["master_port"], bb["master_port"]);
+    assert_eq!(aa["master_addr"], bb["master_addr"]);
+    let mut ranks = vec![
+        aa["ranks"][0]["rank"].clone(),
+        bb["ranks"][0]["rank"].clone(),
+    ];
+    ranks.sort_by_key(|r| r.as_u64());
+    assert_eq!(ranks, vec![json!(0), json!(1)]);
+    assert_ne!(aa["node_rank"], bb["node_rank"]);
+    // A node token speaks only for its node.
+    assert_eq!(sync("node-b", &ta, "").0, 403);
+    // Running on one node is not yet running.
+    let running = format!("{{\"job\":{id},\"attempt\":0,\"state\":\"running\"}}");
+    sync("node-a", &ta, &running);
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}"), "alice-token").1["state"],
+        "scheduled"
+    );
+    sync("node-b", &tb, &running);
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}"), "alice-token").1["state"],
+        "running"
+    );
+    // One rank fails: the whole gang restarts as attempt 1 ...
+    let failed = format!("{{\"job\":{id},\"attempt\":0,\"state\":\"exited\",\"exit_code\":2}}");
+    sync("node-a", &ta, &failed);
+    let v = s.wait_job(id, |j| j["state"] == "scheduled" && j["attempt"] == 1);
+    assert_eq!(v["restarts"], 1);
+    // ... and node-b's late report about attempt 0 changes nothing, while
+    // its answer lists only attempt 1 (so the agent kills attempt 0).
+    let (code, v) = s.post(
+        "/v1/agent/node-b/report",
+        &tb,
+        "application/json",
+        &format!("{{\"job\":{id},\"attempt\":0,\"state\":\"exited\",\"exit_code\":137}}"),
+    );
+    assert_eq!(code, 409, "{v}");
+    assert!(v["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("attempt 0 is over")));
+    let (_, b) = sync("node-b", &tb, &failed);
+    let attempts: Vec<&Value> = b["assignments"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|a| &a["attempt"])
+        .collect();
+    assert_eq!(attempts, vec![&json!(1)]);
+    let v = s.get(&format!("/v1/jobs/{id}"), "alice-token").1;
+    assert_eq!(
+        (v["state"].as_str(), v["restarts"].as_u64()),
+        (Some("scheduled"), Some(1))
+    );
+}
