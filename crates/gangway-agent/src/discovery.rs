@@ -1,4 +1,5 @@
-//! GPU discovery and health: NVML where a driver is present, otherwise the
+//! GPU discovery and health: NVML where a driver is present (uncorrected ECC
+//! errors, critical XID events, a device that stops answering), otherwise the
 //! operator's declared inventory. Either way an operator (or a health check
 //! outside Gangway) can mark GPUs unhealthy in `<state_dir>/unhealthy-gpus`,
 //! one `INDEX [reason]` per line.
@@ -6,10 +7,13 @@
 use crate::config::Inventory;
 use gangway_core::agent::GpuHealth;
 use gangway_core::Gpu;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
 /// Why the node's GPUs could not be found.
@@ -27,6 +31,58 @@ pub struct Discovery {
     /// `nvml` or `declared`.
     pub source: &'static str,
     nvml: Option<Nvml>,
+    /// Critical XID errors seen since the agent started, per device: sticky,
+    /// like the driver's own view, until an admin clears the GPU on the server.
+    xids: Arc<Mutex<BTreeMap<u32, String>>>,
+}
+
+/// Watches NVML's critical XID events on a thread of its own (NVML's event
+/// set is not `Send`), recording them per device index.
+fn watch_xids(count: u32, xids: Arc<Mutex<BTreeMap<u32, String>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("nvml-xid".into())
+        .spawn(move || {
+            let Ok(nvml) = Nvml::init() else { return };
+            let Ok(mut set) = nvml.create_event_set() else {
+                return;
+            };
+            for i in 0..count {
+                let Ok(d) = nvml.device_by_index(i) else {
+                    continue;
+                };
+                set = match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // The set is consumed by a failed registration.
+                        tracing::warn!("NVML: no XID events for GPU {i}: {}", e.error);
+                        return;
+                    }
+                };
+            }
+            loop {
+                match set.wait(5_000) {
+                    Ok(ev) => {
+                        let index = ev.device.index().unwrap_or(u32::MAX);
+                        let what = match ev.event_data {
+                            Some(XidError::Value(x)) => format!("critical XID {x}"),
+                            _ => "critical XID error".to_string(),
+                        };
+                        tracing::error!("GPU {index}: {what}");
+                        if let Ok(mut m) = xids.lock() {
+                            m.insert(index, what);
+                        }
+                    }
+                    Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+                    Err(e) => {
+                        tracing::warn!("NVML event wait: {e}; XID watch stops");
+                        return;
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the XID watch: {e}");
+    }
 }
 
 impl std::fmt::Debug for Discovery {
@@ -97,14 +153,18 @@ pub fn discover(inv: &Inventory) -> Result<Discovery, DiscoveryError> {
             gpus: declared(*gpus, model, *memory_gib, *nvlink_all),
             source: "declared",
             nvml: None,
+            xids: Arc::default(),
         }),
         Inventory::Nvml => {
             let nvml = Nvml::init().map_err(|e| DiscoveryError::Nvml(e.to_string()))?;
             let gpus = from_nvml(&nvml).map_err(|e| DiscoveryError::Nvml(e.to_string()))?;
+            let xids = Arc::default();
+            watch_xids(gpus.len() as u32, Arc::clone(&xids));
             Ok(Discovery {
                 gpus,
                 source: "nvml",
                 nvml: Some(nvml),
+                xids,
             })
         }
         Inventory::Auto(fallback) => match discover(&Inventory::Nvml) {
@@ -153,6 +213,9 @@ impl Discovery {
             .iter()
             .map(|g| {
                 let mut reason = marked.get(&g.index).cloned();
+                if reason.is_none() {
+                    reason = self.xids.lock().ok().and_then(|m| m.get(&g.index).cloned());
+                }
                 if let (None, Some(nvml)) = (&reason, &self.nvml) {
                     reason = match nvml.device_by_index(g.index) {
                         Err(e) => Some(format!("NVML cannot reach the device: {e}")),

@@ -300,7 +300,8 @@ fn check_preemptors_fit(d: &Driver) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // 256 cases by default; PROPTEST_CASES=3000 for a longer hunt.
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256), ..ProptestConfig::default() })]
 
     #[test]
     fn scheduler_invariants_hold((leaves, queues, jobs) in world()) {
