@@ -496,15 +496,7 @@ async fn agent_sync(
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
     let mut c = lock(&app)?;
     node_auth(&app, &c, &headers, &node)?;
-    let before: Vec<_> = req
-        .tasks
-        .iter()
-        .filter_map(|t| c.jobs.get(&t.job).map(|(r, _)| (r.id, r.state)))
-        .collect();
-    let out = c.sync(&node, &req, now())?;
-    let changed = before
-        .iter()
-        .any(|(id, st)| c.jobs.get(id).is_some_and(|(r, _)| r.state != *st));
+    let (out, changed) = c.sync(&node, &req, now())?;
     drop(c);
     if changed {
         app.wake.notify_one();

@@ -57,7 +57,7 @@ pub struct ServerConfig {
     /// and restarted elsewhere.
     #[serde(default = "thirty")]
     pub node_lost_seconds: u64,
-    /// Gang failures in a row on one node before it is cordoned (0: never).
+    /// Different jobs failing in a row on one node before it is cordoned (0: never).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
 }

@@ -82,7 +82,7 @@ pub struct NodeLifecycle {
     pub node_not_ready_seconds: u64,
     /// Seconds without a heartbeat before its gangs are treated as lost.
     pub node_lost_seconds: u64,
-    /// Gang failures in a row on one node before it is cordoned (0: never).
+    /// Distinct jobs failing in a row on one node before it is cordoned (0: never).
     pub auto_cordon_failures: u32,
 }
 
@@ -120,8 +120,9 @@ pub struct Control<S: Store> {
     pub opened_at: Time,
     /// Nodes whose gangs were already treated as lost.
     pub lost: HashSet<String>,
-    /// Gang failures in a row per node.
-    pub node_failures: HashMap<String, u32>,
+    /// Per node, the distinct jobs whose gangs failed there in a row (no
+    /// success between).
+    pub node_failures: HashMap<String, Vec<JobId>>,
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
     /// The agents' last verdict per GPU.
@@ -137,13 +138,8 @@ pub enum Report {
     Exited(i32),
 }
 
-fn now_secs() -> Time {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-fn fresh_token() -> String {
+/// A random 128-bit token in hex (node tokens; `gangway up`'s tokens).
+pub fn fresh_token() -> String {
     use std::io::Read;
     let mut b = [0u8; 16];
     let ok = std::fs::File::open("/dev/urandom")
@@ -207,7 +203,7 @@ impl<S: Store> Control<S> {
             node_tokens,
             lifecycle: NodeLifecycle::default(),
             last_seen: HashMap::new(),
-            opened_at: now_secs(),
+            opened_at: crate::api::now(),
             lost: HashSet::new(),
             node_failures: HashMap::new(),
             cordon_reasons: HashMap::new(),
@@ -481,7 +477,7 @@ impl<S: Store> Control<S> {
                         .map_err(|e| ControlError::BadNode(e.to_string()))?;
                     self.store_node(n)?;
                 }
-                self.last_seen.insert(spec.name.clone(), now_secs());
+                self.last_seen.insert(spec.name.clone(), crate::api::now());
                 return Ok(t);
             }
         }
@@ -492,7 +488,7 @@ impl<S: Store> Control<S> {
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
         let token = fresh_token();
-        self.last_seen.insert(spec.name.clone(), now_secs());
+        self.last_seen.insert(spec.name.clone(), crate::api::now());
         self.store.txn(
             &[],
             &[
@@ -562,7 +558,7 @@ impl<S: Store> Control<S> {
                 }
             }
             (Report::Exited(code), JobState::Running | JobState::Scheduled) if code != 0 => {
-                self.note_node_failure(node, now)?;
+                self.note_node_failure(node, id, now)?;
                 let msg = format!("exited with code {code} on {node}");
                 self.end_attempt(rec, Ending::Failed(msg), now)?;
             }
@@ -651,15 +647,18 @@ impl<S: Store> Control<S> {
         Ok(())
     }
 
-    /// Counts a failed gang on `node`; after `auto_cordon_failures` in a row
-    /// (no success between) the node is cordoned, so a bad machine stops
-    /// eating the restarts of every job sent to it.
-    fn note_node_failure(&mut self, node: &str, now: Time) -> Result<(), ControlError> {
-        let n = self.node_failures.entry(node.to_string()).or_insert(0);
-        *n += 1;
-        let limit = self.lifecycle.auto_cordon_failures;
-        if limit > 0 && *n >= limit {
-            let count = *n;
+    /// Counts a failed gang on `node`. Once `auto_cordon_failures` different
+    /// jobs have failed there in a row (no success between) the node is
+    /// cordoned, so a bad machine stops eating the restarts of every job sent
+    /// to it; one broken job failing again and again does not count as many.
+    fn note_node_failure(&mut self, node: &str, job: JobId, now: Time) -> Result<(), ControlError> {
+        let jobs = self.node_failures.entry(node.to_string()).or_default();
+        if !jobs.contains(&job) {
+            jobs.push(job);
+        }
+        let count = jobs.len();
+        let limit = self.lifecycle.auto_cordon_failures as usize;
+        if limit > 0 && count >= limit {
             self.node_failures.remove(node);
             let already = self
                 .cluster
@@ -667,8 +666,9 @@ impl<S: Store> Control<S> {
                 .is_some_and(|i| self.cluster.nodes()[i as usize].spec.cordoned);
             if !already {
                 self.cordon(node, true)?;
-                let why =
-                    format!("cordoned automatically at {now}: {count} gangs failed on it in a row");
+                let why = format!(
+                    "cordoned automatically at {now}: gangs of {count} different jobs failed on it in a row"
+                );
                 tracing::warn!("node {node} {why}");
                 self.cordon_reasons.insert(node.to_string(), why);
             }
@@ -678,36 +678,40 @@ impl<S: Store> Control<S> {
 
     /// An agent's sync: records the heartbeat (a NotReady node is Ready
     /// again), applies GPU health changes and task reports, and answers with
-    /// everything that should run on the node.
+    /// everything that should run on the node, and whether anything the
+    /// scheduler cares about changed (then it should run a cycle).
     pub fn sync(
         &mut self,
         node: &str,
         req: &SyncRequest,
         now: Time,
-    ) -> Result<SyncResponse, ControlError> {
+    ) -> Result<(SyncResponse, bool), ControlError> {
         let n = self
             .cluster
             .node_index(node)
             .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
         self.last_seen.insert(node.to_string(), now);
         self.lost.remove(node);
+        let mut changed = false;
         if !self.cluster.nodes()[n as usize].ready {
             tracing::info!("node {node} is Ready again");
             self.cluster
                 .set_ready(node, true)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
+            changed = true;
         }
-        self.apply_gpu_health(node, &req.gpus)?;
+        changed |= self.apply_gpu_health(node, &req.gpus)?;
         for t in &req.tasks {
             let report = match t.state {
                 TaskState::Running => Report::Running,
                 TaskState::Exited { exit_code } => Report::Exited(exit_code),
             };
+            let before = self.jobs.get(&t.job).map(|(r, _)| r.state);
             match self.report(node, t.job, Some(t.attempt), report, now) {
+                Ok(after) => changed |= before != Some(after),
                 // Stale attempts and jobs gone elsewhere: the answer below no
                 // longer lists them, so the agent stops them.
-                Ok(_)
-                | Err(
+                Err(
                     ControlError::StaleAttempt(..)
                     | ControlError::NotOnNode(..)
                     | ControlError::NoSuchJob(_)
@@ -716,17 +720,18 @@ impl<S: Store> Control<S> {
                 Err(e) => return Err(e),
             }
         }
-        Ok(SyncResponse {
+        let answer = SyncResponse {
             assignments: self.assignments(node),
-        })
+        };
+        Ok((answer, changed))
     }
 
     /// GPU health as reported by the agent: a change of the agent's verdict
     /// is applied (and stored); an admin's clearing stands until the agent's
-    /// verdict changes again.
-    fn apply_gpu_health(&mut self, node: &str, gpus: &[GpuHealth]) -> Result<(), ControlError> {
+    /// verdict changes again. Returns whether any GPU changed.
+    fn apply_gpu_health(&mut self, node: &str, gpus: &[GpuHealth]) -> Result<bool, ControlError> {
         let Some(n) = self.cluster.node_index(node) else {
-            return Ok(());
+            return Ok(false);
         };
         let mut changed = false;
         for g in gpus {
@@ -755,7 +760,7 @@ impl<S: Store> Control<S> {
         if changed {
             self.store_node(n)?;
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// Marks a GPU healthy or unhealthy by admin decision, durably.
@@ -856,18 +861,18 @@ impl<S: Store> Control<S> {
     /// the others restart elsewhere per their restart policy.
     fn check_nodes(&mut self, now: Time) -> Result<(), ControlError> {
         let lc = self.lifecycle;
-        let mut lost_now = Vec::new();
+        let mut silent_nodes = Vec::new();
         for info in self.cluster.nodes() {
             let name = &info.spec.name;
             let seen = *self.last_seen.get(name).unwrap_or(&self.opened_at);
             let silent = now.saturating_sub(seen);
             if silent >= lc.node_lost_seconds && !self.lost.contains(name) {
-                lost_now.push((name.clone(), silent, info.ready));
+                silent_nodes.push((name.clone(), silent, info.ready));
             } else if silent >= lc.node_not_ready_seconds && info.ready {
-                lost_now.push((name.clone(), silent, true));
+                silent_nodes.push((name.clone(), silent, true));
             }
         }
-        for (name, silent, ready) in lost_now {
+        for (name, silent, ready) in silent_nodes {
             if ready {
                 tracing::warn!("node {name} is NotReady: no heartbeat for {silent}s");
                 self.cluster

@@ -236,21 +236,6 @@ pub struct UpArgs {
     pub exit_when_done: bool,
 }
 
-fn random_token() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 12];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok();
-    if !ok {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        b.copy_from_slice(&t.to_le_bytes()[..12]);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
 pub fn up(a: &UpArgs) -> Result<()> {
     init_tracing();
@@ -259,8 +244,8 @@ pub fn up(a: &UpArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join(format!("gangway-up-{}", std::process::id())));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let admin = format!("admin-{}", random_token());
-    let join = format!("join-{}", random_token());
+    let admin = format!("admin-{}", gangway_server::control::fresh_token());
+    let join = format!("join-{}", gangway_server::control::fresh_token());
     let cfg = gangway_server::ServerConfig {
         admin_token: admin.clone(),
         agent_token: join.clone(),

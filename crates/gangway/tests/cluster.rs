@@ -307,15 +307,30 @@ fn a_node_that_keeps_failing_gangs_is_cordoned() {
     let mut c = Cluster::start("127.0.0.1");
     c.agent("node-a", 4, &[], &[]);
     c.wait_nodes(1);
-    let spec = json!({
-        "name": "doomed",
-        "queue": "default",
-        "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 5, "backoff_seconds": 0 },
-        "run": { "command": ["sh", "-c", "exit 1"] }
-    });
-    let id = c.submit(&spec);
+    let failing = |name: &str, restarts: u32| {
+        json!({
+            "name": name,
+            "queue": "default",
+            "replicas": 1,
+            "resources": { "gpus": 1 },
+            "restart": { "max_restarts": restarts, "backoff_seconds": 0 },
+            "run": { "command": ["sh", "-c", "exit 1"] }
+        })
+    };
+    // One broken job failing four times is the job's problem, not the node's.
+    let id = c.submit(&failing("broken", 3));
+    let j = c.wait_job(id, "fail", 30, |j| state(j) == "failed");
+    assert_eq!(j["restarts"], 3);
+    assert_eq!(c.node("node-a")["cordoned"], false);
+    // Different jobs failing on it in a row: the node is the suspect.
+    let second = c.submit(&failing("second", 0));
+    c.wait_job(second, "fail", 30, |j| state(j) == "failed");
+    assert_eq!(
+        c.node("node-a")["cordoned"],
+        false,
+        "two different jobs so far"
+    );
+    let third = c.submit(&failing("third", 5));
     wait_for("cordoned", 30, || {
         (c.node("node-a")["cordoned"] == true).then_some(())
     });
@@ -323,11 +338,12 @@ fn a_node_that_keeps_failing_gangs_is_cordoned() {
     assert!(
         n["cordon_reason"]
             .as_str()
-            .is_some_and(|r| r.contains("3 gangs failed on it in a row")),
+            .is_some_and(|r| r.contains("gangs of 3 different jobs failed on it in a row")),
         "{n}"
     );
-    let j = c.wait_job(id, "wait", 10, |j| {
+    // The third job waits (the only node is cordoned) instead of burning its restarts.
+    let j = c.wait_job(third, "wait", 10, |j| {
         state(j) == "pending" && j["reason"].is_string()
     });
-    assert_eq!(j["restarts"], 3, "no more attempts burnt on the bad node");
+    assert_eq!(j["restarts"], 1);
 }

@@ -255,10 +255,15 @@ fn agents_in_their_own_network_namespaces_rendezvous_at_real_addresses() {
     let script = r#"
 env > "$OUT/env-$GANGWAY_ATTEMPT-$RANK"
 if [ "$RANK" = 0 ]; then
-  busybox nc -l -p "$MASTER_PORT" > "$OUT/received"
+  i=0
+  until grep -q hello "$OUT/received" 2>/dev/null; do
+    echo ack | busybox nc -l -p "$MASTER_PORT" > "$OUT/received" || true
+    i=$((i + 1)); [ "$i" -lt 50 ] || exit 4
+  done
 else
   i=0
-  until echo "hello from rank $RANK on $GANGWAY_NODE" | busybox nc -w 2 "$MASTER_ADDR" "$MASTER_PORT"; do
+  until grep -q ack "$OUT/ack" 2>/dev/null; do
+    echo "hello from rank $RANK on $GANGWAY_NODE" | busybox nc -w 2 "$MASTER_ADDR" "$MASTER_PORT" > "$OUT/ack" || true
     i=$((i + 1)); [ "$i" -lt 100 ] || exit 3; sleep 0.2
   done
 fi
