@@ -1,6 +1,6 @@
 //! Gangway's store: a small key-value interface with revisions, in the shape
 //! of etcd's, so the server can run on the embedded [`RedbStore`] (one file,
-//! crash-safe) or, later, on etcd for high availability.
+//! crash-safe) or on [`EtcdStore`] for high availability.
 //!
 //! - every write gets the next global *revision*; each key remembers the
 //!   revision of its last change (`mod_revision`);
@@ -10,8 +10,11 @@
 //! - a write returns only after it is durably committed;
 //! - [`Store::watch`] streams changes under a prefix, from a revision on.
 
+mod etcd_store;
 mod redb_store;
+pub mod testing;
 
+pub use etcd_store::EtcdStore;
 pub use redb_store::RedbStore;
 
 use std::sync::mpsc::Receiver;
@@ -91,6 +94,10 @@ pub enum StoreError {
         /// Key.
         key: String,
     },
+    /// This replica's leadership is gone (its fence no longer holds): the
+    /// write was not applied, and no write of it will be.
+    #[error("this server is no longer the leader; nothing was written")]
+    NotLeader,
     /// Watching from a revision older than the kept history.
     #[error("revision {requested} is compacted; history starts at {oldest}")]
     Compacted {
@@ -127,5 +134,24 @@ pub trait Store: Send + Sync {
         let existed = self.get(key)?.is_some();
         self.txn(&[], &[Op::Delete(key.to_string())])?;
         Ok(existed)
+    }
+}
+
+/// A shared store is a store (the server picks a backend at run time).
+impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
+    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        (**self).get(key)
+    }
+    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        (**self).range(prefix)
+    }
+    fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        (**self).txn(compares, ops)
+    }
+    fn revision(&self) -> Result<u64, StoreError> {
+        (**self).revision()
+    }
+    fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
+        (**self).watch(prefix, from)
     }
 }

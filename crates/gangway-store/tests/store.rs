@@ -1,7 +1,8 @@
 //! The store's behaviour: reads, prefix ranges, compare-and-swap, revisions,
 //! watch, durability across reopen and across `kill -9`.
 
-use gangway_store::{Compare, Event, Op, RedbStore, Store};
+use gangway_store::testing::EtcdProcess;
+use gangway_store::{Compare, EtcdStore, Event, Op, RedbStore, Store, StoreError};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -12,10 +13,36 @@ fn open(dir: &tempfile::TempDir) -> RedbStore {
     RedbStore::open(&dir.path().join("gangway.redb")).expect("opens")
 }
 
-#[test]
-fn put_get_delete_and_prefix_range() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(&dir);
+fn etcd_store(e: &EtcdProcess, ns: &str) -> EtcdStore {
+    EtcdStore::connect(std::slice::from_ref(&e.endpoint), ns).expect("connects to etcd")
+}
+
+/// Runs one behaviour against both backends: the same suite, the same assertions.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn redb() {
+                let dir = tempfile::tempdir().expect("tmp");
+                super::$name(&super::open(&dir));
+            }
+
+            #[test]
+            fn etcd() {
+                let Some(e) = gangway_store::testing::EtcdProcess::start() else { return };
+                super::$name(&super::etcd_store(&e, "/gangway-test"));
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    put_get_delete_and_prefix_range,
+    compare_and_swap_applies_a_transition_exactly_once,
+    watch_replays_history_then_streams_live_changes,
+);
+
+fn put_get_delete_and_prefix_range(s: &dyn Store) {
     let r1 = s.put("/jobs/1", b"a").expect("put");
     let r2 = s.put("/jobs/2", b"b").expect("put");
     s.put("/nodes/n1", b"c").expect("put");
@@ -35,10 +62,7 @@ fn put_get_delete_and_prefix_range() {
     assert_eq!(s.range("/jobs/").expect("range").len(), 1);
 }
 
-#[test]
-fn compare_and_swap_applies_a_transition_exactly_once() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(&dir);
+fn compare_and_swap_applies_a_transition_exactly_once(s: &dyn Store) {
     let create = |v: &[u8]| {
         s.txn(
             &[Compare::Absent("/jobs/7".into())],
@@ -88,10 +112,7 @@ fn compare_and_swap_applies_a_transition_exactly_once() {
     assert_eq!(s.revision().expect("rev"), both.revision);
 }
 
-#[test]
-fn watch_replays_history_then_streams_live_changes() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let s = open(&dir);
+fn watch_replays_history_then_streams_live_changes(s: &dyn Store) {
     let r1 = s.put("/jobs/1", b"a").expect("put");
     s.put("/nodes/x", b"n").expect("put");
     let rx = s.watch("/jobs/", r1).expect("watch");
@@ -239,6 +260,32 @@ proptest! {
     fn store_matches_a_map_model(ops in prop::collection::vec(model_op(), 1..40)) {
         let dir = tempfile::tempdir().expect("tmp");
         let s = open(&dir);
+        check_model(&s, &ops)?;
+    }
+
+    #[test]
+    fn etcd_matches_the_same_map_model(ops in prop::collection::vec(model_op(), 1..40)) {
+        // One etcd for every case (the test thread's; killed when the
+        // thread ends), a namespace of its own for each case.
+        let store = ETCD.with(|e| {
+            let e = e.get_or_init(EtcdProcess::start).as_ref()?;
+            let n = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(etcd_store(e, &format!("/model-{n}")))
+        });
+        if let Some(s) = store {
+            check_model(&s, &ops)?;
+        }
+    }
+}
+
+thread_local! {
+    static ETCD: std::cell::OnceCell<Option<EtcdProcess>> = const { std::cell::OnceCell::new() };
+}
+static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn check_model(s: &dyn Store, ops: &[ModelOp]) -> Result<(), TestCaseError> {
+    {
+        let ops = ops.to_vec();
         let mut model: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
         let mut last_rev = 0;
         for op in ops {
@@ -263,8 +310,14 @@ proptest! {
                     } else {
                         Compare::Revision(key.clone(), model.get(&key).map_or(0, |e| e.1))
                     };
-                    let expect = if absent { !model.contains_key(&key) } else { model.contains_key(&key) };
-                    let r = s.txn(&[cmp], &[Op::Put(key.clone(), vec![v])]).expect("txn");
+                    let expect = if absent {
+                        !model.contains_key(&key)
+                    } else {
+                        model.contains_key(&key)
+                    };
+                    let r = s
+                        .txn(&[cmp], &[Op::Put(key.clone(), vec![v])])
+                        .expect("txn");
                     prop_assert_eq!(r.succeeded, expect);
                     if r.succeeded {
                         model.insert(key, (vec![v], r.revision));
@@ -272,9 +325,82 @@ proptest! {
                     }
                 }
             }
-            let got: Vec<(String, Vec<u8>, u64)> = s.range("/k/").expect("range").into_iter().map(|kv| (kv.key, kv.value, kv.mod_revision)).collect();
-            let want: Vec<(String, Vec<u8>, u64)> = model.iter().map(|(k, (v, r))| (k.clone(), v.clone(), *r)).collect();
+            let got: Vec<(String, Vec<u8>, u64)> = s
+                .range("/k/")
+                .expect("range")
+                .into_iter()
+                .map(|kv| (kv.key, kv.value, kv.mod_revision))
+                .collect();
+            let want: Vec<(String, Vec<u8>, u64)> = model
+                .iter()
+                .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
+                .collect();
             prop_assert_eq!(got, want);
         }
     }
+    Ok(())
+}
+
+#[test]
+fn etcd_store_reconnects_after_etcd_is_killed_and_restarted() {
+    let Some(mut e) = EtcdProcess::start() else {
+        return;
+    };
+    let s = etcd_store(&e, "/gangway");
+    let rev = s.put("/jobs/1", b"a").expect("put");
+    e.restart();
+    // The same handle works again once etcd is back, and nothing was lost.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let r2 = loop {
+        match s.put("/jobs/2", b"b") {
+            Ok(r) => break r,
+            Err(err) => {
+                assert!(std::time::Instant::now() < deadline, "no reconnect: {err}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert!(r2 > rev);
+    assert_eq!(s.range("/jobs/").expect("range").len(), 2);
+    // Another namespace on the same etcd sees none of it.
+    assert!(etcd_store(&e, "/other")
+        .range("/jobs/")
+        .expect("range")
+        .is_empty());
+}
+
+#[test]
+fn a_fenced_writer_that_lost_its_leader_key_writes_nothing() {
+    let Some(e) = EtcdProcess::start() else {
+        return;
+    };
+    let s = etcd_store(&e, "/gangway");
+    let won = s
+        .txn(
+            &[Compare::Absent("/leader".into())],
+            &[Op::Put("/leader".into(), b"replica-a".to_vec())],
+        )
+        .expect("campaign");
+    assert!(won.succeeded);
+    // The leader key's create revision is the revision of the winning write.
+    s.fence(Some(("/leader", won.revision as i64)));
+    s.put("/jobs/1", b"a").expect("the leader writes");
+    // A conflict is still a conflict, not a lost leadership.
+    let conflict = s
+        .txn(
+            &[Compare::Absent("/jobs/1".into())],
+            &[Op::Put("/jobs/1".into(), b"x".to_vec())],
+        )
+        .expect("txn");
+    assert!(!conflict.succeeded);
+    // Leadership passes to another replica (the key is re-created).
+    let other = etcd_store(&e, "/gangway");
+    other.delete("/leader").expect("expire");
+    other.put("/leader", b"replica-b").expect("new leader");
+    let r = s.put("/jobs/2", b"stale");
+    assert!(matches!(r, Err(StoreError::NotLeader)), "{r:?}");
+    assert!(
+        s.get("/jobs/2").expect("get").is_none(),
+        "the deposed leader wrote nothing"
+    );
 }

@@ -1,0 +1,313 @@
+//! The etcd backend: the same interface on an etcd cluster, for several
+//! server replicas. etcd's revisions are the store's revisions; every key
+//! lives under a namespace so one etcd can hold several clusters (and tests).
+//!
+//! The interface is synchronous; calls run on a small runtime of the store's
+//! own, so they work from any thread, async or not.
+//!
+//! A leader *fences* its writes ([`EtcdStore::fence`]): each transaction also
+//! requires that the leader key still has the create revision it had when this
+//! replica won. A deposed leader's writes then fail with
+//! [`StoreError::NotLeader`] and change nothing.
+
+use crate::{Compare, Event, KeyValue, Op, Store, StoreError, TxnResult};
+use etcd_client::{
+    Client, Compare as ECompare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp,
+    WatchOptions,
+};
+use std::future::Future;
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A store on etcd.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    client: Client,
+    ns: String,
+    /// (leader key, its create revision) while this replica leads.
+    fence: Mutex<Option<(String, i64)>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.lock().ok().and_then(|mut g| g.take()) {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn backend(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("etcd: {e}"))
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdStore {
+    /// Connects to `endpoints` (`http://host:2379`, ...), keeping every key
+    /// under `namespace` (e.g. `/gangway`).
+    pub fn connect(endpoints: &[String], namespace: &str) -> Result<Self, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("etcd-store")
+            .enable_all()
+            .build()
+            .map_err(backend)?;
+        let handle = rt.handle().clone();
+        let eps = endpoints.to_vec();
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let client = run_on(
+            &handle,
+            async move { Client::connect(eps, Some(opts)).await },
+        )
+        .map_err(backend)?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                rt: Mutex::new(Some(rt)),
+                handle,
+                client,
+                ns: namespace.trim_end_matches('/').to_string(),
+                fence: Mutex::new(None),
+            }),
+        };
+        // Fail now, with the reason, when etcd is not there.
+        store.revision()?;
+        Ok(store)
+    }
+
+    fn key(&self, k: &str) -> String {
+        format!("{}{k}", self.inner.ns)
+    }
+
+    fn strip(&self, k: &[u8]) -> String {
+        let k = String::from_utf8_lossy(k);
+        k.strip_prefix(&self.inner.ns).unwrap_or(&k).to_string()
+    }
+
+    fn kv(&self, kv: &etcd_client::KeyValue) -> KeyValue {
+        KeyValue {
+            key: self.strip(kv.key()),
+            value: kv.value().to_vec(),
+            mod_revision: kv.mod_revision() as u64,
+        }
+    }
+
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        run_on(&self.inner.handle, f).map_err(backend)
+    }
+
+    /// The raw client (leader election uses leases directly).
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// Runs a future on the store's runtime and waits for it.
+    pub fn block_on<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> T {
+        run_on(&self.inner.handle, f)
+    }
+
+    /// The full etcd key of a store key.
+    pub fn full_key(&self, k: &str) -> String {
+        self.key(k)
+    }
+
+    /// From now on every write requires that `leader_key` (a store key) still
+    /// has `create_revision`; `None` lifts the fence.
+    pub fn fence(&self, leader: Option<(&str, i64)>) {
+        if let Ok(mut f) = self.inner.fence.lock() {
+            *f = leader.map(|(k, r)| (self.key(k), r));
+        }
+    }
+}
+
+fn run_on<T: Send + 'static>(
+    handle: &tokio::runtime::Handle,
+    f: impl Future<Output = T> + Send + 'static,
+) -> T {
+    let (tx, rx) = channel();
+    handle.spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    // The runtime outlives every store handle, so the answer always comes.
+    match rx.recv() {
+        Ok(v) => v,
+        Err(_) => panic!("the etcd store's runtime stopped"),
+    }
+}
+
+impl Store for EtcdStore {
+    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let mut c = self.inner.client.clone();
+        let k = self.key(key);
+        let r = self.call(async move { c.get(k, None).await })?;
+        Ok(r.kvs().first().map(|kv| self.kv(kv)))
+    }
+
+    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        const PAGE: i64 = 1000;
+        let full = self.key(prefix).into_bytes();
+        let end = prefix_end(&full);
+        let mut start = full.clone();
+        let mut rev = 0i64;
+        let mut out = Vec::new();
+        loop {
+            let mut c = self.inner.client.clone();
+            let (s, e) = (start.clone(), end.clone());
+            // Later pages read at the first page's revision: one consistent snapshot.
+            let mut opts = GetOptions::new().with_range(e).with_limit(PAGE);
+            if rev > 0 {
+                opts = opts.with_revision(rev);
+            }
+            let r = self.call(async move { c.get(s, Some(opts)).await })?;
+            if rev == 0 {
+                rev = r.header().map_or(0, |h| h.revision());
+            }
+            let kvs = r.kvs();
+            out.extend(kvs.iter().map(|kv| self.kv(kv)));
+            match kvs.last() {
+                Some(last) if r.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        let mut when: Vec<ECompare> = Vec::new();
+        for c in compares {
+            match c {
+                Compare::Absent(k) => {
+                    when.push(ECompare::create_revision(self.key(k), CompareOp::Equal, 0))
+                }
+                Compare::Revision(k, r) => {
+                    when.push(ECompare::mod_revision(
+                        self.key(k),
+                        CompareOp::Equal,
+                        *r as i64,
+                    ));
+                    if *r == 0 {
+                        // etcd sees a missing key at revision 0; ours requires the key.
+                        when.push(ECompare::create_revision(
+                            self.key(k),
+                            CompareOp::Greater,
+                            0,
+                        ));
+                    }
+                }
+            }
+        }
+        let fence = self.inner.fence.lock().ok().and_then(|f| f.clone());
+        if let Some((k, r)) = &fence {
+            when.push(ECompare::create_revision(k.clone(), CompareOp::Equal, *r));
+        }
+        let then: Vec<TxnOp> = ops
+            .iter()
+            .map(|o| match o {
+                Op::Put(k, v) => TxnOp::put(self.key(k), v.clone(), None),
+                Op::Delete(k) => TxnOp::delete(self.key(k), None),
+            })
+            .collect();
+        // On failure read the leader key, to tell a lost leadership from a conflict.
+        let mut otherwise = Vec::new();
+        if let Some((k, _)) = &fence {
+            otherwise.push(TxnOp::get(k.clone(), None));
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
+        let mut c = self.inner.client.clone();
+        let r = self.call(async move { c.txn(txn).await })?;
+        let revision = r.header().map_or(0, |h| h.revision()) as u64;
+        if !r.succeeded() {
+            if let Some((_, want)) = &fence {
+                let now = r.op_responses().into_iter().find_map(|op| match op {
+                    etcd_client::TxnOpResponse::Get(g) => {
+                        Some(g.kvs().first().map_or(0, |kv| kv.create_revision()))
+                    }
+                    _ => None,
+                });
+                if now != Some(*want) {
+                    return Err(StoreError::NotLeader);
+                }
+            }
+        }
+        Ok(TxnResult {
+            succeeded: r.succeeded(),
+            revision,
+        })
+    }
+
+    fn revision(&self) -> Result<u64, StoreError> {
+        let mut c = self.inner.client.clone();
+        let k = self.key("/");
+        let r =
+            self.call(async move { c.get(k, Some(GetOptions::new().with_count_only())).await })?;
+        Ok(r.header().map_or(0, |h| h.revision()) as u64)
+    }
+
+    fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
+        let (tx, rx) = channel();
+        let mut c = self.inner.client.clone();
+        let k = self.key(prefix);
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from as i64);
+        let mut stream = self.call(async move { c.watch(k, Some(opts)).await })?;
+        let me = self.clone();
+        self.inner.handle.spawn(async move {
+            while let Ok(Some(resp)) = stream.message().await {
+                if resp.canceled() {
+                    return;
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let e = match ev.event_type() {
+                        EventType::Put => Event::Put(me.kv(kv)),
+                        EventType::Delete => Event::Delete {
+                            key: me.strip(kv.key()),
+                            revision: kv.mod_revision() as u64,
+                        },
+                    };
+                    if tx.send(e).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_next_key_after_the_prefix() {
+        assert_eq!(prefix_end(b"/jobs/"), b"/jobs0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+    }
+}
