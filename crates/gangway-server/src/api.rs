@@ -4,6 +4,7 @@ use crate::config::ServerConfig;
 use crate::control::{Control, ControlError};
 use crate::metrics::{ApiLabels, Metrics};
 use crate::records::JobRecord;
+use crate::SharedStore;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -12,7 +13,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use gangway_core::agent::{LogChunk, SyncRequest, SyncResponse};
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec};
-use gangway_store::RedbStore;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 /// Shared server state.
 pub struct App {
     /// Control state behind one lock: every change is short and ordered.
-    pub control: Mutex<Control<RedbStore>>,
+    pub control: Mutex<Control<SharedStore>>,
     /// Configuration.
     pub cfg: ServerConfig,
     /// Metrics.
@@ -33,14 +33,16 @@ pub struct App {
     pub submissions: tokio::sync::mpsc::UnboundedSender<Submission>,
     /// The writer's end, taken by [`crate::serve`].
     pub submissions_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Submission>>>,
+    /// Whether this replica leads (always, without etcd) or whom to forward to.
+    pub role: std::sync::RwLock<crate::ha::Role>,
+    /// Set when a write was refused because another replica leads.
+    pub fenced: std::sync::atomic::AtomicBool,
 }
 
 /// A submission handed to the group-commit writer.
 pub struct Submission {
-    /// Owner.
-    pub user: String,
-    /// Spec.
-    pub spec: JobSpec,
+    /// Owner, spec and idempotency key.
+    pub job: crate::control::NewJob,
     /// Where the answer goes.
     pub reply: tokio::sync::oneshot::Sender<Result<JobId, ControlError>>,
 }
@@ -60,10 +62,8 @@ pub async fn group_commit(
             }
         }
         let Some(app) = app.upgrade() else { return };
-        let (inputs, replies): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .map(|s| ((s.user, s.spec), s.reply))
-            .unzip();
+        let (inputs, replies): (Vec<_>, Vec<_>) =
+            batch.into_iter().map(|s| (s.job, s.reply)).unzip();
         let app2 = app.clone();
         let results = tokio::task::spawn_blocking(move || match app2.control.lock() {
             Ok(mut c) => c.submit_batch(inputs, now()),
@@ -137,6 +137,9 @@ impl From<ControlError> for ApiError {
             | ControlError::BadReport(..)
             | ControlError::StaleAttempt(..) => StatusCode::CONFLICT,
             ControlError::NotOnNode(..) => StatusCode::FORBIDDEN,
+            ControlError::Store(gangway_store::StoreError::NotLeader) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -145,7 +148,7 @@ impl From<ControlError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<RedbStore>>> {
+fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<SharedStore>>> {
     app.control.lock().map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -203,7 +206,7 @@ pub struct JobView {
     pub admitted: bool,
 }
 
-fn view(c: &Control<RedbStore>, rec: &JobRecord) -> JobView {
+fn view(c: &Control<SharedStore>, rec: &JobRecord) -> JobView {
     let why = c.why.get(&rec.id);
     JobView {
         record: rec.clone(),
@@ -246,12 +249,32 @@ async fn submit(
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
-    let user = spec.user.clone();
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let k = v.to_str().unwrap_or("");
+            let ok = !k.is_empty()
+                && k.len() <= 128
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+            if !ok {
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    "Idempotency-Key: 1 to 128 characters of letters, digits and -_.:".into(),
+                ));
+            }
+            // Keys are per user: one user cannot learn another's jobs by guessing.
+            Some(format!("{}:{k}", spec.user))
+        }
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
     app.submissions
         .send(Submission {
-            user,
-            spec,
+            job: crate::control::NewJob {
+                user: spec.user.clone(),
+                spec,
+                key,
+            },
             reply: tx,
         })
         .map_err(|_| ApiError(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()))?;
@@ -436,7 +459,12 @@ pub struct ReportBody {
 }
 
 /// Checks that the caller may act for `node`: its own node token, or the admin token.
-fn node_auth(app: &App, c: &Control<RedbStore>, headers: &HeaderMap, node: &str) -> ApiResult<()> {
+fn node_auth(
+    app: &App,
+    c: &Control<SharedStore>,
+    headers: &HeaderMap,
+    node: &str,
+) -> ApiResult<()> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -703,10 +731,111 @@ async fn track(
     res
 }
 
+/// On a follower, every API request goes to the leader; without a leader
+/// the answer is 503 (clients retry).
+async fn forward(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = req.uri().path().to_string();
+    let role = app
+        .role
+        .read()
+        .map(|r| r.clone())
+        .unwrap_or(crate::ha::Role::Follower(None));
+    let local = path == "/healthz" || path == "/v1/leader" || path == "/openapi.json";
+    let leader = match role {
+        crate::ha::Role::Leader => return next.run(req).await,
+        _ if local => return next.run(req).await,
+        crate::ha::Role::Follower(None) => {
+            return ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no leader elected yet; retry".into(),
+            )
+            .into_response()
+        }
+        crate::ha::Role::Follower(Some(l)) => l,
+    };
+    let method = req.method().as_str().to_string();
+    let target = format!(
+        "{}{}",
+        leader.trim_end_matches('/'),
+        req.uri().path_and_query().map_or("/", |p| p.as_str())
+    );
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .filter(|(k, _)| {
+            matches!(
+                k.as_str(),
+                "authorization" | "content-type" | "idempotency-key" | "accept"
+            )
+        })
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let body = match axum::body::to_bytes(req.into_body(), 64 << 20).await {
+        Ok(b) => b,
+        Err(e) => return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}")).into_response(),
+    };
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut r = ureq::request(&method, &target).timeout(std::time::Duration::from_secs(30));
+        for (k, v) in &headers {
+            r = r.set(k, v);
+        }
+        let resp = if body.is_empty() {
+            r.call()
+        } else {
+            r.send_bytes(&body)
+        };
+        let resp = match resp {
+            Ok(x) | Err(ureq::Error::Status(_, x)) => x,
+            Err(e) => return Err(e.to_string()),
+        };
+        let status = resp.status();
+        let ct = resp.content_type().to_string();
+        let mut bytes = Vec::new();
+        use std::io::Read;
+        resp.into_reader()
+            .take(256 << 20)
+            .read_to_end(&mut bytes)
+            .map_err(|e| e.to_string())?;
+        Ok((status, ct, bytes))
+    })
+    .await;
+    match answer {
+        Ok(Ok((status, ct, bytes))) => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            [(header::CONTENT_TYPE, ct)],
+            bytes,
+        )
+            .into_response(),
+        Ok(Err(e)) => ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the leader at {leader} did not answer ({e}); retry"),
+        )
+        .into_response(),
+        Err(e) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn leader(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    let role = app
+        .role
+        .read()
+        .map(|r| r.clone())
+        .unwrap_or(crate::ha::Role::Follower(None));
+    Json(match role {
+        crate::ha::Role::Leader => json!({ "leader": true }),
+        crate::ha::Role::Follower(l) => json!({ "leader": false, "leader_url": l }),
+    })
+}
+
 /// The router.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/leader", get(leader))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route("/v1/jobs", post(submit).get(list_jobs))
@@ -721,5 +850,6 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), forward))
         .with_state(app)
 }

@@ -55,6 +55,33 @@ pub enum ControlError {
     StaleAttempt(JobId, u32, u32),
 }
 
+/// A submission: owner, spec and the client's idempotency key, if any.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    /// Owner.
+    pub user: String,
+    /// Spec.
+    pub spec: JobSpec,
+    /// Retrying with the same key returns the job the first try created.
+    pub key: Option<String>,
+}
+
+impl NewJob {
+    /// A submission without an idempotency key.
+    pub fn new(user: &str, spec: JobSpec) -> Self {
+        NewJob {
+            user: user.to_string(),
+            spec,
+            key: None,
+        }
+    }
+}
+
+/// Store key of an idempotency key (its value is the job id).
+fn idem_key(key: &str) -> String {
+    format!("/idempotency/{key}")
+}
+
 /// How a job's attempt ends.
 enum Ending {
     /// Preempted and stopped: back in line, resumes from its checkpoint.
@@ -278,22 +305,47 @@ impl<S: Store> Control<S> {
     /// Accepts a job: validated against the cluster, durably stored with a
     /// fresh id, then queued. Nothing changes when it is rejected.
     pub fn submit(&mut self, user: &str, spec: JobSpec, now: Time) -> Result<JobId, ControlError> {
-        self.submit_batch(vec![(user.to_string(), spec)], now)
+        self.submit_batch(vec![NewJob::new(user, spec)], now)
             .pop()
             .unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ.into())))
     }
 
     /// Accepts several jobs in one durable store transaction (group commit):
-    /// each is validated on its own; the valid ones get consecutive ids.
+    /// each is validated on its own; the valid ones get consecutive ids. A
+    /// submission whose idempotency key was seen before gets the job it
+    /// created then, so a client retrying after a lost answer (a failover)
+    /// never creates a second job.
     pub fn submit_batch(
         &mut self,
-        batch: Vec<(String, JobSpec)>,
+        batch: Vec<NewJob>,
         now: Time,
     ) -> Vec<Result<JobId, ControlError>> {
         let mut results: Vec<Option<Result<JobId, ControlError>>> = Vec::with_capacity(batch.len());
         let mut valid = Vec::new();
-        for (i, (_, spec)) in batch.iter().enumerate() {
-            match self.cluster.validate(spec) {
+        // First occurrence in this batch of each new key.
+        let mut first_of: HashMap<&str, usize> = HashMap::new();
+        let mut same_as: Vec<(usize, usize)> = Vec::new();
+        for (i, job) in batch.iter().enumerate() {
+            if let Some(key) = job.key.as_deref() {
+                match self.store.get(&idem_key(key)) {
+                    Ok(Some(kv)) => {
+                        results.push(Some(decode::<JobId>(&kv.key, &kv.value)));
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        results.push(Some(Err(e.into())));
+                        continue;
+                    }
+                }
+                if let Some(&f) = first_of.get(key) {
+                    results.push(None);
+                    same_as.push((i, f));
+                    continue;
+                }
+                first_of.insert(key, i);
+            }
+            match self.cluster.validate(&job.spec) {
                 Ok(_) => {
                     results.push(None);
                     valid.push(i);
@@ -316,12 +368,26 @@ impl<S: Store> Control<S> {
                     }
                 }
                 Err(e) => {
+                    let not_leader = matches!(e, ControlError::Store(StoreError::NotLeader));
                     let msg = e.to_string();
                     for i in &valid {
-                        results[*i] = Some(Err(ControlError::Conflict(msg.clone())));
+                        results[*i] = Some(Err(if not_leader {
+                            ControlError::Store(StoreError::NotLeader)
+                        } else {
+                            ControlError::Conflict(msg.clone())
+                        }));
                     }
                 }
             }
+        }
+        for (i, f) in same_as {
+            let r = match &results[f] {
+                Some(Ok(id)) => Ok(*id),
+                _ => Err(ControlError::Conflict(
+                    "an earlier submission with the same idempotency key failed".into(),
+                )),
+            };
+            results[i] = Some(r);
         }
         results
             .into_iter()
@@ -331,7 +397,7 @@ impl<S: Store> Control<S> {
 
     fn store_batch(
         &mut self,
-        batch: &[(String, JobSpec)],
+        batch: &[NewJob],
         valid: &[usize],
         now: Time,
     ) -> Result<Vec<(JobRecord, u64)>, ControlError> {
@@ -348,7 +414,7 @@ impl<S: Store> Control<S> {
             let mut ops = Vec::new();
             let mut recs = Vec::new();
             for (k, &i) in valid.iter().enumerate() {
-                let (user, spec) = &batch[i];
+                let NewJob { user, spec, key } = &batch[i];
                 let id = JobId(last + 1 + k as u64);
                 let rec = JobRecord {
                     id,
@@ -373,6 +439,10 @@ impl<S: Store> Control<S> {
                 };
                 compares.push(Compare::Absent(job_key(id)));
                 ops.push(Op::Put(job_key(id), encode(&rec)));
+                if let Some(key) = key {
+                    compares.push(Compare::Absent(idem_key(key)));
+                    ops.push(Op::Put(idem_key(key), encode(&id)));
+                }
                 recs.push(rec);
             }
             ops.push(Op::Put(

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod config;
 pub mod control;
+pub mod ha;
 pub mod metrics;
 pub mod openapi;
 pub mod records;
@@ -13,7 +14,7 @@ pub use config::ServerConfig;
 
 use api::App;
 use control::Control;
-use gangway_store::RedbStore;
+use gangway_store::{RedbStore, Store};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,10 +34,24 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Opens the data dir and builds the shared state.
+/// The store behind the server: redb or etcd, chosen at start.
+pub type SharedStore = Arc<dyn Store>;
+
+/// Opens the data dir (the embedded redb store) and builds the shared state
+/// of a single server, which always leads.
 pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> {
     std::fs::create_dir_all(data_dir)?;
     let store = RedbStore::open(&data_dir.join("gangway.redb"))?;
+    open_with(cfg, Arc::new(store), ha::Role::Leader)
+}
+
+/// Builds the shared state on `store`, starting in `role` (a replica on etcd
+/// starts as a follower until the election says otherwise).
+pub fn open_with(
+    cfg: ServerConfig,
+    store: SharedStore,
+    role: ha::Role,
+) -> Result<Arc<App>, ServeError> {
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -47,7 +62,17 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
         wake: tokio::sync::Notify::new(),
         submissions: tx,
         submissions_rx: Mutex::new(Some(rx)),
+        role: std::sync::RwLock::new(role),
+        fenced: std::sync::atomic::AtomicBool::new(false),
     }))
+}
+
+/// Whether this replica leads.
+pub fn is_leader(app: &App) -> bool {
+    app.role
+        .read()
+        .map(|r| *r == ha::Role::Leader)
+        .unwrap_or(false)
 }
 
 /// Runs the scheduler loop forever: a cycle on every change and at least every `cycle_seconds`.
@@ -55,6 +80,9 @@ pub async fn scheduler_loop(app: Arc<App>) {
     let period = Duration::from_secs(app.cfg.cycle_seconds.max(1));
     loop {
         let _ = tokio::time::timeout(period, app.wake.notified()).await;
+        if !is_leader(&app) {
+            continue;
+        }
         let start = Instant::now();
         let result = match app.control.lock() {
             Ok(mut c) => c.cycle(api::now()),
@@ -76,9 +104,28 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 })
                 .inc_by(d.preemptions.len() as u64);
             }
+            Err(control::ControlError::Store(gangway_store::StoreError::NotLeader)) => {
+                // Fenced: another replica leads now. Stop at once.
+                app.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+                if let Ok(mut r) = app.role.write() {
+                    *r = ha::Role::Follower(None);
+                }
+            }
             Err(e) => tracing::error!("scheduling cycle failed: {e}"),
         }
     }
+}
+
+/// Serves the API as one replica of several on etcd: the election decides
+/// whether this one schedules; followers forward requests to the leader.
+pub async fn serve_replica(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    etcd: gangway_store::EtcdStore,
+    advertise: String,
+) -> Result<(), ServeError> {
+    ha::spawn_elector(app.clone(), etcd, advertise);
+    serve(app, listener).await
 }
 
 /// Serves the API on `listener` and runs the scheduler loop until the process ends.

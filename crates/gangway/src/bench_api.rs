@@ -117,7 +117,7 @@ pub fn run(a: &ApiArgs) -> Result<()> {
                     let mut spec =
                         gangway_core::JobSpec::new(&format!("fill-{left}-{i}"), "bench", 1, 1);
                     spec.user = "admin".into();
-                    ("admin".to_string(), spec)
+                    gangway_server::control::NewJob::new("admin", spec)
                 })
                 .collect();
             c.submit_batch(batch, 0);

@@ -33,6 +33,17 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: String,
+        /// etcd endpoints (comma-separated): run as one of several replicas
+        /// on etcd instead of on the embedded store in --data-dir.
+        #[arg(long, value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// Key prefix of this cluster in etcd.
+        #[arg(long, default_value = "/gangway")]
+        etcd_namespace: String,
+        /// URL other replicas forward requests to when this one leads
+        /// (default: http://<listen address>).
+        #[arg(long)]
+        advertise: Option<String>,
     },
     /// Runs a node agent: registers the node, runs the ranks the server assigns.
     Agent(local::AgentArgs),
@@ -106,21 +117,51 @@ enum Command {
     },
 }
 
-fn server(config: &std::path::Path, data_dir: &std::path::Path, listen: &str) -> Result<()> {
+/// How a server replica on etcd is set up.
+struct Replica {
+    etcd: Vec<String>,
+    namespace: String,
+    advertise: Option<String>,
+}
+
+fn server(
+    config: &std::path::Path,
+    data_dir: &std::path::Path,
+    listen: &str,
+    ha: Option<Replica>,
+) -> Result<()> {
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let cfg = gangway_server::ServerConfig::from_yaml(&text)?;
-    let app = gangway_server::open(cfg, data_dir)?;
+    let etcd = match &ha {
+        Some(r) => Some(
+            gangway_store::EtcdStore::connect(&r.etcd, &r.namespace)
+                .with_context(|| format!("connecting to etcd at {}", r.etcd.join(",")))?,
+        ),
+        None => None,
+    };
+    let app = match &etcd {
+        Some(e) => gangway_server::open_with(
+            cfg,
+            std::sync::Arc::new(e.clone()),
+            gangway_server::ha::Role::Follower(None),
+        )?,
+        None => gangway_server::open(cfg, data_dir)?,
+    };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
-        eprintln!(
-            "gangway server listening on http://{}",
-            listener.local_addr()?
-        );
-        gangway_server::serve(app, listener).await?;
+        let local = listener.local_addr()?;
+        eprintln!("gangway server listening on http://{local}");
+        match (etcd, ha) {
+            (Some(e), Some(r)) => {
+                let advertise = r.advertise.unwrap_or_else(|| format!("http://{local}"));
+                gangway_server::serve_replica(app, listener, e, advertise).await?
+            }
+            _ => gangway_server::serve(app, listener).await?,
+        }
         Ok(())
     })
 }
@@ -144,7 +185,17 @@ fn run() -> Result<()> {
             config,
             data_dir,
             listen,
-        } => server(&config, &data_dir, &listen),
+            etcd,
+            etcd_namespace,
+            advertise,
+        } => {
+            let ha = (!etcd.is_empty()).then_some(Replica {
+                etcd,
+                namespace: etcd_namespace,
+                advertise,
+            });
+            server(&config, &data_dir, &listen, ha)
+        }
         Command::Agent(a) => local::agent(&a),
         Command::Up(a) => local::up(&a),
         Command::Logs {
