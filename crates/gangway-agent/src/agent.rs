@@ -71,6 +71,7 @@ pub struct Agent {
     exits_tx: UnboundedSender<(RankKey, i32)>,
     exits_rx: UnboundedReceiver<(RankKey, i32)>,
     agent_url: String,
+    server_index: std::sync::atomic::AtomicUsize,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -166,6 +167,7 @@ impl Agent {
             exits_tx,
             exits_rx,
             agent_url,
+            server_index: Default::default(),
         };
         agent.adopt_leftovers().await;
         agent.register(stop_rx.clone()).await?;
@@ -212,6 +214,24 @@ impl Agent {
         }
     }
 
+    /// The server replica in use: `--server` may list several, comma-separated.
+    fn server(&self) -> String {
+        let all: Vec<&str> = self
+            .cfg
+            .server
+            .split(',')
+            .map(|s| s.trim().trim_end_matches('/'))
+            .filter(|s| !s.is_empty())
+            .collect();
+        let i = self.server_index.load(std::sync::atomic::Ordering::Relaxed);
+        all.get(i % all.len().max(1)).unwrap_or(&"").to_string()
+    }
+
+    fn next_server(&self) {
+        self.server_index
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn node_spec(&self) -> NodeSpec {
         let (cpu, mem) = machine_size();
         NodeSpec {
@@ -238,11 +258,11 @@ impl Agent {
 
     /// Registers until the server answers; a 4xx other than auth is final.
     async fn register(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
-        let url = format!("{}/v1/nodes", self.cfg.server.trim_end_matches('/'));
         let spec = self.node_spec();
         let mut warned = false;
         loop {
-            let (u, t, s) = (url.clone(), self.cfg.join_token.clone(), spec.clone());
+            let url = format!("{}/v1/nodes", self.server());
+            let (u, t, s) = (url, self.cfg.join_token.clone(), spec.clone());
             let r = tokio::task::spawn_blocking(move || post_json::<serde_json::Value>(&u, &t, &s))
                 .await
                 .unwrap_or_else(|e| Err((None, e.to_string())));
@@ -252,7 +272,7 @@ impl Agent {
                     if let Ok(mut g) = self.token.write() {
                         *g = tok;
                     }
-                    tracing::info!("node {} registered with {}", self.cfg.node, self.cfg.server);
+                    tracing::info!("node {} registered with {}", self.cfg.node, self.server());
                     return Ok(());
                 }
                 Err((Some(code), msg))
@@ -265,9 +285,10 @@ impl Agent {
                 }
                 Err((_, msg)) => {
                     if !warned {
-                        tracing::warn!("cannot register with {}: {msg}; retrying", self.cfg.server);
+                        tracing::warn!("cannot register with {}: {msg}; retrying", self.server());
                         warned = true;
                     }
+                    self.next_server();
                 }
             }
             tokio::select! {
@@ -307,11 +328,7 @@ impl Agent {
                 })
                 .collect(),
         };
-        let url = format!(
-            "{}/v1/agent/{}/sync",
-            self.cfg.server.trim_end_matches('/'),
-            self.cfg.node
-        );
+        let url = format!("{}/v1/agent/{}/sync", self.server(), self.cfg.node);
         let token = self.token.read().map(|t| t.clone()).unwrap_or_default();
         let r = tokio::task::spawn_blocking(move || post_json::<SyncResponse>(&url, &token, &req))
             .await
@@ -347,7 +364,9 @@ impl Agent {
                 }
                 Err(SyncError::Other(msg)) => {
                     // Unreachable server: ranks keep running (a partition may
-                    // heal); the server decides what happens to them.
+                    // heal); the server decides what happens to them. Another
+                    // replica, if there are several, is tried next.
+                    self.next_server();
                     if failing_since.is_none() {
                         tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
                         failing_since = Some(Instant::now());

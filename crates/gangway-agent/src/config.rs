@@ -38,7 +38,8 @@ pub enum ExecutorKind {
 /// Everything an agent needs to run.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// Server base URL, e.g. `http://10.0.0.1:7070`.
+    /// Server base URL, e.g. `http://10.0.0.1:7070`; several replicas
+    /// comma-separated (the agent moves to the next when one fails).
     pub server: String,
     /// The cluster's join token.
     pub join_token: String,

@@ -17,7 +17,7 @@ pub enum Output {
 /// Where the server is and who we are.
 #[derive(Args, Clone, Debug)]
 pub struct Conn {
-    /// Server address (flag, then $GANGWAY_ADDR, then the config file, then http://127.0.0.1:7070).
+    /// Server address, or several replicas comma-separated (flag, then $GANGWAY_ADDR, then the config file, then http://127.0.0.1:7070).
     #[arg(long, global = true, env = "GANGWAY_ADDR")]
     pub addr: Option<String>,
     /// Bearer token (flag, then $GANGWAY_TOKEN, then the config file).
@@ -81,12 +81,39 @@ impl Conn {
         self.addr.as_deref().unwrap_or("http://127.0.0.1:7070")
     }
 
+    /// Server replicas: `--addr` may list several, comma-separated.
+    fn addrs(&self) -> Vec<&str> {
+        self.addr()
+            .split(',')
+            .map(|a| a.trim().trim_end_matches('/'))
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
     fn bearer(&self) -> String {
         format!("Bearer {}", self.token.as_deref().unwrap_or(""))
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.addr().trim_end_matches('/'))
+    /// Sends to each replica in turn until one answers (a replica that is
+    /// down, or has no leader to forward to, is skipped).
+    fn send(&self, call: impl Fn(&str) -> Result<ureq::Response, ureq::Error>) -> Result<Value> {
+        let addrs = self.addrs();
+        let mut last = None;
+        for a in &addrs {
+            match call(a) {
+                Err(ureq::Error::Status(503, _)) | Err(ureq::Error::Transport(_))
+                    if addrs.len() > 1 =>
+                {
+                    last = Some(*a);
+                    continue;
+                }
+                r => return self.handle(r),
+            }
+        }
+        bail!(
+            "no server replica answered (last tried {})",
+            last.unwrap_or("none")
+        )
     }
 
     fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<Value> {
@@ -106,21 +133,36 @@ impl Conn {
 
     /// GET a path.
     pub fn get(&self, path: &str) -> Result<Value> {
-        self.handle(
-            ureq::get(&self.url(path))
+        self.send(|a| {
+            ureq::get(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
-                .call(),
-        )
+                .call()
+        })
     }
 
     /// POST a body.
     pub fn post(&self, path: &str, content_type: &str, body: &str) -> Result<Value> {
-        self.handle(
-            ureq::post(&self.url(path))
+        self.post_with_key(path, content_type, body, None)
+    }
+
+    /// POST a body with an idempotency key: retries (here, or to another
+    /// replica after a failover) never create a second object.
+    pub fn post_with_key(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &str,
+        key: Option<&str>,
+    ) -> Result<Value> {
+        self.send(|a| {
+            let mut r = ureq::post(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
-                .set("Content-Type", content_type)
-                .send_string(body),
-        )
+                .set("Content-Type", content_type);
+            if let Some(k) = key {
+                r = r.set("Idempotency-Key", k);
+            }
+            r.send_string(body)
+        })
     }
 
     fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
@@ -213,7 +255,8 @@ fn post_spec(c: &Conn, file: &std::path::Path) -> Result<Value> {
         None if file.extension().is_some_and(|e| e == "json") => ("application/json", text),
         None => ("application/yaml", text),
     };
-    c.post("/v1/jobs", ct, &body)
+    let key = gangway_server::control::fresh_token();
+    c.post_with_key("/v1/jobs", ct, &body, Some(&key))
 }
 
 /// Like `sbatch`, a job whose ranks run as processes starts in the directory

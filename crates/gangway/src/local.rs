@@ -67,7 +67,7 @@ impl GpuArgs {
 /// `gangway agent`.
 #[derive(Args, Clone, Debug)]
 pub struct AgentArgs {
-    /// Server URL.
+    /// Server URL; several replicas comma-separated.
     #[arg(long, default_value = "http://127.0.0.1:7070")]
     pub server: String,
     /// The cluster's join token (the server config's agent_token).

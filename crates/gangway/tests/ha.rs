@@ -135,11 +135,7 @@ fn submit(replicas: &[String], key: &str, start: usize) -> Option<u64> {
     None
 }
 
-#[test]
-fn leader_kill_9_under_submissions_loses_and_duplicates_nothing() {
-    let Some(etcd) = EtcdProcess::start() else {
-        return;
-    };
+fn replicas(etcd: &EtcdProcess, n: usize) -> Replicas {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(
         dir.path().join("server.yaml"),
@@ -149,43 +145,87 @@ fn leader_kill_9_under_submissions_loses_and_duplicates_nothing() {
     let mut reps = Replicas {
         dir,
         etcd: etcd.endpoint.clone(),
-        all: (0..3)
+        all: (0..n)
             .map(|_| Replica {
                 port: free_port(),
                 child: None,
             })
             .collect(),
     };
-    for i in 0..3 {
+    for i in 0..n {
         reps.start(i);
     }
-    let wait_leader = |reps: &Replicas| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(l) = reps.leader() {
-                return l;
-            }
-            if Instant::now() > deadline {
-                reps.dump();
-                panic!("no leader elected");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    reps
+}
+
+fn wait_leader(reps: &Replicas) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(l) = reps.leader() {
+            return l;
         }
-    };
-    wait_leader(&reps);
-    // A node with 8 GPUs, registered through a follower (forwarded to the leader).
+        if Instant::now() > deadline {
+            reps.dump();
+            panic!("no leader elected");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A node with 8 GPUs, registered through any replica (a follower forwards to the leader).
+fn register_node(reps: &Replicas) {
     let node = json!({
         "name": "n0", "cpu_millis": 64000, "memory_mib": 262144, "leaf": "l0",
         "gpus": (0..8).map(|i| json!({"index": i, "model": "H100", "memory_gib": 80})).collect::<Vec<_>>()
     });
-    let live = reps.live();
-    let reg = live.iter().find_map(|u| {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !reps.live().iter().any(|u| {
         ureq::post(&format!("{u}/v1/nodes"))
             .set("Authorization", "Bearer agent-secret")
             .send_json(node.clone())
-            .ok()
-    });
-    assert!(reg.is_some(), "node registered");
+            .is_ok()
+    }) {
+        assert!(Instant::now() < deadline, "node registered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn replicas_carry_on_after_etcd_restarts() {
+    let Some(mut etcd) = EtcdProcess::start() else {
+        return;
+    };
+    let reps = replicas(&etcd, 2);
+    wait_leader(&reps);
+    register_node(&reps);
+    let urls = reps.live();
+    let first = submit(&urls, "before", 0).expect("acknowledged before the restart");
+    etcd.restart();
+    // No operator action: the replicas reconnect, elect, and accept work.
+    let second = submit(&urls, "after", 1).expect("acknowledged after the restart");
+    assert!(second > first);
+    let leader = wait_leader(&reps);
+    let jobs: Vec<Value> = ureq::get(&format!("{}/v1/jobs", reps.all[leader].url()))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+        .expect("list")
+        .into_json()
+        .expect("json");
+    let names: Vec<&str> = jobs
+        .iter()
+        .filter_map(|j| j["spec"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["before", "after"]);
+}
+
+#[test]
+fn leader_kill_9_under_submissions_loses_and_duplicates_nothing() {
+    let Some(etcd) = EtcdProcess::start() else {
+        return;
+    };
+    let mut reps = replicas(&etcd, 3);
+    wait_leader(&reps);
+    register_node(&reps);
 
     let acked: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
     let tried: Arc<Mutex<BTreeSet<String>>> = Arc::default();
