@@ -137,6 +137,7 @@ impl Conn {
             ureq::get(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
                 .call()
+                .map_err(Box::new)
         })
     }
 
@@ -161,7 +162,7 @@ impl Conn {
             if let Some(k) = key {
                 r = r.set("Idempotency-Key", k);
             }
-            r.send_string(body)
+            r.send_string(body).map_err(Box::new)
         })
     }
 
