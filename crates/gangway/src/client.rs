@@ -96,11 +96,14 @@ impl Conn {
 
     /// Sends to each replica in turn until one answers (a replica that is
     /// down, or has no leader to forward to, is skipped).
-    fn send(&self, call: impl Fn(&str) -> Result<ureq::Response, ureq::Error>) -> Result<Value> {
+    fn send(
+        &self,
+        call: impl Fn(&str) -> Result<ureq::Response, Box<ureq::Error>>,
+    ) -> Result<Value> {
         let addrs = self.addrs();
         let mut last = None;
         for a in &addrs {
-            match call(a) {
+            match call(a).map_err(|e| *e) {
                 Err(ureq::Error::Status(503, _)) | Err(ureq::Error::Transport(_))
                     if addrs.len() > 1 =>
                 {
