@@ -488,8 +488,10 @@ async fn agent_report(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(node): Path<String>,
-    Json(r): Json<ReportBody>,
+    body: Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
+    let r: ReportBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("report: {e}")))?;
     let mut c = lock(&app)?;
     node_auth(&app, &c, &headers, &node)?;
     let report = match (r.state.as_str(), r.exit_code) {
