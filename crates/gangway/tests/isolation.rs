@@ -312,3 +312,71 @@ echo "rank $RANK finished"
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_partitioned_agent_s_stale_ranks_are_stopped_when_the_partition_heals() {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    if !is_root {
+        return skip_or_fail("GANGWAY_REQUIRE_NETNS", "needs root");
+    }
+    let subnet = "10.213.8";
+    let net = match make_net("t8", subnet, 3) {
+        Ok(n) => n,
+        Err(e) => {
+            return skip_or_fail(
+                "GANGWAY_REQUIRE_NETNS",
+                &format!("cannot make network namespaces: {e}"),
+            );
+        }
+    };
+    let mut c = Cluster::start(&format!("{subnet}.1"));
+    c.teardown = net.teardown();
+    for (i, ns) in net.namespaces.clone().iter().enumerate() {
+        let addr = format!("{subnet}.{}", 10 + i);
+        c.agent(
+            &format!("part-{i}"),
+            2,
+            &["ip", "netns", "exec", ns],
+            &["--address", &addr],
+        );
+    }
+    c.wait_nodes(3);
+    let id = c.submit(&c.rank_job("partitioned", 2, 2));
+    let j = c.wait_job(id, "run", 30, |j| state(j) == "running");
+    let cut = j["placement"][1]["node"].as_str().expect("node").to_string();
+    let cut_idx: usize = cut.trim_start_matches("part-").parse().expect("index");
+    wait_for("2 ranks", 20, || (pids(&c.out, Some(0)).len() == 2).then_some(()));
+    let stale: Vec<u32> = pids(&c.out, Some(0))
+        .into_iter()
+        .filter(|(r, _)| c.envs(0).get(r).is_some_and(|e| e["GANGWAY_NODE"] == cut))
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(stale.len(), 1, "one rank on the node to cut off");
+    // Cut the node's link: it cannot reach the server, nor the server it.
+    sh(&format!("ip link set gwt8h{cut_idx} down")).expect("partition");
+    wait_for("NotReady", 20, || (c.node(&cut)["ready"] == false).then_some(()));
+    let j = c.wait_job(id, "run elsewhere", 40, |j| {
+        j["attempt"] == 1 && state(j) == "running"
+    });
+    let on: Vec<&str> = j["placement"]
+        .as_array()
+        .expect("placement")
+        .iter()
+        .map(|r| r["node"].as_str().unwrap_or(""))
+        .collect();
+    assert!(!on.contains(&cut.as_str()), "{on:?}");
+    // Cut off, the stale rank still runs: nobody could tell it otherwise.
+    assert!(stale.iter().all(|p| alive(*p)));
+    // Heal: the agent syncs, learns attempt 0 is over, and stops its rank.
+    sh(&format!("ip link set gwt8h{cut_idx} up")).expect("heal");
+    wait_for("the stale rank stopped after the heal", 20, || {
+        stale.iter().all(|p| !alive(*p)).then_some(())
+    });
+    wait_for("Ready again", 20, || (c.node(&cut)["ready"] == true).then_some(()));
+    // The new attempt was not disturbed.
+    let j = c.job(id);
+    assert_eq!((state(&j), j["attempt"].as_u64()), ("running", Some(1)));
+}
