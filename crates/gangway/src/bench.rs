@@ -20,6 +20,8 @@ pub enum Which {
     Sched(SchedArgs),
     /// The HTTP API: submissions per second and latency on loopback.
     Api(crate::bench_api::ApiArgs),
+    /// Server replicas on etcd with the leader killed again and again.
+    Chaos(crate::bench_chaos::ChaosArgs),
 }
 
 /// Options of `bench sched`.
@@ -46,6 +48,7 @@ pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Sched(a) => sched(&a),
         Which::Api(a) => crate::bench_api::run(&a),
+        Which::Chaos(a) => crate::bench_chaos::run(&a),
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_api;
+mod bench_chaos;
 mod client;
 mod local;
 mod sim;

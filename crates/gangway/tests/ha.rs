@@ -325,3 +325,100 @@ fn leader_kill_9_under_submissions_loses_and_duplicates_nothing() {
     }
     assert_eq!(held.len(), 8, "the node's 8 GPUs are in use by 8 jobs");
 }
+
+#[test]
+fn a_frozen_leader_wakes_up_deposed_and_steps_down_without_writing() {
+    let Some(etcd) = EtcdProcess::start() else {
+        return;
+    };
+    let mut reps = replicas(&etcd, 2);
+    let old = wait_leader(&reps);
+    register_node(&reps);
+    let urls = reps.live();
+    for n in 0..4 {
+        submit(&urls, &format!("early-{n}"), n).expect("acknowledged");
+    }
+    let pid = reps.all[old]
+        .child
+        .as_ref()
+        .expect("running")
+        .id()
+        .to_string();
+    // Freeze the leader past its lease (a long GC pause, a hung VM).
+    Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .expect("SIGSTOP");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new = loop {
+        let other = 1 - old;
+        let says = ureq::get(&format!("{}/v1/leader", reps.all[other].url()))
+            .timeout(Duration::from_millis(500))
+            .call()
+            .ok()
+            .and_then(|x| x.into_json::<Value>().ok());
+        if says.is_some_and(|v| v["leader"] == true) {
+            break other;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader while the old one is frozen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let new_url = reps.all[new].url();
+    for n in 0..6 {
+        submit(std::slice::from_ref(&new_url), &format!("late-{n}"), 0).expect("acknowledged");
+    }
+    Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .expect("SIGCONT");
+    // It notices it lost the lease and follows; it never claims to lead beside the new one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v: Value = ureq::get(&format!("{}/v1/leader", reps.all[old].url()))
+            .call()
+            .expect("answers")
+            .into_json()
+            .expect("json");
+        if v["leader"] == false {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the deposed leader did not step down"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(reps.leader(), Some(new));
+    let jobs: Vec<Value> = ureq::get(&format!("{new_url}/v1/jobs"))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+        .expect("list")
+        .into_json()
+        .expect("json");
+    assert_eq!(jobs.len(), 10, "every acknowledged job once");
+    let mut held = BTreeSet::new();
+    for j in &jobs {
+        for r in j["placement"].as_array().into_iter().flatten() {
+            for g in r["gpus"].as_array().into_iter().flatten() {
+                assert!(
+                    held.insert((r["node"].to_string(), g.as_u64())),
+                    "double-booked"
+                );
+            }
+        }
+        let scheduled = j["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["kind"] == "scheduled")
+            .count();
+        assert!(scheduled <= 1, "job {} scheduled twice", j["id"]);
+    }
+    // Through the old replica, requests now reach the new leader.
+    let id = submit(std::slice::from_ref(&reps.all[old].url()), "via-old", 0).expect("forwarded");
+    assert_eq!(id, 11);
+    reps.kill(old);
+}

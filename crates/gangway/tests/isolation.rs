@@ -346,9 +346,14 @@ fn a_partitioned_agent_s_stale_ranks_are_stopped_when_the_partition_heals() {
     c.wait_nodes(3);
     let id = c.submit(&c.rank_job("partitioned", 2, 2));
     let j = c.wait_job(id, "run", 30, |j| state(j) == "running");
-    let cut = j["placement"][1]["node"].as_str().expect("node").to_string();
+    let cut = j["placement"][1]["node"]
+        .as_str()
+        .expect("node")
+        .to_string();
     let cut_idx: usize = cut.trim_start_matches("part-").parse().expect("index");
-    wait_for("2 ranks", 20, || (pids(&c.out, Some(0)).len() == 2).then_some(()));
+    wait_for("2 ranks", 20, || {
+        (pids(&c.out, Some(0)).len() == 2).then_some(())
+    });
     let stale: Vec<u32> = pids(&c.out, Some(0))
         .into_iter()
         .filter(|(r, _)| c.envs(0).get(r).is_some_and(|e| e["GANGWAY_NODE"] == cut))
@@ -357,7 +362,9 @@ fn a_partitioned_agent_s_stale_ranks_are_stopped_when_the_partition_heals() {
     assert_eq!(stale.len(), 1, "one rank on the node to cut off");
     // Cut the node's link: it cannot reach the server, nor the server it.
     sh(&format!("ip link set gwt8h{cut_idx} down")).expect("partition");
-    wait_for("NotReady", 20, || (c.node(&cut)["ready"] == false).then_some(()));
+    wait_for("NotReady", 20, || {
+        (c.node(&cut)["ready"] == false).then_some(())
+    });
     let j = c.wait_job(id, "run elsewhere", 40, |j| {
         j["attempt"] == 1 && state(j) == "running"
     });
@@ -375,7 +382,9 @@ fn a_partitioned_agent_s_stale_ranks_are_stopped_when_the_partition_heals() {
     wait_for("the stale rank stopped after the heal", 20, || {
         stale.iter().all(|p| !alive(*p)).then_some(())
     });
-    wait_for("Ready again", 20, || (c.node(&cut)["ready"] == true).then_some(()));
+    wait_for("Ready again", 20, || {
+        (c.node(&cut)["ready"] == true).then_some(())
+    });
     // The new attempt was not disturbed.
     let j = c.job(id);
     assert_eq!((state(&j), j["attempt"].as_u64()), ("running", Some(1)));
