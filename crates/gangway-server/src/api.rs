@@ -37,6 +37,8 @@ pub struct App {
     pub role: std::sync::RwLock<crate::ha::Role>,
     /// Set when a write was refused because another replica leads.
     pub fenced: std::sync::atomic::AtomicBool,
+    /// Queue usage over the last hours (the dashboard's chart).
+    pub history: Mutex<crate::dashboard::QueueHistory>,
 }
 
 /// A submission handed to the group-commit writer.
@@ -106,7 +108,8 @@ pub enum Principal {
 }
 
 impl Principal {
-    fn name(&self) -> &str {
+    /// The user name (`admin`, `agent` for those tokens).
+    pub fn name(&self) -> &str {
         match self {
             Principal::Admin => "admin",
             Principal::User { name, .. } => name,
@@ -118,6 +121,13 @@ impl Principal {
 /// An API error: a status and a message naming the problem.
 #[derive(Debug)]
 pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    /// An error with this status and message.
+    pub fn new(status: StatusCode, msg: impl Into<String>) -> Self {
+        ApiError(status, msg.into())
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -148,13 +158,19 @@ impl From<ControlError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<SharedStore>>> {
+/// The control state, or a 500 if a panic poisoned it.
+pub fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<SharedStore>>> {
     app.control.lock().map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             "state lock poisoned".into(),
         )
     })
+}
+
+/// Who the bearer token belongs to.
+pub fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
+    auth(app, headers)
 }
 
 fn auth(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
@@ -297,6 +313,9 @@ pub struct JobFilter {
     offset: Option<usize>,
     /// Return at most this many.
     limit: Option<usize>,
+    /// Newest first.
+    #[serde(default)]
+    desc: bool,
 }
 
 async fn list_jobs(
@@ -315,9 +334,12 @@ async fn list_jobs(
         })?),
         None => None,
     };
-    let out = c
-        .jobs
-        .values()
+    let all: Box<dyn Iterator<Item = &(JobRecord, u64)>> = if f.desc {
+        Box::new(c.jobs.values().rev())
+    } else {
+        Box::new(c.jobs.values())
+    };
+    let out = all
         .map(|(r, _)| r)
         .filter(|r| f.queue.as_ref().is_none_or(|q| &r.spec.queue == q))
         .filter(|r| f.user.as_ref().is_none_or(|u| &r.user == u))
@@ -746,7 +768,8 @@ async fn forward(
         .read()
         .map(|r| r.clone())
         .unwrap_or(crate::ha::Role::Follower(None));
-    let local = path == "/healthz" || path == "/v1/leader" || path == "/openapi.json";
+    let local =
+        path == "/" || path == "/healthz" || path == "/v1/leader" || path == "/openapi.json";
     let leader = match role {
         crate::ha::Role::Leader => return next.run(req).await,
         _ if local => return next.run(req).await,
@@ -851,6 +874,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/agent/{name}/sync", post(agent_sync))
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
+        .merge(crate::dashboard::routes())
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))
         .with_state(app)

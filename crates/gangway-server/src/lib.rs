@@ -5,6 +5,7 @@
 pub mod api;
 pub mod config;
 pub mod control;
+pub mod dashboard;
 pub mod ha;
 pub mod metrics;
 pub mod openapi;
@@ -64,6 +65,7 @@ pub fn open_with(
         submissions_rx: Mutex::new(Some(rx)),
         role: std::sync::RwLock::new(role),
         fenced: std::sync::atomic::AtomicBool::new(false),
+        history: Mutex::new(dashboard::QueueHistory::default()),
     }))
 }
 
@@ -91,6 +93,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
         app.metrics
             .cycle_seconds
             .observe(start.elapsed().as_secs_f64());
+        dashboard::record(&app, api::now());
         match result {
             Ok(d) => {
                 use metrics::DecisionLabels;

@@ -234,6 +234,9 @@ pub struct UpArgs {
     /// Stop once every submitted job has ended (for scripts and demos).
     #[arg(long)]
     pub exit_when_done: bool,
+    /// The admin token (default: a random one, printed).
+    #[arg(long, env = "GANGWAY_UP_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
@@ -244,7 +247,10 @@ pub fn up(a: &UpArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join(format!("gangway-up-{}", std::process::id())));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let admin = format!("admin-{}", gangway_server::control::fresh_token());
+    let admin = a
+        .admin_token
+        .clone()
+        .unwrap_or_else(|| format!("admin-{}", gangway_server::control::fresh_token()));
     let join = format!("join-{}", gangway_server::control::fresh_token());
     let cfg = gangway_server::ServerConfig {
         admin_token: admin.clone(),
@@ -285,7 +291,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
         let cli = dir.join("cli.yaml");
         std::fs::write(&cli, format!("addr: {addr}\ntoken: {admin}\n"))?;
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}\n\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
             a.gpus_per_node,
             a.gpu.gpu_model,

@@ -1,0 +1,241 @@
+//! The web dashboard at `/`: one page of plain HTML, CSS and JavaScript
+//! (no build step) that reads the same API as the CLI with the user's bearer
+//! token, refreshing every two seconds. This module also holds the API views
+//! only the dashboard needs: the cluster grid, the queue history and `whoami`.
+
+use crate::api::{ApiError, App};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use gangway_core::{JobId, Time};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+/// The page (served as is; everything else it needs comes from the API).
+const PAGE: &str = include_str!("page.html");
+
+/// Samples kept of each queue's GPU usage: 6 hours at one per 30 s.
+pub const HISTORY_SAMPLES: usize = 720;
+/// Seconds between samples.
+pub const HISTORY_EVERY: Time = 30;
+
+/// Each queue's GPUs in use over time, oldest first.
+#[derive(Default)]
+pub struct QueueHistory {
+    /// (time, GPUs in use per queue in the config's order).
+    pub samples: VecDeque<(Time, Vec<u64>)>,
+}
+
+impl QueueHistory {
+    /// Records a sample if the last one is older than [`HISTORY_EVERY`].
+    pub fn sample(&mut self, now: Time, usage: Vec<u64>) {
+        if self
+            .samples
+            .back()
+            .is_some_and(|(t, _)| now < t + HISTORY_EVERY)
+        {
+            return;
+        }
+        if self.samples.len() == HISTORY_SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((now, usage));
+    }
+}
+
+/// One GPU in the cluster grid.
+#[derive(Serialize)]
+struct GpuCell {
+    index: u32,
+    /// `free`, `allocated`, `unhealthy` or `cordoned`.
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<JobId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<String>,
+}
+
+#[derive(Serialize)]
+struct NodeCell {
+    name: String,
+    ready: bool,
+    cordoned: bool,
+    gpus: Vec<GpuCell>,
+}
+
+#[derive(Serialize)]
+struct Rack {
+    leaf: String,
+    nodes: Vec<NodeCell>,
+}
+
+async fn page() -> Response {
+    ([(header::CACHE_CONTROL, "no-cache")], Html(PAGE)).into_response()
+}
+
+async fn whoami(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let p = crate::api::authenticate(&app, &headers)?;
+    Ok(Json(json!({
+        "name": p.name(),
+        "admin": p == crate::api::Principal::Admin,
+    })))
+}
+
+/// Racks → nodes → GPUs with their state and job, and the totals.
+async fn cluster(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    crate::api::authenticate(&app, &headers)?;
+    let c = crate::api::lock(&app)?;
+    let mut racks: BTreeMap<String, Vec<NodeCell>> = BTreeMap::new();
+    let (mut total, mut allocated, mut unhealthy, mut fragmented) = (0u64, 0u64, 0u64, 0u64);
+    for (i, n) in c.cluster.nodes().iter().enumerate() {
+        let mut owner: HashMap<u32, (JobId, &str, &str)> = HashMap::new();
+        for id in c.cluster.jobs_on(i as u32) {
+            if let Some((rec, _)) = c.jobs.get(id) {
+                for r in rec.placement.iter().filter(|r| r.node == n.spec.name) {
+                    for g in &r.gpus {
+                        owner.insert(*g, (*id, &rec.spec.queue, &rec.user));
+                    }
+                }
+            }
+        }
+        let mut free_here = 0;
+        let gpus: Vec<GpuCell> = n
+            .spec
+            .gpus
+            .iter()
+            .map(|g| {
+                total += 1;
+                let o = owner.get(&g.index);
+                let state = match (o, g.healthy, n.spec.cordoned || !n.ready) {
+                    (Some(_), _, _) => {
+                        allocated += 1;
+                        "allocated"
+                    }
+                    (None, false, _) => {
+                        unhealthy += 1;
+                        "unhealthy"
+                    }
+                    (None, true, true) => "cordoned",
+                    (None, true, false) => {
+                        free_here += 1;
+                        "free"
+                    }
+                };
+                GpuCell {
+                    index: g.index,
+                    state,
+                    job: o.map(|x| x.0),
+                    queue: o.map(|x| x.1.to_string()),
+                    user: o.map(|x| x.2.to_string()),
+                }
+            })
+            .collect();
+        // Free GPUs on a node that is partly in use cannot serve a whole-node gang.
+        if free_here > 0 && free_here < n.spec.gpus.iter().filter(|g| g.healthy).count() {
+            fragmented += free_here as u64;
+        }
+        racks
+            .entry(n.spec.leaf.clone())
+            .or_default()
+            .push(NodeCell {
+                name: n.spec.name.clone(),
+                ready: n.ready,
+                cordoned: n.spec.cordoned,
+                gpus,
+            });
+    }
+    let racks: Vec<Rack> = racks
+        .into_iter()
+        .map(|(leaf, nodes)| Rack { leaf, nodes })
+        .collect();
+    Ok(Json(json!({
+        "totals": {
+            "gpus": total,
+            "allocated": allocated,
+            "free": total - allocated - unhealthy,
+            "unhealthy": unhealthy,
+            "fragmented": fragmented,
+        },
+        "racks": racks,
+    })))
+}
+
+/// Each queue's usage, quota and fair-share rank, and its GPU usage over the
+/// last hours.
+async fn queue_history(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    crate::api::authenticate(&app, &headers)?;
+    let names: Vec<String> = {
+        let c = crate::api::lock(&app)?;
+        c.cluster
+            .queues()
+            .iter()
+            .map(|q| q.spec.name.clone())
+            .collect()
+    };
+    let h = app
+        .history
+        .lock()
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "history lock poisoned"))?;
+    let samples: Vec<_> = h
+        .samples
+        .iter()
+        .map(|(t, u)| json!({ "at": t, "gpus": u }))
+        .collect();
+    Ok(Json(
+        json!({ "queues": names, "every_seconds": HISTORY_EVERY, "samples": samples }),
+    ))
+}
+
+/// Records the queues' usage (called by the scheduler loop).
+pub fn record(app: &App, now: Time) {
+    let usage: Option<Vec<u64>> = app.control.lock().ok().map(|c| {
+        (0..c.cluster.queues().len())
+            .map(|q| c.cluster.queue_usage(q as u32).gpus)
+            .collect()
+    });
+    if let (Some(u), Ok(mut h)) = (usage, app.history.lock()) {
+        h.sample(now, u);
+    }
+}
+
+/// The dashboard's routes.
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/", get(page))
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/queues/history", get(queue_history))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_keeps_one_sample_per_period_and_six_hours() {
+        let mut h = QueueHistory::default();
+        h.sample(0, vec![1]);
+        h.sample(10, vec![2]);
+        assert_eq!(h.samples.len(), 1, "one sample per 30 s");
+        for i in 1..=(HISTORY_SAMPLES as u64 + 5) {
+            h.sample(i * HISTORY_EVERY, vec![i]);
+        }
+        assert_eq!(h.samples.len(), HISTORY_SAMPLES);
+        assert_eq!(h.samples.front().map(|s| s.1[0]), Some(6), "oldest dropped");
+    }
+}
