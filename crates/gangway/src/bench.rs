@@ -22,6 +22,8 @@ pub enum Which {
     Api(crate::bench_api::ApiArgs),
     /// Server replicas on etcd with the leader killed again and again.
     Chaos(crate::bench_chaos::ChaosArgs),
+    /// What the dashboard's views cost the server on a large cluster.
+    Dashboard(crate::bench_dashboard::DashboardArgs),
 }
 
 /// Options of `bench sched`.
@@ -49,6 +51,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::Sched(a) => sched(&a),
         Which::Api(a) => crate::bench_api::run(&a),
         Which::Chaos(a) => crate::bench_chaos::run(&a),
+        Which::Dashboard(a) => crate::bench_dashboard::run(&a),
     }
 }
 

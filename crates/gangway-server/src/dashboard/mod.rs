@@ -47,32 +47,39 @@ impl QueueHistory {
     }
 }
 
-/// One GPU in the cluster grid.
-#[derive(Serialize)]
-struct GpuCell {
-    index: u32,
-    /// `free`, `allocated`, `unhealthy` or `cordoned`.
-    state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    job: Option<JobId>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    user: Option<String>,
-}
-
+/// One node in the cluster grid: its GPUs' states as one letter each
+/// (`f` free, `a` allocated, `u` unhealthy, `c` cordoned or NotReady) and the
+/// job holding each (0: none) — compact, so 10,000 nodes stay a small answer.
 #[derive(Serialize)]
 struct NodeCell {
     name: String,
     ready: bool,
     cordoned: bool,
-    gpus: Vec<GpuCell>,
+    gpus: String,
+    owners: Vec<u64>,
 }
 
 #[derive(Serialize)]
 struct Rack {
     leaf: String,
     nodes: Vec<NodeCell>,
+}
+
+#[derive(Serialize)]
+struct Totals {
+    gpus: u64,
+    allocated: u64,
+    free: u64,
+    unhealthy: u64,
+    fragmented: u64,
+}
+
+/// The whole grid; `jobs` maps each job holding GPUs to its queue and user.
+#[derive(Serialize)]
+struct ClusterView {
+    totals: Totals,
+    jobs: BTreeMap<u64, (String, String)>,
+    racks: Vec<Rack>,
 }
 
 async fn page() -> Response {
@@ -94,82 +101,81 @@ async fn whoami(
 async fn cluster(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<ClusterView>, ApiError> {
     crate::api::authenticate(&app, &headers)?;
     let c = crate::api::lock(&app)?;
-    let mut racks: BTreeMap<String, Vec<NodeCell>> = BTreeMap::new();
-    let (mut total, mut allocated, mut unhealthy, mut fragmented) = (0u64, 0u64, 0u64, 0u64);
+    let mut racks: BTreeMap<&str, Vec<NodeCell>> = BTreeMap::new();
+    let mut jobs = BTreeMap::new();
+    let mut t = Totals {
+        gpus: 0,
+        allocated: 0,
+        free: 0,
+        unhealthy: 0,
+        fragmented: 0,
+    };
     for (i, n) in c.cluster.nodes().iter().enumerate() {
-        let mut owner: HashMap<u32, (JobId, &str, &str)> = HashMap::new();
+        let mut owner: HashMap<u32, JobId> = HashMap::new();
         for id in c.cluster.jobs_on(i as u32) {
             if let Some((rec, _)) = c.jobs.get(id) {
+                jobs.entry(id.0)
+                    .or_insert_with(|| (rec.spec.queue.clone(), rec.user.clone()));
                 for r in rec.placement.iter().filter(|r| r.node == n.spec.name) {
                     for g in &r.gpus {
-                        owner.insert(*g, (*id, &rec.spec.queue, &rec.user));
+                        owner.insert(*g, *id);
                     }
                 }
             }
         }
-        let mut free_here = 0;
-        let gpus: Vec<GpuCell> = n
-            .spec
-            .gpus
-            .iter()
-            .map(|g| {
-                total += 1;
-                let o = owner.get(&g.index);
-                let state = match (o, g.healthy, n.spec.cordoned || !n.ready) {
-                    (Some(_), _, _) => {
-                        allocated += 1;
-                        "allocated"
-                    }
-                    (None, false, _) => {
-                        unhealthy += 1;
-                        "unhealthy"
-                    }
-                    (None, true, true) => "cordoned",
-                    (None, true, false) => {
-                        free_here += 1;
-                        "free"
-                    }
-                };
-                GpuCell {
-                    index: g.index,
-                    state,
-                    job: o.map(|x| x.0),
-                    queue: o.map(|x| x.1.to_string()),
-                    user: o.map(|x| x.2.to_string()),
+        let unavailable = n.spec.cordoned || !n.ready;
+        let (mut states, mut owners) = (String::with_capacity(8), Vec::with_capacity(8));
+        let (mut free_here, mut healthy) = (0u64, 0u64);
+        for g in &n.spec.gpus {
+            t.gpus += 1;
+            healthy += u64::from(g.healthy);
+            let o = owner.get(&g.index);
+            let state = match (o, g.healthy, unavailable) {
+                (Some(_), _, _) => {
+                    t.allocated += 1;
+                    'a'
                 }
-            })
-            .collect();
-        // Free GPUs on a node that is partly in use cannot serve a whole-node gang.
-        if free_here > 0 && free_here < n.spec.gpus.iter().filter(|g| g.healthy).count() {
-            fragmented += free_here as u64;
+                (None, false, _) => {
+                    t.unhealthy += 1;
+                    'u'
+                }
+                (None, true, true) => 'c',
+                (None, true, false) => {
+                    free_here += 1;
+                    'f'
+                }
+            };
+            states.push(state);
+            owners.push(o.map_or(0, |j| j.0));
         }
-        racks
-            .entry(n.spec.leaf.clone())
-            .or_default()
-            .push(NodeCell {
-                name: n.spec.name.clone(),
-                ready: n.ready,
-                cordoned: n.spec.cordoned,
-                gpus,
-            });
+        // Free GPUs on a node that is partly in use cannot serve a whole-node gang.
+        if free_here > 0 && free_here < healthy {
+            t.fragmented += free_here;
+        }
+        racks.entry(&n.spec.leaf).or_default().push(NodeCell {
+            name: n.spec.name.clone(),
+            ready: n.ready,
+            cordoned: n.spec.cordoned,
+            gpus: states,
+            owners,
+        });
     }
-    let racks: Vec<Rack> = racks
+    t.free = t.gpus - t.allocated - t.unhealthy;
+    let racks = racks
         .into_iter()
-        .map(|(leaf, nodes)| Rack { leaf, nodes })
+        .map(|(leaf, nodes)| Rack {
+            leaf: leaf.to_string(),
+            nodes,
+        })
         .collect();
-    Ok(Json(json!({
-        "totals": {
-            "gpus": total,
-            "allocated": allocated,
-            "free": total - allocated - unhealthy,
-            "unhealthy": unhealthy,
-            "fragmented": fragmented,
-        },
-        "racks": racks,
-    })))
+    Ok(Json(ClusterView {
+        totals: t,
+        jobs,
+        racks,
+    }))
 }
 
 /// Each queue's usage, quota and fair-share rank, and its GPU usage over the
