@@ -298,6 +298,12 @@ pub enum Rejection {
         /// What exists.
         available: String,
     },
+    /// The cluster has no GPUs at all (no node has joined yet).
+    #[error("resources.gpus: {need} GPUs per replica requested but no node with GPUs has joined the cluster")]
+    NoGpuNodes {
+        /// Asked for.
+        need: u32,
+    },
     /// No GPU has enough memory.
     #[error("resources.min_gpu_memory_gib: {need} GiB requested but the largest matching GPU has {max} GiB")]
     GpuMemory {
@@ -893,6 +899,9 @@ impl ClusterState {
         let per = r.resources();
         let min_gang = u64::from(spec.min_gang());
         if r.gpus > 0 {
+            if self.classes.is_empty() {
+                return Err(Rejection::NoGpuNodes { need: r.gpus });
+            }
             if let Some(model) = &r.gpu_model {
                 if !self
                     .classes

@@ -654,6 +654,16 @@ fn impossible_requests_are_rejected_with_clear_errors() {
     ));
     // Nothing was accepted by the failed validations.
     assert_eq!(s.pending_count(), 0);
+    // Before any GPU node joins, the reason says so.
+    let mut empty = ClusterState::new(StateConfig::default());
+    queue(&mut empty, QueueSpec::unlimited("q", None));
+    assert_eq!(
+        empty
+            .validate(&job("q", 1, 8, None))
+            .expect_err("rejected")
+            .to_string(),
+        "resources.gpus: 8 GPUs per replica requested but no node with GPUs has joined the cluster"
+    );
 }
 
 #[test]

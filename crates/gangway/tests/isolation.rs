@@ -215,41 +215,52 @@ fn make_net(tag: &str, subnet: &str, n: usize) -> Result<Net, String> {
     Ok(net)
 }
 
-#[test]
-fn agents_in_their_own_network_namespaces_rendezvous_at_real_addresses() {
+/// A server on the bridge at `<subnet>.1` and `n` agents named `<prefix>-<i>`,
+/// each in a namespace of its own at `<subnet>.<10+i>`, 2 GPUs each; `None`
+/// (after saying why) where namespaces cannot be made.
+fn namespaced_cluster(tag: &str, subnet: &str, n: usize, prefix: &str) -> Option<Cluster> {
     let is_root = Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| o.stdout.starts_with(b"0"));
-    let has_busybox = std::path::Path::new("/bin/busybox").exists();
-    if !is_root || !has_busybox {
-        return skip_or_fail(
+    if !is_root || !std::path::Path::new("/bin/busybox").exists() {
+        skip_or_fail(
             "GANGWAY_REQUIRE_NETNS",
             "needs root and /bin/busybox (busybox-static)",
         );
+        return None;
     }
-    let subnet = "10.213.7";
-    let net = match make_net("t7", subnet, 2) {
-        Ok(n) => n,
+    let net = match make_net(tag, subnet, n) {
+        Ok(net) => net,
         Err(e) => {
-            return skip_or_fail(
+            skip_or_fail(
                 "GANGWAY_REQUIRE_NETNS",
                 &format!("cannot make network namespaces: {e}"),
             );
+            return None;
         }
     };
     let mut c = Cluster::start(&format!("{subnet}.1"));
     c.teardown = net.teardown();
-    for (i, ns) in net.namespaces.clone().iter().enumerate() {
+    for (i, ns) in net.namespaces.iter().enumerate() {
         let addr = format!("{subnet}.{}", 10 + i);
         c.agent(
-            &format!("ns-node-{i}"),
+            &format!("{prefix}-{i}"),
             2,
             &["ip", "netns", "exec", ns],
             &["--address", &addr],
         );
     }
-    c.wait_nodes(2);
+    c.wait_nodes(n);
+    Some(c)
+}
+
+#[test]
+fn agents_in_their_own_network_namespaces_rendezvous_at_real_addresses() {
+    let subnet = "10.213.7";
+    let Some(c) = namespaced_cluster("t7", subnet, 2, "ns-node") else {
+        return;
+    };
     // Rank 0 listens on MASTER_PORT in its namespace; rank 1 connects to
     // MASTER_ADDR from the other namespace: only real addresses get through.
     let script = r#"
@@ -315,35 +326,10 @@ echo "rank $RANK finished"
 
 #[test]
 fn a_partitioned_agent_s_stale_ranks_are_stopped_when_the_partition_heals() {
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"));
-    if !is_root {
-        return skip_or_fail("GANGWAY_REQUIRE_NETNS", "needs root");
-    }
     let subnet = "10.213.8";
-    let net = match make_net("t8", subnet, 3) {
-        Ok(n) => n,
-        Err(e) => {
-            return skip_or_fail(
-                "GANGWAY_REQUIRE_NETNS",
-                &format!("cannot make network namespaces: {e}"),
-            );
-        }
+    let Some(c) = namespaced_cluster("t8", subnet, 3, "part") else {
+        return;
     };
-    let mut c = Cluster::start(&format!("{subnet}.1"));
-    c.teardown = net.teardown();
-    for (i, ns) in net.namespaces.clone().iter().enumerate() {
-        let addr = format!("{subnet}.{}", 10 + i);
-        c.agent(
-            &format!("part-{i}"),
-            2,
-            &["ip", "netns", "exec", ns],
-            &["--address", &addr],
-        );
-    }
-    c.wait_nodes(3);
     let id = c.submit(&c.rank_job("partitioned", 2, 2));
     let j = c.wait_job(id, "run", 30, |j| state(j) == "running");
     let cut = j["placement"][1]["node"]
