@@ -102,6 +102,69 @@ impl JobEvent {
     }
 }
 
+/// What happens in the scheduler's state after an attempt ends.
+#[derive(Clone, Copy)]
+enum AfterEnd {
+    /// Back in line, keeping its place.
+    Requeue,
+    /// Out of line until its backoff passes.
+    Restart,
+    /// Gone for good.
+    Finish,
+}
+
+/// The record of a job whose attempt ends: requeued (preempted), restarting
+/// after a backoff or failed for good (a rank or node failed), or succeeded.
+fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord, AfterEnd) {
+    rec.started_on.clear();
+    rec.exited_on.clear();
+    rec.preempted_by = None;
+    let after = match ending {
+        Ending::Requeued(msg) => {
+            rec.state = JobState::Pending;
+            rec.placement.clear();
+            rec.attempt += 1;
+            rec.events.push(JobEvent::new(now, "requeued", msg));
+            AfterEnd::Requeue
+        }
+        Ending::Failed(msg) if rec.restarts < rec.spec.restart.max_restarts => {
+            // The whole gang stops and restarts from its checkpoint after a backoff.
+            let backoff = rec
+                .spec
+                .restart
+                .backoff_seconds
+                .saturating_mul(1 << rec.restarts.min(20));
+            rec.restarts += 1;
+            rec.attempt += 1;
+            rec.state = JobState::Restarting;
+            rec.restart_at = Some(now + backoff);
+            rec.placement.clear();
+            let text = format!(
+                "{msg}; restart {} of {} in {backoff}s",
+                rec.restarts, rec.spec.restart.max_restarts
+            );
+            rec.events.push(JobEvent::new(now, "restarting", text));
+            AfterEnd::Restart
+        }
+        Ending::Failed(msg) => {
+            rec.state = JobState::Failed;
+            let text = if rec.restarts == 0 {
+                msg
+            } else {
+                format!("{msg} after {} restarts", rec.restarts)
+            };
+            rec.events.push(JobEvent::new(now, "failed", text));
+            AfterEnd::Finish
+        }
+        Ending::Succeeded(msg) => {
+            rec.state = JobState::Succeeded;
+            rec.events.push(JobEvent::new(now, "finished", msg));
+            AfterEnd::Finish
+        }
+    };
+    (rec, after)
+}
+
 /// Node lifecycle knobs (from the server config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeLifecycle {
@@ -456,6 +519,36 @@ impl<S: Store> Control<S> {
         }
     }
 
+    /// Writes changed records in one transaction, each compared on its
+    /// revision: all land or none do.
+    fn write_all(&mut self, recs: Vec<JobRecord>) -> Result<(), ControlError> {
+        if recs.is_empty() {
+            return Ok(());
+        }
+        let mut compares = Vec::with_capacity(recs.len());
+        let mut ops = Vec::with_capacity(recs.len());
+        for rec in &recs {
+            let rev = self
+                .jobs
+                .get(&rec.id)
+                .map(|(_, r)| *r)
+                .ok_or(ControlError::NoSuchJob(rec.id))?;
+            compares.push(Compare::Revision(job_key(rec.id), rev));
+            ops.push(Op::Put(job_key(rec.id), encode(rec)));
+        }
+        let r = self.store.txn(&compares, &ops)?;
+        if !r.succeeded {
+            return Err(ControlError::Conflict(format!(
+                "{} job records",
+                recs.len()
+            )));
+        }
+        for rec in recs {
+            self.jobs.insert(rec.id, (rec, r.revision));
+        }
+        Ok(())
+    }
+
     /// Writes a changed record with compare-and-swap on its revision.
     fn write(&mut self, rec: JobRecord) -> Result<(), ControlError> {
         let id = rec.id;
@@ -659,62 +752,24 @@ impl<S: Store> Control<S> {
     /// backoff or fail for good (a rank or node failed), or succeed.
     fn end_attempt(
         &mut self,
-        mut rec: JobRecord,
+        rec: JobRecord,
         ending: Ending,
         now: Time,
     ) -> Result<(), ControlError> {
+        let (rec, after) = ended(rec, ending, now);
         let id = rec.id;
-        rec.started_on.clear();
-        rec.exited_on.clear();
-        rec.preempted_by = None;
-        match ending {
-            Ending::Requeued(msg) => {
-                rec.state = JobState::Pending;
-                rec.placement.clear();
-                rec.attempt += 1;
-                rec.events.push(JobEvent::new(now, "requeued", msg));
-                self.write(rec)?;
-                let _ = self.cluster.requeue(id);
-            }
-            Ending::Failed(msg) if rec.restarts < rec.spec.restart.max_restarts => {
-                // The whole gang stops and restarts from its checkpoint after a backoff.
-                let backoff = rec
-                    .spec
-                    .restart
-                    .backoff_seconds
-                    .saturating_mul(1 << rec.restarts.min(20));
-                rec.restarts += 1;
-                rec.attempt += 1;
-                rec.state = JobState::Restarting;
-                rec.restart_at = Some(now + backoff);
-                rec.placement.clear();
-                let text = format!(
-                    "{msg}; restart {} of {} in {backoff}s",
-                    rec.restarts, rec.spec.restart.max_restarts
-                );
-                rec.events.push(JobEvent::new(now, "restarting", text));
-                self.write(rec)?;
-                let _ = self.cluster.cancel(id);
-            }
-            Ending::Failed(msg) => {
-                rec.state = JobState::Failed;
-                let text = if rec.restarts == 0 {
-                    msg
-                } else {
-                    format!("{msg} after {} restarts", rec.restarts)
-                };
-                rec.events.push(JobEvent::new(now, "failed", text));
-                self.write(rec)?;
-                let _ = self.cluster.finish(id);
-            }
-            Ending::Succeeded(msg) => {
-                rec.state = JobState::Succeeded;
-                rec.events.push(JobEvent::new(now, "finished", msg));
-                self.write(rec)?;
-                let _ = self.cluster.finish(id);
-            }
-        }
+        self.write(rec)?;
+        self.apply_ending(id, after);
         Ok(())
+    }
+
+    /// What the scheduler's state does when an attempt ends.
+    fn apply_ending(&mut self, id: JobId, after: AfterEnd) {
+        let _ = match after {
+            AfterEnd::Requeue => self.cluster.requeue(id),
+            AfterEnd::Restart => self.cluster.cancel(id).map(|_| ()),
+            AfterEnd::Finish => self.cluster.finish(id).map(|_| ()),
+        };
     }
 
     /// Counts a failed gang on `node`. Once `auto_cordon_failures` different
@@ -869,8 +924,10 @@ impl<S: Store> Control<S> {
             return Vec::new();
         };
         let mut out = Vec::new();
+        // A job is listed once per replica on the node.
         let mut ids: Vec<JobId> = self.cluster.jobs_on(n).to_vec();
         ids.sort();
+        ids.dedup();
         for id in ids {
             let Some((rec, _)) = self.jobs.get(&id) else {
                 continue;
@@ -942,6 +999,7 @@ impl<S: Store> Control<S> {
                 silent_nodes.push((name.clone(), silent, true));
             }
         }
+        let mut lost_jobs: BTreeMap<JobId, String> = BTreeMap::new();
         for (name, silent, ready) in silent_nodes {
             if ready {
                 tracing::warn!("node {name} is NotReady: no heartbeat for {silent}s");
@@ -956,23 +1014,34 @@ impl<S: Store> Control<S> {
             let Some(n) = self.cluster.node_index(&name) else {
                 continue;
             };
-            let ids: Vec<JobId> = self.cluster.jobs_on(n).to_vec();
-            for id in ids {
-                let Some((rec, _)) = self.jobs.get(&id) else {
-                    continue;
-                };
-                let rec = rec.clone();
-                let msg = format!("node {name} lost (no heartbeat for {silent}s)");
-                match rec.state {
-                    JobState::Preempting => {
-                        self.end_attempt(rec, Ending::Requeued(msg), now)?;
-                    }
-                    JobState::Scheduled | JobState::Running => {
-                        self.end_attempt(rec, Ending::Failed(msg), now)?;
-                    }
-                    _ => {}
-                }
+            for id in self.cluster.jobs_on(n) {
+                // A job on several lost nodes (or with several replicas on one)
+                // is ended once, for the first of them.
+                lost_jobs
+                    .entry(*id)
+                    .or_insert_with(|| format!("node {name} lost (no heartbeat for {silent}s)"));
             }
+        }
+        // Every gang on every lost node ends in one transaction: a rack
+        // failing is one write, not one per job.
+        let mut recs = Vec::new();
+        let mut afters = Vec::new();
+        for (id, msg) in lost_jobs {
+            let Some((rec, _)) = self.jobs.get(&id) else {
+                continue;
+            };
+            let ending = match rec.state {
+                JobState::Preempting => Ending::Requeued(msg),
+                JobState::Scheduled | JobState::Running => Ending::Failed(msg),
+                _ => continue,
+            };
+            let (rec, after) = ended(rec.clone(), ending, now);
+            afters.push((id, after));
+            recs.push(rec);
+        }
+        self.write_all(recs)?;
+        for (id, after) in afters {
+            self.apply_ending(id, after);
         }
         Ok(())
     }
@@ -1074,28 +1143,14 @@ impl<S: Store> Control<S> {
             updates.push(rec);
             applied.preemptions.push(p.clone());
         }
-        if !updates.is_empty() {
-            let mut compares = Vec::new();
-            let mut ops = Vec::new();
-            for rec in &updates {
-                let rev = self
-                    .jobs
-                    .get(&rec.id)
-                    .map(|(_, r)| *r)
-                    .ok_or(ControlError::NoSuchJob(rec.id))?;
-                compares.push(Compare::Revision(job_key(rec.id), rev));
-                ops.push(Op::Put(job_key(rec.id), encode(rec)));
+        // All of the cycle's decisions in one transaction: a concurrent
+        // change (a cancel) voids the batch, which the next cycle recomputes.
+        self.write_all(updates).map_err(|e| match e {
+            ControlError::Conflict(_) => {
+                ControlError::Conflict("a job changed during the cycle".into())
             }
-            let r = self.store.txn(&compares, &ops)?;
-            if !r.succeeded {
-                return Err(ControlError::Conflict(
-                    "a job changed during the cycle".into(),
-                ));
-            }
-            for rec in updates {
-                self.jobs.insert(rec.id, (rec, r.revision));
-            }
-        }
+            e => e,
+        })?;
         applied.planned = d.planned.clone();
         applied.dropped_claims = d.dropped_claims.clone();
         apply(&mut self.cluster, &applied, now)

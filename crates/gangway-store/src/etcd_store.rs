@@ -236,9 +236,21 @@ impl Store for EtcdStore {
         if let Some((k, _)) = &fence {
             otherwise.push(TxnOp::get(k.clone(), None));
         }
+        let n_ops = then.len();
         let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
         let mut c = self.inner.client.clone();
-        let r = self.call(async move { c.txn(txn).await })?;
+        let r = run_on(&self.inner.handle, async move { c.txn(txn).await }).map_err(|e| {
+            let msg = e.to_string();
+            if msg.contains("too many operations") || msg.contains("request is too large") {
+                StoreError::Backend(format!(
+                    "etcd refused a transaction of {n_ops} operations ({msg}): run etcd with \
+                     --max-txn-ops 100000 --max-request-bytes 67108864, as Gangway writes a \
+                     scheduling cycle or a group commit as one transaction"
+                ))
+            } else {
+                backend(msg)
+            }
+        })?;
         let revision = r.header().map_or(0, |h| h.revision()) as u64;
         if !r.succeeded() {
             if let Some((_, want)) = &fence {

@@ -404,3 +404,26 @@ fn a_fenced_writer_that_lost_its_leader_key_writes_nothing() {
         "the deposed leader wrote nothing"
     );
 }
+
+#[test]
+fn a_large_transaction_commits_whole_on_etcd() {
+    let Some(e) = EtcdProcess::start() else {
+        return;
+    };
+    let s = etcd_store(&e, "/gangway");
+    // A busy scheduling cycle: thousands of records in one transaction.
+    let compares: Vec<Compare> = (0..2000)
+        .map(|i| Compare::Absent(format!("/jobs/{i:05}")))
+        .collect();
+    let ops: Vec<Op> = (0..2000)
+        .map(|i| Op::Put(format!("/jobs/{i:05}"), vec![b'x'; 1000]))
+        .collect();
+    let r = s.txn(&compares, &ops).expect("txn");
+    assert!(r.succeeded);
+    let all = s.range("/jobs/").expect("range (paged)");
+    assert_eq!(all.len(), 2000);
+    assert!(
+        all.iter().all(|kv| kv.mod_revision == r.revision),
+        "one revision"
+    );
+}
