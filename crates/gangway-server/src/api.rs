@@ -170,10 +170,6 @@ pub fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<SharedStor
 
 /// Who the bearer token belongs to.
 pub fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
-    auth(app, headers)
-}
-
-fn auth(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -238,7 +234,7 @@ async fn submit(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
-    let p = auth(&app, &headers)?;
+    let p = authenticate(&app, &headers)?;
     not_agent(&p)?;
     let json_body = headers
         .get(header::CONTENT_TYPE)
@@ -323,7 +319,7 @@ async fn list_jobs(
     headers: HeaderMap,
     Query(f): Query<JobFilter>,
 ) -> ApiResult<Json<Vec<JobView>>> {
-    auth(&app, &headers)?;
+    authenticate(&app, &headers)?;
     let c = lock(&app)?;
     let state = match &f.state {
         Some(s) => Some(serde_json::from_value::<JobState>(json!(s)).map_err(|_| {
@@ -356,7 +352,7 @@ async fn get_job(
     headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> ApiResult<Json<JobView>> {
-    auth(&app, &headers)?;
+    authenticate(&app, &headers)?;
     let c = lock(&app)?;
     let (rec, _) = c
         .jobs
@@ -370,7 +366,7 @@ async fn cancel_job(
     headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let p = auth(&app, &headers)?;
+    let p = authenticate(&app, &headers)?;
     not_agent(&p)?;
     let mut c = lock(&app)?;
     let owner = c
@@ -393,7 +389,7 @@ async fn queues(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    auth(&app, &headers)?;
+    authenticate(&app, &headers)?;
     let c = lock(&app)?;
     let out: Vec<_> = c
         .cluster
@@ -418,7 +414,7 @@ async fn nodes(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    auth(&app, &headers)?;
+    authenticate(&app, &headers)?;
     let c = lock(&app)?;
     let out: Vec<_> = c
         .cluster
@@ -451,7 +447,7 @@ async fn register_node(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
-    let p = auth(&app, &headers)?;
+    let p = authenticate(&app, &headers)?;
     if !matches!(p, Principal::Admin | Principal::Agent) {
         return Err(forbidden("only agents and admins register nodes"));
     }
@@ -573,7 +569,7 @@ async fn job_logs(
     Path(id): Path<u64>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Json<LogChunk>> {
-    auth(&app, &headers)?;
+    authenticate(&app, &headers)?;
     let rank = q.rank.unwrap_or(0);
     let (url, token, attempt) = {
         let c = lock(&app)?;
@@ -643,7 +639,7 @@ async fn gpu_health(
     headers: HeaderMap,
     Path((name, index, action)): Path<(String, u32, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if auth(&app, &headers)? != Principal::Admin {
+    if authenticate(&app, &headers)? != Principal::Admin {
         return Err(forbidden("only admins change GPU health"));
     }
     let healthy = match action.as_str() {
@@ -668,7 +664,7 @@ async fn cordon(
     headers: HeaderMap,
     Path((name, action)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let p = auth(&app, &headers)?;
+    let p = authenticate(&app, &headers)?;
     if p != Principal::Admin {
         return Err(forbidden("only admins cordon nodes"));
     }
@@ -699,7 +695,7 @@ async fn usage(
     headers: HeaderMap,
     Query(r): Query<UsageRange>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    auth(&app, &headers)?;
+    authenticate(&app, &headers)?;
     let t = now();
     let (from, to) = (r.from.unwrap_or(0), r.to.unwrap_or(t));
     if from > to {
