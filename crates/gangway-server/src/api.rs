@@ -168,13 +168,18 @@ pub fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<SharedStor
     })
 }
 
-/// Who the bearer token belongs to.
-pub fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
-    let token = headers
+/// The bearer token of a request.
+fn bearer(headers: &HeaderMap) -> ApiResult<&str> {
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))
+}
+
+/// Who the bearer token belongs to.
+pub fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
+    let token = bearer(headers)?;
     if token == app.cfg.admin_token {
         return Ok(Principal::Admin);
     }
@@ -483,11 +488,7 @@ fn node_auth(
     headers: &HeaderMap,
     node: &str,
 ) -> ApiResult<()> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+    let token = bearer(headers)?;
     let own = c.node_tokens.get(node).is_some_and(|t| t == token);
     if own || token == app.cfg.admin_token {
         return Ok(());
