@@ -479,27 +479,7 @@ impl<S: Store> Control<S> {
             for (k, &i) in valid.iter().enumerate() {
                 let NewJob { user, spec, key } = &batch[i];
                 let id = JobId(last + 1 + k as u64);
-                let rec = JobRecord {
-                    id,
-                    user: user.clone(),
-                    spec: spec.clone(),
-                    state: JobState::Pending,
-                    submitted_at: now,
-                    placement: Vec::new(),
-                    events: vec![JobEvent {
-                        at: now,
-                        kind: "submitted".into(),
-                        message: format!("submitted by {user} to queue {}", spec.queue),
-                    }],
-                    restarts: 0,
-                    restart_at: None,
-                    preempted_by: None,
-                    attempt: 0,
-                    started_on: Default::default(),
-                    exited_on: Default::default(),
-                    ran_on: Vec::new(),
-                    ran_attempt: 0,
-                };
+                let rec = JobRecord::submitted(id, user, spec.clone(), now);
                 compares.push(Compare::Absent(job_key(id)));
                 ops.push(Op::Put(job_key(id), encode(&rec)));
                 if let Some(key) = key {
@@ -1181,30 +1161,17 @@ mod tests {
             kind: kind.into(),
             message: String::new(),
         };
-        let rec = JobRecord {
-            id: JobId(1),
-            user: "alice".into(),
-            spec: JobSpec::new("j", "q", 1, 2),
-            state: JobState::Cancelled,
-            submitted_at: 0,
-            placement: vec![ReplicaOn {
-                node: "n".into(),
-                gpus: vec![0, 1],
-            }],
-            events: vec![
-                ev(0, "submitted"),
-                ev(100, "scheduled"),
-                ev(3700, "cancelled"),
-            ],
-            restarts: 0,
-            restart_at: None,
-            preempted_by: None,
-            attempt: 0,
-            started_on: Default::default(),
-            exited_on: Default::default(),
-            ran_on: Vec::new(),
-            ran_attempt: 0,
-        };
+        let mut rec = JobRecord::submitted(JobId(1), "alice", JobSpec::new("j", "q", 1, 2), 0);
+        rec.state = JobState::Cancelled;
+        rec.placement = vec![ReplicaOn {
+            node: "n".into(),
+            gpus: vec![0, 1],
+        }];
+        rec.events = vec![
+            ev(0, "submitted"),
+            ev(100, "scheduled"),
+            ev(3700, "cancelled"),
+        ];
         c.jobs.insert(JobId(1), (rec, 1));
         let (q, u) = c.usage(0, 10_000, 20_000);
         assert!((q["q"] - 2.0).abs() < 1e-9, "2 GPUs for one hour");

@@ -71,6 +71,32 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// A job just submitted: pending, first attempt, one `submitted` event.
+    pub fn submitted(id: JobId, user: &str, spec: JobSpec, now: Time) -> Self {
+        let message = format!("submitted by {user} to queue {}", spec.queue);
+        JobRecord {
+            id,
+            user: user.to_string(),
+            spec,
+            state: JobState::Pending,
+            submitted_at: now,
+            placement: Vec::new(),
+            events: vec![JobEvent {
+                at: now,
+                kind: "submitted".into(),
+                message,
+            }],
+            restarts: 0,
+            restart_at: None,
+            preempted_by: None,
+            attempt: 0,
+            started_on: BTreeSet::new(),
+            exited_on: BTreeMap::new(),
+            ran_on: Vec::new(),
+            ran_attempt: 0,
+        }
+    }
+
     /// The distinct nodes of the current placement, in rank order.
     pub fn nodes(&self) -> Vec<&str> {
         let mut out: Vec<&str> = Vec::new();
