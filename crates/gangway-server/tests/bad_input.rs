@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 const CONFIG: &str = r#"
 admin_token: admin-secret
 agent_token: agent-secret
+node_approval: auto
 users:
   - { name: alice, token: alice-token, queues: [research] }
 queues:

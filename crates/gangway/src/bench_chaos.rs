@@ -110,7 +110,7 @@ pub fn run(a: &ChaosArgs) -> Result<()> {
     let cfg = dir.path().join("server.yaml");
     std::fs::write(
         &cfg,
-        format!("admin_token: {ADMIN}\nagent_token: {JOIN}\nqueues:\n  - name: default\n"),
+        format!("admin_token: {ADMIN}\nagent_token: {JOIN}\nnode_approval: auto\nqueues:\n  - name: default\n"),
     )?;
     let exe = std::env::current_exe()?;
     let spawn = |port: u16| -> Result<Child> {

@@ -139,7 +139,7 @@ fn replicas(etcd: &EtcdProcess, n: usize) -> Replicas {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(
         dir.path().join("server.yaml"),
-        format!("admin_token: {ADMIN}\nagent_token: agent-secret\nqueues:\n  - name: default\n"),
+        format!("admin_token: {ADMIN}\nagent_token: agent-secret\nnode_approval: auto\nqueues:\n  - name: default\n"),
     )
     .expect("config");
     let mut reps = Replicas {
