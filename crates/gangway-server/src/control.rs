@@ -298,6 +298,10 @@ impl<S: Store> Control<S> {
         for kv in store.range("/node_tokens/")? {
             let name = kv.key["/node_tokens/".len()..].to_string();
             let cred = crate::nodes::NodeCredential::decode(&kv.key, &kv.value)?;
+            if serde_json::from_slice::<crate::nodes::NodeCredential>(&kv.value).is_err() {
+                // A plain token from before tokens were hashed: store the digest instead.
+                store.put(&kv.key, &encode(&cred))?;
+            }
             node_by_token.insert(cred.digest(), name.clone());
             node_tokens.insert(name, cred);
         }

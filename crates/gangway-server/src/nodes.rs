@@ -485,3 +485,64 @@ impl<S: Store> Control<S> {
         Ok(ended_ids)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_store::RedbStore;
+
+    fn control() -> (tempfile::TempDir, Control<RedbStore>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
+            .expect("control");
+        (dir, c)
+    }
+
+    #[test]
+    fn a_stall_of_the_server_is_not_counted_against_nodes() {
+        let (_d, mut c) = control();
+        let mut spec = NodeSpec::uniform("n", "l", "s", 1, "H100", 80);
+        spec.address = "127.0.0.1".into();
+        c.register_node(spec, &Registrant::Join, true, "join", 1000)
+            .expect("register");
+        c.cycle(1000).expect("cycle");
+        // The server itself was stuck for 100 s: the node is not lost.
+        c.cycle(1100).expect("cycle");
+        assert!(c.lost.is_empty(), "{:?}", c.lost);
+        assert!(c.cluster.nodes()[0].ready);
+        // Real silence, with the loop running, still counts.
+        for t in 1101..1140 {
+            c.cycle(t).expect("cycle");
+        }
+        assert!(c.lost.contains("n"));
+    }
+
+    #[test]
+    fn agent_urls_must_be_plain_and_on_the_nodes_own_address() {
+        assert!(check_agent_url("http://10.0.0.1:8080", "10.0.0.1").is_ok());
+        assert!(check_agent_url("https://[::1]:8080/", "::1").is_ok());
+        for bad in [
+            "http://10.0.0.2:8080",
+            "http://10.0.0.1",
+            "http://10.0.0.1:8080/x",
+            "http://user@10.0.0.1:8080",
+            "file://10.0.0.1:1",
+            "http://10.0.0.1:99999",
+            "http://10.0.0.1:80?x",
+        ] {
+            assert!(check_agent_url(bad, "10.0.0.1").is_err(), "{bad}");
+        }
+        assert!(check_agent_url("http://10.0.0.1:1", "").is_err());
+    }
+
+    #[test]
+    fn legacy_plain_tokens_are_read_as_digests() {
+        let c = NodeCredential::decode("k", b"\"abc\"").expect("legacy");
+        assert_eq!(c.digest(), hash_token("abc"));
+        let fresh = NodeCredential::new("t");
+        let back = NodeCredential::decode("k", &serde_json::to_vec(&fresh).expect("json"))
+            .expect("decode");
+        assert_eq!(back, fresh);
+    }
+}

@@ -793,3 +793,49 @@ fn metrics_auth_order_status_codes_headers_and_files_are_hardened() {
         "the node token is stored in plain text"
     );
 }
+
+/// Attack 4, the log relay: a node's log URL that redirects elsewhere is
+/// not followed; the server contacts only the node's own address.
+#[test]
+fn log_relay_never_follows_a_redirect() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let s = start();
+    let secret = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let secret_port = secret.local_addr().expect("addr").port();
+    let stolen = Arc::new(AtomicUsize::new(0));
+    let st = stolen.clone();
+    std::thread::spawn(move || {
+        for c in secret.incoming().flatten() {
+            st.fetch_add(1, Ordering::SeqCst);
+            drop(c);
+        }
+    });
+    let evil = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let evil_port = evil.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for mut c in evil.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ = write!(
+                c,
+                "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:{secret_port}/steal\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    let (code, v) = s.register_as("agent-secret", &node("evil", 8, "127.0.0.1", evil_port));
+    assert_eq!(code, 201, "{v}");
+    let (_, v) = s.submit("alice-token", &job("victim", "research", 1));
+    let id = v["id"].as_u64().expect("id");
+    s.wait_job(id, "be scheduled", |j| j["state"] == "scheduled");
+    let (code, v) = s.get(&format!("/v1/jobs/{id}/logs"), "alice-token");
+    assert_eq!(code, 502, "{v}");
+    assert!(error(&v).contains("302"), "{v}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        stolen.load(Ordering::SeqCst),
+        0,
+        "the redirect was followed"
+    );
+}

@@ -249,11 +249,15 @@ pub fn up(a: &UpArgs) -> Result<()> {
             gangway_server::private_dir(d).with_context(|| format!("creating {}", d.display()))?;
             d.clone()
         }
-        None => tempfile::Builder::new()
-            .prefix("gangway-up-")
-            .tempdir()
-            .context("creating a private data directory")?
-            .keep(),
+        None => {
+            let d = tempfile::Builder::new()
+                .prefix("gangway-up-")
+                .tempdir()
+                .context("creating a private data directory")?
+                .keep();
+            gangway_server::private_dir(&d)?;
+            d
+        }
     };
     let admin = a
         .admin_token
