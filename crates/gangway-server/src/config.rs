@@ -257,3 +257,40 @@ impl ServerConfig {
         Ok(c)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses_with_its_security_settings() {
+        let c = ServerConfig::from_yaml(include_str!("../../../examples/server.yaml"))
+            .expect("examples/server.yaml");
+        assert_eq!(c.node_approval, NodeApproval::Manual);
+        assert_eq!(c.max_grace_seconds, 600);
+        assert_eq!(c.limits_of("bob").max_pending_jobs, 5000);
+        assert_eq!(c.limits_of("alice").max_pending_jobs, 1000);
+        let prod = c.queues.iter().find(|q| q.name == "prod").expect("prod");
+        assert!(prod.allow_non_preemptible);
+    }
+
+    #[test]
+    fn weak_duplicate_and_reserved_settings_are_refused() {
+        let base = "admin_token: admin-secret\nagent_token: agent-secret\n";
+        assert!(ServerConfig::from_yaml(base).is_ok());
+        for bad in [
+            "metrics_token: short\n",
+            "metrics_token: admin-secret\n",
+            "users: [{ name: agent, token: user-token-1 }]\n",
+            "users: [{ name: u, token: short }]\n",
+            "max_body_bytes: 10\n",
+        ] {
+            assert!(
+                ServerConfig::from_yaml(&format!("{base}{bad}")).is_err(),
+                "{bad}"
+            );
+        }
+        let deep = format!("{base}x: {}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(ServerConfig::from_yaml(&deep).is_err());
+    }
+}

@@ -991,6 +991,7 @@ impl<S: Store> Control<S> {
                 continue;
             }
             self.lost.insert(name.clone());
+            tracing::error!("node {name} is lost: no heartbeat for {silent}s; its gangs end");
             let Some(n) = self.cluster.node_index(&name) else {
                 continue;
             };
