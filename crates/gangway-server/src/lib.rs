@@ -127,24 +127,28 @@ pub async fn scheduler_loop(app: Arc<App>) {
         }
         let start = Instant::now();
         let now = api::now();
-        let result = match app.control.lock() {
-            Ok(mut c) => {
-                let expired = c.expire_grace(
-                    now,
-                    app.cfg.max_grace_seconds,
-                    app.cfg.grace_kill_margin_seconds,
-                );
-                let r = expired.and_then(|_| c.cycle(now));
-                // The /metrics snapshot, at most once a second.
-                let at = &app.metrics_at;
-                if at.load(std::sync::atomic::Ordering::Relaxed) < now {
-                    at.store(now, std::sync::atomic::Ordering::Relaxed);
-                    app.metrics.refresh(&c);
-                }
-                r
+        // The cycle runs on the blocking pool: the async workers stay free
+        // for heartbeats and requests while it computes.
+        let app2 = app.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let app = app2;
+            let mut c = app.control.lock().ok()?;
+            let expired = c.expire_grace(
+                now,
+                app.cfg.max_grace_seconds,
+                app.cfg.grace_kill_margin_seconds,
+            );
+            let r = expired.and_then(|_| c.cycle(now));
+            // The /metrics snapshot, at most once a second.
+            let at = &app.metrics_at;
+            if at.load(std::sync::atomic::Ordering::Relaxed) < now {
+                at.store(now, std::sync::atomic::Ordering::Relaxed);
+                app.metrics.refresh(&c);
             }
-            Err(_) => return,
-        };
+            Some(r)
+        })
+        .await;
+        let Ok(Some(result)) = result else { return };
         app.metrics
             .cycle_seconds
             .observe(start.elapsed().as_secs_f64());

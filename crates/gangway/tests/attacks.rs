@@ -165,6 +165,7 @@ fn deep_yaml_floods_do_not_get_a_healthy_node_declared_lost() {
         })
         .collect();
     let sent: u32 = floods.into_iter().map(|f| f.join().expect("flood")).sum();
+    eprintln!("{sent} hostile 140 KB bodies parsed and refused in 8 s");
     assert!(sent >= 8, "only {sent} hostile bodies were answered in 8 s");
     let j = c.job(id);
     assert_eq!(state(&j), "running", "{j:#}");
@@ -287,4 +288,73 @@ fn gangway_up_keeps_its_admin_token_in_a_private_directory() {
         Some(pid_name.as_str()),
         "the directory name is predictable"
     );
+}
+
+fn cli(c: &Cluster, token: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", token)
+        .env("GANGWAY_CONFIG", "/nonexistent")
+        .output()
+        .expect("gangway");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Attacks 5 and 13 with the CLI: a node that joins waits until an admin
+/// approves it (`gangway nodes approve`), and `gangway audit` shows who did what.
+#[test]
+fn joining_nodes_wait_for_gangway_nodes_approve_and_gangway_audit_tells_who() {
+    let manual = config().replace("node_approval: auto", "node_approval: manual");
+    let mut c = Cluster::start_with("127.0.0.1", &manual);
+    c.agent("node-a", 2, &[], &[]);
+    let (ok, text, err) = wait_for("node-a to join", 30, || {
+        let r = cli(&c, ADMIN, &["nodes"]);
+        r.1.contains("node-a").then_some(r)
+    });
+    assert!(ok, "{err}");
+    assert!(text.contains("PendingApproval"), "{text}");
+    // A user may not approve; an admin may.
+    let (ok, _, err) = cli(&c, "alice-token", &["nodes", "approve", "node-a"]);
+    assert!(!ok);
+    assert!(err.contains("only admins"), "{err}");
+    let (ok, text, err) = cli(&c, ADMIN, &["nodes", "approve", "node-a"]);
+    assert!(ok, "{err}");
+    assert!(text.contains("node node-a approved"), "{text}");
+    c.wait_nodes(1);
+    let mut spec = c.rank_job("after-approval", 1, 1);
+    spec["run"]["env"]["STEPS"] = json!("2");
+    let id = submit_as(&c, "alice-token", &spec);
+    c.wait_job(id, "succeed", 60, |j| state(j) == "succeeded");
+    let (ok, text, err) = cli(&c, ADMIN, &["nodes", "drain", "node-a"]);
+    assert!(ok, "{err}");
+    assert!(text.contains("drained"), "{text}");
+    // The audit log: registration by the agent, the refused and the accepted
+    // approval, alice's submission; only admins read it.
+    let (ok, _, err) = cli(&c, "alice-token", &["audit"]);
+    assert!(!ok);
+    assert!(err.contains("only admins"), "{err}");
+    let (ok, text, err) = cli(&c, ADMIN, &["audit"]);
+    assert!(ok, "{err}");
+    for needle in [
+        "agent            POST /v1/nodes",
+        "alice            POST /v1/nodes/{name}/{action}",
+        "admin            POST /v1/nodes/{name}/{action}",
+        &format!("job {id}"),
+    ] {
+        assert!(text.contains(needle), "{needle:?} in\n{text}");
+    }
+    let (ok, text, _) = cli(&c, ADMIN, &["audit", "--output", "json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert!(v.as_array().is_some_and(|a| a
+        .iter()
+        .any(|e| e["who"] == "alice" && e["result"] == "refused" && e["target"] == "node node-a")));
+    // The server's own log (tracing) recorded the approval.
+    let log = std::fs::read_to_string(c.dir.path().join("server.log")).unwrap_or_default();
+    assert!(log.contains("node node-a approved"), "{log}");
 }
