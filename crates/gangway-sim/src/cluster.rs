@@ -110,7 +110,7 @@ pub enum ClusterError {
         /// File.
         path: String,
         /// Cause.
-        source: serde_yaml::Error,
+        source: serde_saphyr::Error,
     },
     /// I/O.
     #[error("cluster file {path}: {source}")]
@@ -162,7 +162,7 @@ fn vc_queues(root: &str, total_gpus: u64, scale_nodes: f64) -> Vec<QueueSpec> {
 impl ClusterSpec {
     /// Parses a YAML description.
     pub fn from_yaml(path: &str, text: &str) -> Result<Self, ClusterError> {
-        serde_yaml::from_str(text).map_err(|source| ClusterError::Yaml {
+        serde_saphyr::from_str(text).map_err(|source| ClusterError::Yaml {
             path: path.into(),
             source,
         })
