@@ -110,7 +110,7 @@ pub enum ClusterError {
         /// File.
         path: String,
         /// Cause.
-        source: serde_saphyr::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// I/O.
     #[error("cluster file {path}: {source}")]
@@ -164,7 +164,7 @@ impl ClusterSpec {
     pub fn from_yaml(path: &str, text: &str) -> Result<Self, ClusterError> {
         serde_saphyr::from_str(text).map_err(|source| ClusterError::Yaml {
             path: path.into(),
-            source,
+            source: Box::new(source),
         })
     }
 
