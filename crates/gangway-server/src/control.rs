@@ -299,8 +299,11 @@ impl<S: Store> Control<S> {
             let name = kv.key["/node_tokens/".len()..].to_string();
             let cred = crate::nodes::NodeCredential::decode(&kv.key, &kv.value)?;
             if serde_json::from_slice::<crate::nodes::NodeCredential>(&kv.value).is_err() {
-                // A plain token from before tokens were hashed: store the digest instead.
-                store.put(&kv.key, &encode(&cred))?;
+                // A plain token from before tokens were hashed: store the
+                // digest instead (best effort: a follower may not write).
+                if let Err(e) = store.put(&kv.key, &encode(&cred)) {
+                    tracing::warn!("{}: cannot replace a plain node token yet: {e}", kv.key);
+                }
             }
             node_by_token.insert(cred.digest(), name.clone());
             node_tokens.insert(name, cred);

@@ -537,6 +537,32 @@ mod tests {
     }
 
     #[test]
+    fn a_store_from_before_hashing_is_migrated_on_open() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("s.redb");
+        {
+            let store = RedbStore::open(&path).expect("store");
+            let spec = NodeSpec::uniform("old", "l", "s", 1, "H100", 80);
+            store.put(&node_key("old"), &encode(&spec)).expect("node");
+            store
+                .put(&token_key("old"), b"\"plain-old-token\"")
+                .expect("token");
+        }
+        let store = RedbStore::open(&path).expect("store");
+        let c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
+            .expect("control");
+        assert_eq!(c.node_of_token(&hash_token("plain-old-token")), Some("old"));
+        let kv = c
+            .store
+            .get(&token_key("old"))
+            .expect("get")
+            .expect("present");
+        let text = String::from_utf8_lossy(&kv.value).to_string();
+        assert!(!text.contains("plain-old-token"), "{text}");
+        assert!(text.contains("token_sha256"), "{text}");
+    }
+
+    #[test]
     fn legacy_plain_tokens_are_read_as_digests() {
         let c = NodeCredential::decode("k", b"\"abc\"").expect("legacy");
         assert_eq!(c.digest(), hash_token("abc"));
