@@ -81,7 +81,7 @@ impl NewJob {
 }
 
 /// Store key of an idempotency key (its value is the job id).
-fn idem_key(key: &str) -> String {
+pub(crate) fn idem_key(key: &str) -> String {
     format!("/idempotency/{key}")
 }
 

@@ -584,16 +584,28 @@ fn floods_of_jobs_gpus_requests_and_bytes_are_bounded() {
         "application/json",
         "",
     );
+    let keyed = |key: &str, name: &str| {
+        answer(
+            ureq::post(&format!("{}/v1/jobs", s.base))
+                .set("Authorization", "Bearer carol-token")
+                .set("Content-Type", "application/yaml")
+                .set("Idempotency-Key", key)
+                .send_string(&job(name, "research", 1)),
+        )
+    };
+    let mut ids = Vec::new();
     for i in 0..2 {
-        assert_eq!(
-            s.submit("carol-token", &job(&format!("j{i}"), "research", 1))
-                .0,
-            201
-        );
+        let (code, v) = keyed(&format!("k{i}"), &format!("j{i}"));
+        assert_eq!(code, 201, "{v}");
+        ids.push(v["id"].clone());
     }
     let (code, v) = s.submit("carol-token", &job("j2", "research", 1));
     assert_eq!(code, 429, "{v}");
     assert!(error(&v).contains("max_pending_jobs"), "{v}");
+    // A retry of an accepted submission still gets its job back.
+    let (code, v) = keyed("k0", "j0");
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["id"], ids[0]);
     let (code, v) = s.submit(
         "carol-token",
         "name: big\nqueue: research\nreplicas: 2\nresources: { gpus: 4 }\n",
