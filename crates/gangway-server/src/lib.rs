@@ -190,6 +190,35 @@ pub async fn serve_replica(
     serve(app, listener).await
 }
 
+/// `/metrics` alone, without a token, for a separate listen address that
+/// only the monitoring network reaches (`gangway server --metrics-listen`).
+pub fn metrics_router(app: Arc<App>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let app = app.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    app.metrics.render(),
+                )
+            }
+        }),
+    )
+}
+
+/// Serves [`metrics_router`] on `listener` until the process ends.
+pub async fn serve_metrics(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), ServeError> {
+    axum::serve(listener, metrics_router(app)).await?;
+    Ok(())
+}
+
 /// Serves the API on `listener` and runs the scheduler loop until the process ends.
 pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener) -> Result<(), ServeError> {
     tokio::spawn(scheduler_loop(app.clone()));

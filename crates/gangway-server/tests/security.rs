@@ -946,3 +946,48 @@ fn every_route_answers_401_for_unknown_tokens_and_403_for_known_ones_not_allowed
         assert_eq!(send(m, p, Some(&format!("Bearer {t}"))), 403, "{t} {m} {p}");
     }
 }
+
+/// Attack 14, the other way to protect /metrics: a separate listen address
+/// (for the monitoring network) serves it without a token, and only it.
+#[test]
+fn metrics_on_a_separate_address_need_no_token_and_serve_nothing_else() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    let app = gangway_server::open(cfg, dir.path()).expect("opens");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (api, metrics) = rt.block_on(async {
+        (
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind"),
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind"),
+        )
+    });
+    let (api_url, metrics_url) = (
+        format!("http://{}", api.local_addr().expect("addr")),
+        format!("http://{}", metrics.local_addr().expect("addr")),
+    );
+    rt.spawn(gangway_server::serve_metrics(app.clone(), metrics));
+    rt.spawn(gangway_server::serve(app, api));
+    let text = ureq::get(&format!("{metrics_url}/metrics"))
+        .call()
+        .expect("metrics without a token")
+        .into_string()
+        .expect("text");
+    assert!(text.contains("gangway_api_requests"), "{text}");
+    for p in ["/v1/jobs", "/v1/audit", "/"] {
+        assert!(
+            matches!(
+                ureq::get(&format!("{metrics_url}{p}")).call(),
+                Err(ureq::Error::Status(404, _))
+            ),
+            "{p} served on the metrics address"
+        );
+    }
+    assert!(matches!(
+        ureq::get(&format!("{api_url}/metrics")).call(),
+        Err(ureq::Error::Status(401, _))
+    ));
+}

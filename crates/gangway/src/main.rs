@@ -49,6 +49,10 @@ enum Command {
         /// Log as JSON lines (for log shippers); the filter is $RUST_LOG (default info).
         #[arg(long)]
         log_json: bool,
+        /// Also serve /metrics without a token on this address (bind it to
+        /// an interface only the monitoring network reaches).
+        #[arg(long)]
+        metrics_listen: Option<String>,
     },
     /// Runs a node agent: registers the node, runs the ranks the server assigns.
     Agent(local::AgentArgs),
@@ -190,6 +194,7 @@ fn server(
     config: &std::path::Path,
     data_dir: &std::path::Path,
     listen: &str,
+    metrics_listen: Option<&str>,
     ha: Option<Replica>,
 ) -> Result<()> {
     let text =
@@ -225,6 +230,16 @@ fn server(
         let local = listener.local_addr()?;
         eprintln!("gangway server listening on http://{local}");
         tracing::info!("gangway server listening on http://{local}");
+        if let Some(m) = metrics_listen {
+            let l = tokio::net::TcpListener::bind(m)
+                .await
+                .with_context(|| format!("listening on {m} for metrics"))?;
+            tracing::info!(
+                "metrics without a token on http://{}/metrics",
+                l.local_addr()?
+            );
+            tokio::spawn(gangway_server::serve_metrics(app.clone(), l));
+        }
         match (etcd, ha) {
             (Some(e), Some(r)) => {
                 let advertise = r.advertise.unwrap_or_else(|| format!("http://{local}"));
@@ -259,6 +274,7 @@ fn run() -> Result<()> {
             etcd_namespace,
             advertise,
             log_json,
+            metrics_listen,
         } => {
             init_server_tracing(log_json);
             let ha = (!etcd.is_empty()).then_some(Replica {
@@ -266,7 +282,7 @@ fn run() -> Result<()> {
                 namespace: etcd_namespace,
                 advertise,
             });
-            server(&config, &data_dir, &listen, ha)
+            server(&config, &data_dir, &listen, metrics_listen.as_deref(), ha)
         }
         Command::Agent(a) => local::agent(&a),
         Command::Up(a) => local::up(&a),
