@@ -358,3 +358,52 @@ fn joining_nodes_wait_for_gangway_nodes_approve_and_gangway_audit_tells_who() {
     let log = std::fs::read_to_string(c.dir.path().join("server.log")).unwrap_or_default();
     assert!(log.contains("node node-a approved"), "{log}");
 }
+
+/// Attack 13: `gangway server` logs through tracing; `--log-json` writes one
+/// JSON object per line, audit entries included.
+#[test]
+fn the_server_logs_json_lines_with_log_json() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("server.yaml");
+    std::fs::write(&cfg, config()).expect("config");
+    let port = free_port();
+    let log = dir.path().join("server.log");
+    let mut server = Command::new(BIN)
+        .args(["server", "--log-json", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("server");
+    let addr = format!("http://127.0.0.1:{port}");
+    wait_for("server up", 20, || {
+        ureq::get(&format!("{addr}/healthz")).call().ok()
+    });
+    let (code, _) = call(
+        ureq::post(&format!("{addr}/v1/jobs"))
+            .set("Authorization", "Bearer forged")
+            .send_string("name: x"),
+    );
+    assert_eq!(code, 401);
+    let text = wait_for("the audit line", 10, || {
+        let t = std::fs::read_to_string(&log).unwrap_or_default();
+        t.contains("unknown token").then_some(t)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    let lines: Vec<Value> = text
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert!(lines.iter().any(|l| l["fields"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("listening on"))));
+    assert!(lines
+        .iter()
+        .any(|l| l["target"] == "gangway::audit" && l["fields"]["who"] == "unknown token"));
+}
