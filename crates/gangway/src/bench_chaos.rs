@@ -119,6 +119,9 @@ pub fn run(a: &ChaosArgs) -> Result<()> {
             .arg(&cfg)
             .args(["--etcd", &etcd.endpoint, "--etcd-namespace", "/chaos"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            // Each replica's own audit log.
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("replica-{port}")))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?)

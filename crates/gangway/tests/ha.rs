@@ -62,6 +62,9 @@ impl Replicas {
             .arg(&cfg)
             .args(["--etcd", &self.etcd, "--etcd-namespace", "/ha-test"])
             .args(["--listen", &format!("127.0.0.1:{}", r.port)])
+            // Each replica's own audit log.
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("replica-{i}")))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
