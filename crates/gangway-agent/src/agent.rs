@@ -67,6 +67,7 @@ pub struct Agent {
     discovery: Discovery,
     executor: Executor,
     token: Arc<RwLock<String>>,
+    log_token: Arc<RwLock<String>>,
     tasks: BTreeMap<TaskKey, Task>,
     exits_tx: UnboundedSender<(RankKey, i32)>,
     exits_rx: UnboundedReceiver<(RankKey, i32)>,
@@ -139,9 +140,10 @@ impl Agent {
         };
         let agent_url = format!("http://{host}:{}", log_addr.port());
         let token = Arc::new(RwLock::new(String::new()));
+        let log_token = Arc::new(RwLock::new(String::new()));
         let logs = LogServer {
             dir: cfg.state_dir.join("logs"),
-            token: token.clone(),
+            token: log_token.clone(),
         };
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, crate::logs::router(logs)).await {
@@ -163,6 +165,7 @@ impl Agent {
             discovery,
             executor,
             token,
+            log_token,
             tasks: BTreeMap::new(),
             exits_tx,
             exits_rx,
@@ -262,18 +265,47 @@ impl Agent {
         let mut warned = false;
         loop {
             let url = format!("{}/v1/nodes", self.server());
-            let (u, t, s) = (url, self.cfg.join_token.clone(), spec.clone());
+            // A registered node comes back with its own token; a new one joins.
+            let own = crate::credentials::load(&self.cfg.state_dir);
+            let bearer = own.clone().unwrap_or_else(|| self.cfg.join_token.clone());
+            let (u, t, s) = (url, bearer, spec.clone());
             let r = tokio::task::spawn_blocking(move || post_json::<serde_json::Value>(&u, &t, &s))
                 .await
                 .unwrap_or_else(|e| Err((None, e.to_string())));
             match r {
                 Ok(v) => {
-                    let tok = v["node_token"].as_str().unwrap_or_default().to_string();
+                    let tok = match v["node_token"].as_str() {
+                        Some(t) => {
+                            crate::credentials::save(&self.cfg.state_dir, t)?;
+                            t.to_string()
+                        }
+                        None => own.unwrap_or_default(),
+                    };
                     if let Ok(mut g) = self.token.write() {
                         *g = tok;
                     }
+                    // The server reads logs with the node's log key.
+                    let log = v["log_token"].as_str().unwrap_or_default().to_string();
+                    if let Ok(mut g) = self.log_token.write() {
+                        *g = log;
+                    }
+                    if v["pending_approval"] == serde_json::Value::Bool(true) {
+                        tracing::warn!(
+                            "node {} waits for an admin's approval (gangway nodes approve {})",
+                            self.cfg.node,
+                            self.cfg.node
+                        );
+                    }
                     tracing::info!("node {} registered with {}", self.cfg.node, self.server());
                     return Ok(());
+                }
+                Err((Some(401), _)) if own.is_some() => {
+                    tracing::warn!(
+                        "node {}: the server no longer knows this node's token; joining again",
+                        self.cfg.node
+                    );
+                    crate::credentials::forget(&self.cfg.state_dir);
+                    continue;
                 }
                 Err((Some(code), msg))
                     if (400..500).contains(&code) && code != 401 && code != 429 =>

@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod credentials;
 pub mod discovery;
 pub mod executor;
 pub mod leftovers;

@@ -2,6 +2,7 @@
 //! with a nominal quota, a borrowing limit and a lending limit, as Kueue's
 //! ClusterQueues in cohorts and Volcano's hierarchical queues.
 
+use crate::job::PriorityClass;
 use crate::resources::{Resource, Resources};
 use serde::{Deserialize, Serialize};
 
@@ -79,10 +80,29 @@ pub struct QueueSpec {
     /// Quota.
     #[serde(default)]
     pub quota: Quota,
+    /// Priority classes plain users may submit here; empty means every class
+    /// but `critical` (admins may use any class anywhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_priorities: Vec<PriorityClass>,
+    /// Whether plain users may submit jobs that are not preemptible here
+    /// (`preemptible: false`, or a class that is not preemptible by default).
+    #[serde(default)]
+    pub allow_non_preemptible: bool,
 }
 
 fn one() -> u32 {
     1
+}
+
+impl QueueSpec {
+    /// Whether a plain user may submit a job of class `p` to this queue.
+    pub fn allows_priority(&self, p: PriorityClass) -> bool {
+        if self.allowed_priorities.is_empty() {
+            p != PriorityClass::Critical
+        } else {
+            self.allowed_priorities.contains(&p)
+        }
+    }
 }
 
 impl QueueSpec {
@@ -96,6 +116,8 @@ impl QueueSpec {
                 nominal: ResourceLimits::gpus(nominal),
                 ..Default::default()
             },
+            allowed_priorities: Vec::new(),
+            allow_non_preemptible: false,
         }
     }
 
@@ -106,6 +128,8 @@ impl QueueSpec {
             parent: parent.map(str::to_string),
             weight: 1,
             quota: Quota::default(),
+            allowed_priorities: Vec::new(),
+            allow_non_preemptible: false,
         }
     }
 }

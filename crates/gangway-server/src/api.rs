@@ -1,7 +1,15 @@
 //! The HTTP+JSON API (axum) with bearer-token auth.
+//!
+//! Every handler authenticates before it reads a body (401 for a missing or
+//! unknown token, 403 for a known one that may not do this), reads at most
+//! `max_body_bytes`, and parses job specs on the blocking pool, so hostile
+//! bodies never hold the async workers that serve heartbeats.
 
+use crate::audit::{AuditEntry, AuditTarget};
+use crate::authz::{hash_token, job_access, JobAccess, REDACTED};
 use crate::config::ServerConfig;
 use crate::control::{Control, ControlError};
+use crate::limits::LimitError;
 use crate::metrics::{ApiLabels, Metrics};
 use crate::records::JobRecord;
 use crate::SharedStore;
@@ -19,8 +27,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 
+pub use crate::authz::Principal;
+
 /// Shared server state.
 pub struct App {
+    /// Digests of the configuration's tokens.
+    pub tokens: crate::authz::ConfigTokens,
+    /// Per-principal request rate limits.
+    pub rate: crate::limits::RateLimiter,
+    /// The audit log.
+    pub audit: crate::audit::AuditLog,
+    /// When `/metrics`' snapshot was last refreshed (seconds since the epoch).
+    pub metrics_at: std::sync::atomic::AtomicU64,
     /// Control state behind one lock: every change is short and ordered.
     pub control: Mutex<Control<SharedStore>>,
     /// Configuration.
@@ -45,8 +63,57 @@ pub struct App {
 pub struct Submission {
     /// Owner, spec and idempotency key.
     pub job: crate::control::NewJob,
+    /// The owner's limit of waiting jobs (plain users), checked in the same
+    /// lock as the write.
+    pub max_pending: Option<u32>,
     /// Where the answer goes.
-    pub reply: tokio::sync::oneshot::Sender<Result<JobId, ControlError>>,
+    pub reply: tokio::sync::oneshot::Sender<Result<JobId, ApiError>>,
+}
+
+/// Refuses the submissions whose owner already has `max_pending` waiting
+/// jobs; the others go on, in order. Counts each owner's waiting jobs once.
+fn over_pending_limit(
+    c: &Control<SharedStore>,
+    batch: &[(crate::control::NewJob, Option<u32>)],
+) -> Vec<Option<ApiError>> {
+    let limited: std::collections::HashSet<&str> = batch
+        .iter()
+        .filter(|(_, m)| m.is_some())
+        .map(|(j, _)| j.user.as_str())
+        .collect();
+    let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    if !limited.is_empty() {
+        for (r, _) in c.jobs.values() {
+            if matches!(r.state, JobState::Pending | JobState::Restarting) {
+                if let Some(u) = limited.get(r.user.as_str()) {
+                    *counts.entry(u).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    batch
+        .iter()
+        .map(|(j, m)| {
+            let m = (*m)?;
+            // A retry of an accepted submission gets its job, whatever the count now.
+            let seen = |k: &str| matches!(c.store.get(&crate::control::idem_key(k)), Ok(Some(_)));
+            if j.key.as_deref().is_some_and(seen) {
+                return None;
+            }
+            let n = counts.entry(j.user.as_str()).or_insert(0);
+            if *n >= u64::from(m) {
+                return Some(ApiError(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "user {} has {n} jobs waiting; the limit is {m} (max_pending_jobs)",
+                        j.user
+                    ),
+                ));
+            }
+            *n += 1;
+            None
+        })
+        .collect()
 }
 
 /// Writes queued submissions in batches: one durable commit for everything
@@ -64,58 +131,57 @@ pub async fn group_commit(
             }
         }
         let Some(app) = app.upgrade() else { return };
-        let (inputs, replies): (Vec<_>, Vec<_>) =
-            batch.into_iter().map(|s| (s.job, s.reply)).unzip();
+        let (inputs, replies): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .map(|s| ((s.job, s.max_pending), s.reply))
+            .unzip();
         let app2 = app.clone();
         let results = tokio::task::spawn_blocking(move || match app2.control.lock() {
-            Ok(mut c) => c.submit_batch(inputs, now()),
+            Ok(mut c) => {
+                let refused = over_pending_limit(&c, &inputs);
+                let accepted: Vec<_> = inputs
+                    .into_iter()
+                    .zip(&refused)
+                    .filter(|(_, r)| r.is_none())
+                    .map(|((j, _), _)| j)
+                    .collect();
+                let mut done = c.submit_batch(accepted, now()).into_iter();
+                refused
+                    .into_iter()
+                    .map(|r| match r {
+                        Some(e) => Err(e),
+                        None => done
+                            .next()
+                            .unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ_LOST.into())))
+                            .map_err(ApiError::from),
+                    })
+                    .collect()
+            }
             Err(_) => Vec::new(),
         })
         .await
         .unwrap_or_default();
         let mut results = results.into_iter();
         for reply in replies {
-            let r = results
-                .next()
-                .unwrap_or_else(|| Err(ControlError::Conflict("state lock poisoned".into())));
+            let r = results.next().unwrap_or_else(|| {
+                Err(ApiError(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "state lock poisoned".into(),
+                ))
+            });
             let _ = reply.send(r);
         }
         app.wake.notify_one();
     }
 }
 
+const JOB_SEQ_LOST: &str = "submission lost in its batch; retry";
+
 /// Seconds since the epoch.
 pub fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// Who is calling.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Principal {
-    /// The admin token.
-    Admin,
-    /// A user token.
-    User {
-        /// Name.
-        name: String,
-        /// Queues they may use.
-        queues: Vec<String>,
-    },
-    /// The agent join token.
-    Agent,
-}
-
-impl Principal {
-    /// The user name (`admin`, `agent` for those tokens).
-    pub fn name(&self) -> &str {
-        match self {
-            Principal::Admin => "admin",
-            Principal::User { name, .. } => name,
-            Principal::Agent => "agent",
-        }
-    }
 }
 
 /// An API error: a status and a message naming the problem.
@@ -146,11 +212,22 @@ impl From<ControlError> for ApiError {
             | ControlError::Conflict(_)
             | ControlError::BadReport(..)
             | ControlError::StaleAttempt(..) => StatusCode::CONFLICT,
-            ControlError::NotOnNode(..) => StatusCode::FORBIDDEN,
+            ControlError::NotOnNode(..) | ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
             ControlError::Store(gangway_store::StoreError::NotLeader) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+impl From<LimitError> for ApiError {
+    fn from(e: LimitError) -> Self {
+        let code = match &e {
+            LimitError::Field { .. } => StatusCode::BAD_REQUEST,
+            LimitError::Policy { .. } => StatusCode::FORBIDDEN,
+            LimitError::Rate { .. } => StatusCode::TOO_MANY_REQUESTS,
         };
         ApiError(code, e.to_string())
     }
@@ -177,35 +254,87 @@ fn bearer(headers: &HeaderMap) -> ApiResult<&str> {
         .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "missing bearer token".into()))
 }
 
-/// Who the bearer token belongs to.
+/// Who the bearer token belongs to, without spending a request of its rate
+/// (the audit log's view); `None` for a missing or unknown token.
+pub fn identify(app: &App, headers: &HeaderMap) -> Option<Principal> {
+    let h = hash_token(bearer(headers).ok()?);
+    if let Some(p) = app.tokens.find(&h) {
+        return Some(p);
+    }
+    let c = app.control.lock().ok()?;
+    c.node_of_token(&h).map(|n| Principal::Node(n.to_string()))
+}
+
+/// Who the bearer token belongs to (401 when missing or unknown); users and
+/// the join token spend one request of their rate (429 past it).
 pub fn authenticate(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
-    let token = bearer(headers)?;
-    if token == app.cfg.admin_token {
-        return Ok(Principal::Admin);
+    bearer(headers)?;
+    let p = identify(app, headers)
+        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "unknown token".into()))?;
+    let limits = match &p {
+        Principal::User { name, .. } => Some(app.cfg.limits_of(name)),
+        Principal::Agent => Some(app.cfg.limits),
+        _ => None,
+    };
+    if let Some(l) = limits {
+        app.rate.take(&p.name(), &l, Instant::now())?;
     }
-    if token == app.cfg.agent_token {
-        return Ok(Principal::Agent);
+    Ok(p)
+}
+
+/// An admin's or a user's token: the join, node and metrics tokens read
+/// nothing of jobs, queues or nodes (403).
+pub fn authenticate_person(app: &App, headers: &HeaderMap) -> ApiResult<Principal> {
+    let p = authenticate(app, headers)?;
+    if !crate::authz::is_person(&p) {
+        return Err(forbidden(format!(
+            "the {} token may not read or change jobs",
+            p.name()
+        )));
     }
-    app.cfg
-        .users
-        .iter()
-        .find(|u| u.token == token)
-        .map(|u| Principal::User {
-            name: u.name.clone(),
-            queues: u.queues.clone(),
-        })
-        .ok_or_else(|| ApiError(StatusCode::UNAUTHORIZED, "unknown token".into()))
+    Ok(p)
+}
+
+/// The admin token only (403 for any other known token).
+pub fn authenticate_admin(app: &App, headers: &HeaderMap, what: &str) -> ApiResult<Principal> {
+    let p = authenticate(app, headers)?;
+    if !p.is_admin() {
+        return Err(forbidden(format!("only admins {what}")));
+    }
+    Ok(p)
 }
 
 fn forbidden(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::FORBIDDEN, msg.into())
 }
 
-fn not_agent(p: &Principal) -> ApiResult<()> {
-    if *p == Principal::Agent {
-        return Err(forbidden("agent tokens may only report for nodes"));
-    }
-    Ok(())
+/// The request body, at most `max_body_bytes` (413 past it); read only
+/// after the caller is authenticated.
+async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<Bytes> {
+    let max = app.cfg.max_body_bytes;
+    axum::body::to_bytes(body, max).await.map_err(|_| {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body: at most {max} bytes"),
+        )
+    })
+}
+
+/// Parses a job spec (JSON or budgeted YAML) on the blocking pool.
+async fn parse_spec(body: Bytes, json_body: bool) -> ApiResult<JobSpec> {
+    tokio::task::spawn_blocking(move || {
+        if json_body {
+            serde_json::from_slice(&body)
+                .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
+        } else {
+            let text = std::str::from_utf8(&body)
+                .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
+            crate::yaml::from_str(text)
+                .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
+        }
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 /// A job as the API shows it.
@@ -223,10 +352,16 @@ pub struct JobView {
     pub admitted: bool,
 }
 
-fn view(c: &Control<SharedStore>, rec: &JobRecord) -> JobView {
+fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView {
     let why = c.why.get(&rec.id);
+    let mut record = rec.clone();
+    if access == JobAccess::Redacted {
+        for v in record.spec.run.env.values_mut() {
+            *v = REDACTED.to_string();
+        }
+    }
     JobView {
-        record: rec.clone(),
+        record,
         reason: why.map(|w| w.render(&c.cluster, c.why_at)),
         admitted: rec.state == JobState::Pending
             && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
@@ -237,35 +372,31 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord) -> JobView {
 async fn submit(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
-    let p = authenticate(&app, &headers)?;
-    not_agent(&p)?;
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    let p = authenticate_person(&app, &headers)?;
     let json_body = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let spec: JobSpec = if json_body {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))?
-    } else {
-        let text = std::str::from_utf8(&body)
-            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
-        serde_yaml::from_str(text)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))?
-    };
-    let mut spec = spec;
+    let body = read_body(&app, body).await?;
+    let mut spec = parse_spec(body, json_body).await?;
     if let Principal::User { name, queues } = &p {
         if !queues.contains(&spec.queue) {
             return Err(forbidden(format!(
-                "user {name} may not submit to queue {}",
-                spec.queue
+                "queue: user {name} may not submit to queue {}",
+                spec.queue.chars().take(253).collect::<String>()
             )));
         }
         spec.user = name.clone();
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
+    crate::limits::check_submission(&app.cfg, &p, &spec)?;
+    let max_pending = match &p {
+        Principal::User { name, .. } => Some(app.cfg.limits_of(name).max_pending_jobs),
+        _ => None,
+    };
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -292,16 +423,21 @@ async fn submit(
                 spec,
                 key,
             },
+            max_pending,
             reply: tx,
         })
         .map_err(|_| ApiError(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()))?;
     let id = rx
         .await
         .map_err(|_| ApiError(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()))??;
-    Ok((
+    let mut res = (
         StatusCode::CREATED,
         Json(json!({ "id": id, "state": "pending" })),
-    ))
+    )
+        .into_response();
+    res.extensions_mut()
+        .insert(AuditTarget(format!("job {id}")));
+    Ok(res)
 }
 
 /// Filters of the job list.
@@ -324,7 +460,7 @@ async fn list_jobs(
     headers: HeaderMap,
     Query(f): Query<JobFilter>,
 ) -> ApiResult<Json<Vec<JobView>>> {
-    authenticate(&app, &headers)?;
+    let p = authenticate_person(&app, &headers)?;
     let c = lock(&app)?;
     let state = match &f.state {
         Some(s) => Some(serde_json::from_value::<JobState>(json!(s)).map_err(|_| {
@@ -347,7 +483,13 @@ async fn list_jobs(
         .filter(|r| state.is_none_or(|s| r.state == s))
         .skip(f.offset.unwrap_or(0))
         .take(f.limit.unwrap_or(usize::MAX))
-        .map(|r| view(&c, r))
+        .map(|r| {
+            view(
+                &c,
+                r,
+                job_access(&p, &r.user).unwrap_or(JobAccess::Redacted),
+            )
+        })
         .collect();
     Ok(Json(out))
 }
@@ -357,13 +499,14 @@ async fn get_job(
     headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> ApiResult<Json<JobView>> {
-    authenticate(&app, &headers)?;
+    let p = authenticate_person(&app, &headers)?;
     let c = lock(&app)?;
     let (rec, _) = c
         .jobs
         .get(&JobId(id))
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
-    Ok(Json(view(&c, rec)))
+    let access = job_access(&p, &rec.user).unwrap_or(JobAccess::Redacted);
+    Ok(Json(view(&c, rec, access)))
 }
 
 async fn cancel_job(
@@ -371,8 +514,7 @@ async fn cancel_job(
     headers: HeaderMap,
     Path(id): Path<u64>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let p = authenticate(&app, &headers)?;
-    not_agent(&p)?;
+    let p = authenticate_person(&app, &headers)?;
     let mut c = lock(&app)?;
     let owner = c
         .jobs
@@ -384,7 +526,7 @@ async fn cancel_job(
             return Err(forbidden(format!("job {id} belongs to {owner}")));
         }
     }
-    c.cancel(JobId(id), p.name(), now())?;
+    c.cancel(JobId(id), &p.name(), now())?;
     drop(c);
     app.wake.notify_one();
     Ok(Json(json!({ "id": id, "state": "cancelled" })))
@@ -394,7 +536,7 @@ async fn queues(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authenticate(&app, &headers)?;
+    authenticate_person(&app, &headers)?;
     let c = lock(&app)?;
     let out: Vec<_> = c
         .cluster
@@ -408,6 +550,8 @@ async fn queues(
                 "parent": q.spec.parent,
                 "weight": q.spec.weight,
                 "quota": q.spec.quota,
+                "allowed_priorities": q.spec.allowed_priorities,
+                "allow_non_preemptible": q.spec.allow_non_preemptible,
                 "usage": u,
             })
         })
@@ -419,9 +563,9 @@ async fn nodes(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authenticate(&app, &headers)?;
+    authenticate_person(&app, &headers)?;
     let c = lock(&app)?;
-    let out: Vec<_> = c
+    let mut out: Vec<_> = c
         .cluster
         .nodes()
         .iter()
@@ -441,30 +585,66 @@ async fn nodes(
                     "healthy": g.healthy, "allocated": alloc & (1 << k) != 0,
                 })).collect::<Vec<_>>(),
                 "jobs": c.cluster.jobs_on(i as u32),
+                "pending_approval": false,
             })
         })
         .collect();
+    for n in c.pending().values() {
+        out.push(json!({
+            "name": n.name,
+            "leaf": n.leaf,
+            "address": n.address,
+            "cordoned": n.cordoned,
+            "ready": false,
+            "last_heartbeat": c.last_seen.get(&n.name),
+            "gpus": n.gpus.iter().map(|g| json!({
+                "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                "healthy": g.healthy, "allocated": false,
+            })).collect::<Vec<_>>(),
+            "jobs": [],
+            "pending_approval": true,
+        }));
+    }
     Ok(Json(json!(out)))
 }
 
 async fn register_node(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult<(StatusCode, Json<serde_json::Value>)> {
+    body: axum::body::Body,
+) -> ApiResult<Response> {
+    use crate::nodes::Registrant;
     let p = authenticate(&app, &headers)?;
-    if !matches!(p, Principal::Admin | Principal::Agent) {
-        return Err(forbidden("only agents and admins register nodes"));
-    }
+    let by = match &p {
+        Principal::Admin => Registrant::Admin,
+        Principal::Agent => Registrant::Join,
+        Principal::Node(n) => Registrant::Node(n.clone()),
+        _ => {
+            return Err(forbidden(
+                "only the join token, a node's own token and admins register nodes",
+            ))
+        }
+    };
+    let body = read_body(&app, body).await?;
     let spec: NodeSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("node: {e}")))?;
     let name = spec.name.clone();
-    let token = lock(&app)?.register_node(spec)?;
+    let auto = app.cfg.node_approval == crate::config::NodeApproval::Auto;
+    let r = lock(&app)?.register_node(spec, &by, auto, &app.cfg.agent_token, now())?;
     app.wake.notify_one();
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "node": name, "node_token": token })),
-    ))
+    let code = if r.token.is_some() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut body = json!({ "node": name, "log_token": r.log_token, "pending_approval": r.pending });
+    if let Some(t) = r.token {
+        body["node_token"] = json!(t);
+    }
+    let mut res = (code, Json(body)).into_response();
+    res.extensions_mut()
+        .insert(AuditTarget(format!("node {name}")));
+    Ok(res)
 }
 
 /// An agent's report.
@@ -481,38 +661,29 @@ pub struct ReportBody {
     exit_code: Option<i32>,
 }
 
-/// Checks that the caller may act for `node`: its own node token, or the admin token.
-fn node_auth(
-    app: &App,
-    c: &Control<SharedStore>,
-    headers: &HeaderMap,
-    node: &str,
-) -> ApiResult<()> {
-    let token = bearer(headers)?;
-    let own = c.node_tokens.get(node).is_some_and(|t| t == token);
-    if own || token == app.cfg.admin_token {
-        return Ok(());
+/// Checks that the caller may act for `node`: its own node token, or the
+/// admin token (401 for unknown tokens, 403 for any other known one).
+fn node_auth(app: &App, headers: &HeaderMap, node: &str) -> ApiResult<()> {
+    match authenticate(app, headers)? {
+        Principal::Admin => Ok(()),
+        Principal::Node(n) if n == node => Ok(()),
+        _ => Err(forbidden(format!(
+            "this token may not report for node {node}"
+        ))),
     }
-    let known = token == app.cfg.agent_token
-        || c.node_tokens.values().any(|t| t == token)
-        || app.cfg.users.iter().any(|u| u.token == token);
-    Err(if known {
-        forbidden(format!("this token may not report for node {node}"))
-    } else {
-        ApiError(StatusCode::UNAUTHORIZED, "unknown token".into())
-    })
 }
 
 async fn agent_report(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(node): Path<String>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> ApiResult<Json<serde_json::Value>> {
+    node_auth(&app, &headers, &node)?;
+    let body = read_body(&app, body).await?;
     let r: ReportBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("report: {e}")))?;
     let mut c = lock(&app)?;
-    node_auth(&app, &c, &headers, &node)?;
     let report = match (r.state.as_str(), r.exit_code) {
         ("running", _) => crate::control::Report::Running,
         ("exited", Some(code)) => crate::control::Report::Exited(code),
@@ -539,12 +710,19 @@ async fn agent_sync(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(node): Path<String>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> ApiResult<Json<SyncResponse>> {
+    node_auth(&app, &headers, &node)?;
+    let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
     let mut c = lock(&app)?;
-    node_auth(&app, &c, &headers, &node)?;
+    if c.pending_heartbeat(&node, now()) {
+        // Waiting for approval: alive, nothing to run.
+        return Ok(Json(SyncResponse {
+            assignments: Vec::new(),
+        }));
+    }
     let (out, changed) = c.sync(&node, &req, now())?;
     drop(c);
     if changed {
@@ -570,7 +748,7 @@ async fn job_logs(
     Path(id): Path<u64>,
     Query(q): Query<LogQuery>,
 ) -> ApiResult<Json<LogChunk>> {
-    authenticate(&app, &headers)?;
+    let p = authenticate_person(&app, &headers)?;
     let rank = q.rank.unwrap_or(0);
     let (url, token, attempt) = {
         let c = lock(&app)?;
@@ -578,6 +756,11 @@ async fn job_logs(
             .jobs
             .get(&JobId(id))
             .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
+        if job_access(&p, &rec.user) != Some(JobAccess::Full) {
+            return Err(forbidden(format!(
+                "job {id}'s logs are readable by its owner and admins only"
+            )));
+        }
         if rec.ran_on.is_empty() {
             return Err(ApiError(
                 StatusCode::NOT_FOUND,
@@ -590,17 +773,22 @@ async fn job_logs(
                 format!("rank: job {id} has ranks 0..{}", rec.ran_on.len()),
             )
         })?;
-        let url = c
+        let spec = c
             .cluster
             .node_index(node)
-            .and_then(|n| c.cluster.nodes()[n as usize].spec.agent_url.clone())
-            .ok_or_else(|| {
-                ApiError(
-                    StatusCode::NOT_FOUND,
-                    format!("node {node} has no agent serving logs"),
-                )
-            })?;
-        let token = c.node_tokens.get(node).cloned().unwrap_or_default();
+            .map(|n| &c.cluster.nodes()[n as usize].spec);
+        let url = spec.and_then(|s| s.agent_url.clone()).ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("node {node} has no agent serving logs"),
+            )
+        })?;
+        // Only ever the node's own registered address.
+        crate::nodes::check_agent_url(&url, spec.map_or("", |s| s.address.as_str()))
+            .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("node {node}: {e}")))?;
+        let token = c
+            .log_token_of(node, &app.cfg.agent_token)
+            .unwrap_or_default();
         (url, token, q.attempt.unwrap_or(rec.ran_attempt))
     };
     let target = format!(
@@ -609,17 +797,34 @@ async fn job_logs(
         q.offset.unwrap_or(0)
     );
     let r = tokio::task::spawn_blocking(move || {
-        match ureq::get(&target)
-            .set("Authorization", &format!("Bearer {token}"))
+        // Redirects are never followed: the answer comes from the node or not at all.
+        let agent = ureq::AgentBuilder::new()
+            .redirects(0)
             .timeout(std::time::Duration::from_secs(10))
+            .build();
+        match agent
+            .get(&target)
+            .set("Authorization", &format!("Bearer {token}"))
             .call()
         {
-            Ok(resp) => resp.into_json::<LogChunk>().map_err(|e| {
-                ApiError(
-                    StatusCode::BAD_GATEWAY,
-                    format!("agent answered badly: {e}"),
-                )
-            }),
+            Ok(resp) if resp.status() != 200 => Err(ApiError(
+                StatusCode::BAD_GATEWAY,
+                format!("agent answered {} instead of a log", resp.status()),
+            )),
+            Ok(resp) => {
+                use std::io::Read;
+                let mut bytes = Vec::new();
+                resp.into_reader()
+                    .take(4 << 20)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, e.to_string()))?;
+                serde_json::from_slice::<LogChunk>(&bytes).map_err(|e| {
+                    ApiError(
+                        StatusCode::BAD_GATEWAY,
+                        format!("agent answered badly: {e}"),
+                    )
+                })
+            }
             Err(ureq::Error::Status(404, _)) => Err(ApiError(
                 StatusCode::NOT_FOUND,
                 format!("no log for job {id} attempt {attempt} rank {rank}"),
@@ -640,9 +845,7 @@ async fn gpu_health(
     headers: HeaderMap,
     Path((name, index, action)): Path<(String, u32, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    if authenticate(&app, &headers)? != Principal::Admin {
-        return Err(forbidden("only admins change GPU health"));
-    }
+    authenticate_admin(&app, &headers, "change GPU health")?;
     let healthy = match action.as_str() {
         "healthy" | "clear" => true,
         "unhealthy" => false,
@@ -665,23 +868,33 @@ async fn cordon(
     headers: HeaderMap,
     Path((name, action)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let p = authenticate(&app, &headers)?;
-    if p != Principal::Admin {
-        return Err(forbidden("only admins cordon nodes"));
-    }
-    let on = match action.as_str() {
-        "cordon" | "drain" => true,
-        "uncordon" => false,
+    authenticate_admin(&app, &headers, "approve, cordon, drain or delete nodes")?;
+    let out = match action.as_str() {
+        "cordon" | "drain" | "uncordon" => {
+            let on = action != "uncordon";
+            lock(&app)?.cordon(&name, on)?;
+            json!({ "node": name, "cordoned": on })
+        }
+        "approve" => {
+            lock(&app)?.approve_node(&name, now())?;
+            json!({ "node": name, "approved": true })
+        }
+        "delete" => {
+            lock(&app)?.delete_node(&name, now())?;
+            json!({ "node": name, "deleted": true })
+        }
         other => {
             return Err(ApiError(
                 StatusCode::NOT_FOUND,
-                format!("unknown node action {other:?}"),
+                format!(
+                    "unknown node action {:?} (approve, cordon, drain, uncordon or delete)",
+                    other.chars().take(64).collect::<String>()
+                ),
             ))
         }
     };
-    lock(&app)?.cordon(&name, on)?;
     app.wake.notify_one();
-    Ok(Json(json!({ "node": name, "cordoned": on })))
+    Ok(Json(out))
 }
 
 /// Range of the usage report (seconds since the epoch).
@@ -696,7 +909,7 @@ async fn usage(
     headers: HeaderMap,
     Query(r): Query<UsageRange>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    authenticate(&app, &headers)?;
+    authenticate_person(&app, &headers)?;
     let t = now();
     let (from, to) = (r.from.unwrap_or(0), r.to.unwrap_or(t));
     if from > to {
@@ -711,9 +924,13 @@ async fn usage(
     ))
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
-    let c = lock(&app)?;
-    let text = app.metrics.render(&c);
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
+    let p = authenticate(&app, &headers)?;
+    if !matches!(p, Principal::Admin | Principal::Metrics) {
+        return Err(forbidden("only the admin and metrics tokens read /metrics"));
+    }
+    // A snapshot the scheduler loop refreshes: a scrape never walks the jobs.
+    let text = app.metrics.render();
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -722,6 +939,112 @@ async fn metrics(State(app): State<Arc<App>>) -> ApiResult<Response> {
         text,
     )
         .into_response())
+}
+
+/// Which audit entries to read.
+#[derive(Deserialize)]
+pub struct AuditQuery {
+    /// Only entries at or after this time (seconds since the epoch).
+    since: Option<u64>,
+    /// At most this many, the latest (default 1000).
+    limit: Option<usize>,
+}
+
+async fn audit_log(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<Json<Vec<AuditEntry>>> {
+    authenticate_admin(&app, &headers, "read the audit log")?;
+    let app2 = app.clone();
+    let (since, limit) = (q.since.unwrap_or(0), q.limit.unwrap_or(1000).min(100_000));
+    let entries = tokio::task::spawn_blocking(move || app2.audit.read(since, limit))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("audit log: {e}")))?;
+    Ok(Json(entries))
+}
+
+/// Records every state-changing call (not agents' heartbeats) in the audit log.
+async fn audit(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let heartbeat = path.starts_with("/v1/agent/") && path.ends_with("/sync");
+    if method == axum::http::Method::GET || method == axum::http::Method::HEAD || heartbeat {
+        return next.run(req).await;
+    }
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| path.clone(), |m| m.as_str().to_string());
+    let who = match bearer(req.headers()) {
+        Err(_) => "no token".to_string(),
+        Ok(_) => identify(&app, req.headers()).map_or_else(|| "unknown token".into(), |p| p.name()),
+    };
+    let res = next.run(req).await;
+    let target = res
+        .extensions()
+        .get::<AuditTarget>()
+        .map(|t| t.0.clone())
+        .or_else(|| target_of(&path));
+    let status = res.status().as_u16();
+    app.audit.record(AuditEntry {
+        at: now(),
+        who,
+        action: format!("{method} {route}"),
+        target,
+        status,
+        result: match status {
+            200..=399 => "ok",
+            400..=499 => "refused",
+            _ => "error",
+        }
+        .into(),
+    });
+    res
+}
+
+/// The job or node a path names (`/v1/jobs/7/cancel` → `job 7`).
+fn target_of(path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match parts.as_slice() {
+        ["v1", "jobs", id, ..] => Some(format!("job {id}")),
+        ["v1", "nodes", name, ..] | ["v1", "agent", name, ..] => Some(format!(
+            "node {}",
+            name.chars().take(253).collect::<String>()
+        )),
+        _ => None,
+    }
+}
+
+/// Headers every answer carries: no sniffing, no framing, a strict content
+/// security policy unless the handler set its own (the dashboard page).
+async fn security_headers(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("no-referrer"),
+    );
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY) {
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            header::HeaderValue::from_static("default-src 'none'; frame-ancestors 'none'"),
+        );
+    }
+    res
 }
 
 async fn openapi() -> Json<serde_json::Value> {
@@ -796,9 +1119,15 @@ async fn forward(
         })
         .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
         .collect();
-    let body = match axum::body::to_bytes(req.into_body(), 64 << 20).await {
+    let body = match axum::body::to_bytes(req.into_body(), app.cfg.max_body_bytes).await {
         Ok(b) => b,
-        Err(e) => return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}")).into_response(),
+        Err(_) => {
+            return ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body: at most {} bytes", app.cfg.max_body_bytes),
+            )
+            .into_response()
+        }
     };
     let answer = tokio::task::spawn_blocking(move || {
         let mut r = ureq::request(&method, &target).timeout(std::time::Duration::from_secs(30));
@@ -871,8 +1200,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/agent/{name}/sync", post(agent_sync))
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
+        .route("/v1/audit", get(audit_log))
         .merge(crate::dashboard::routes())
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))
+        .layer(axum::middleware::from_fn(security_headers))
         .with_state(app)
 }

@@ -13,7 +13,15 @@
 //!   - name: research
 //!     parent: lab
 //!     quota: { nominal: { gpus: 32 } }
+//!     allowed_priorities: [low, normal, high]
+//!     allow_non_preemptible: false
+//! node_approval: manual      # or auto: joining nodes schedule at once
+//! metrics_token: s3cret-prometheus
+//! max_grace_seconds: 600
+//! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
 //! ```
+//!
+//! The file is parsed with the same budgets as job specs (see [`crate::yaml`]).
 
 use crate::control::NodeLifecycle;
 use gangway_core::QueueSpec;
@@ -31,6 +39,45 @@ pub struct UserConfig {
     /// Queues the user may submit to.
     #[serde(default)]
     pub queues: Vec<String>,
+    /// This user's limits where they differ from the cluster's `limits`.
+    #[serde(default)]
+    pub limits: Option<UserLimits>,
+}
+
+/// Per-user limits: how much one user may ask of the control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UserLimits {
+    /// Jobs a user may have waiting (pending or restarting) at once.
+    pub max_pending_jobs: u32,
+    /// GPUs one job may ask for (replicas × GPUs per replica).
+    pub max_gpus_per_job: u64,
+    /// Sustained API requests per second (token bucket refill rate).
+    pub requests_per_second: u32,
+    /// Requests allowed in a burst above the rate (token bucket size).
+    pub burst: u32,
+}
+
+impl Default for UserLimits {
+    fn default() -> Self {
+        UserLimits {
+            max_pending_jobs: 1000,
+            max_gpus_per_job: 4096,
+            requests_per_second: 50,
+            burst: 200,
+        }
+    }
+}
+
+/// Whether nodes that join with the join token may run work at once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeApproval {
+    /// New nodes wait until an admin approves them (`gangway nodes approve`).
+    #[default]
+    Manual,
+    /// New nodes are schedulable as soon as they register (local clusters).
+    Auto,
 }
 
 /// The whole configuration.
@@ -60,6 +107,35 @@ pub struct ServerConfig {
     /// Different jobs failing in a row on one node before it is cordoned (0: never).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
+    /// Whether nodes joining with the join token wait for an admin's approval.
+    #[serde(default)]
+    pub node_approval: NodeApproval,
+    /// A token that may read `/metrics` and nothing else (the admin token may too).
+    #[serde(default)]
+    pub metrics_token: Option<String>,
+    /// Longest checkpoint grace a job may ask for; past its grace plus
+    /// `grace_kill_margin_seconds` the server ends a preempted attempt and
+    /// frees its GPUs whatever its ranks do.
+    #[serde(default = "six_hundred")]
+    pub max_grace_seconds: u64,
+    /// Seconds the server waits beyond a victim's grace before it takes the
+    /// GPUs back (time for the agent's own kill to be reported).
+    #[serde(default = "thirty")]
+    pub grace_kill_margin_seconds: u64,
+    /// Default per-user limits (a user entry may override them).
+    #[serde(default)]
+    pub limits: UserLimits,
+    /// Largest request body accepted, in bytes.
+    #[serde(default = "one_mib")]
+    pub max_body_bytes: usize,
+}
+
+fn six_hundred() -> u64 {
+    600
+}
+
+fn one_mib() -> usize {
+    1 << 20
 }
 
 fn one() -> u64 {
@@ -83,7 +159,7 @@ fn three() -> u32 {
 pub enum ConfigError {
     /// YAML.
     #[error("config: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(String),
     /// Semantics.
     #[error("config: {0}")]
     Invalid(String),
@@ -99,13 +175,69 @@ impl ServerConfig {
         }
     }
 
+    /// A configuration with these tokens and queues and every other knob at
+    /// its default (tests and `gangway up`).
+    pub fn new(admin_token: &str, agent_token: &str, queues: Vec<QueueSpec>) -> Self {
+        ServerConfig {
+            admin_token: admin_token.to_string(),
+            agent_token: agent_token.to_string(),
+            users: Vec::new(),
+            queues,
+            cycle_seconds: one(),
+            node_not_ready_seconds: ten(),
+            node_lost_seconds: thirty(),
+            auto_cordon_failures: three(),
+            node_approval: NodeApproval::Manual,
+            metrics_token: None,
+            max_grace_seconds: six_hundred(),
+            grace_kill_margin_seconds: thirty(),
+            limits: UserLimits::default(),
+            max_body_bytes: one_mib(),
+        }
+    }
+
+    /// The limits that apply to `user` (their own, else the cluster's).
+    pub fn limits_of(&self, user: &str) -> UserLimits {
+        self.users
+            .iter()
+            .find(|u| u.name == user)
+            .and_then(|u| u.limits)
+            .unwrap_or(self.limits)
+    }
+
     /// Parses and checks a YAML configuration.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let c: ServerConfig = serde_yaml::from_str(text)?;
+        let c: ServerConfig = crate::yaml::from_str(text).map_err(ConfigError::Yaml)?;
         if c.admin_token.len() < 8 || c.agent_token.len() < 8 {
             return Err(ConfigError::Invalid(
                 "tokens must be at least 8 characters".into(),
             ));
+        }
+        if c.metrics_token.as_ref().is_some_and(|t| t.len() < 8) {
+            return Err(ConfigError::Invalid(
+                "metrics_token: must be at least 8 characters".into(),
+            ));
+        }
+        if c.max_body_bytes < 1024 {
+            return Err(ConfigError::Invalid(
+                "max_body_bytes: must be at least 1024".into(),
+            ));
+        }
+        for u in &c.users {
+            if u.token.len() < 8 {
+                return Err(ConfigError::Invalid(format!(
+                    "users[{}].token: must be at least 8 characters",
+                    u.name
+                )));
+            }
+            if matches!(u.name.as_str(), "admin" | "agent" | "metrics")
+                || u.name.starts_with("node:")
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "users: the name {:?} is reserved",
+                    u.name
+                )));
+            }
         }
         if c.node_lost_seconds < c.node_not_ready_seconds {
             return Err(ConfigError::Invalid(
@@ -115,6 +247,7 @@ impl ServerConfig {
         let mut seen = std::collections::BTreeSet::new();
         for t in std::iter::once(&c.admin_token)
             .chain(std::iter::once(&c.agent_token))
+            .chain(c.metrics_token.iter())
             .chain(c.users.iter().map(|u| &u.token))
         {
             if !seen.insert(t) {
@@ -122,5 +255,42 @@ impl ServerConfig {
             }
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses_with_its_security_settings() {
+        let c = ServerConfig::from_yaml(include_str!("../../../examples/server.yaml"))
+            .expect("examples/server.yaml");
+        assert_eq!(c.node_approval, NodeApproval::Manual);
+        assert_eq!(c.max_grace_seconds, 600);
+        assert_eq!(c.limits_of("bob").max_pending_jobs, 5000);
+        assert_eq!(c.limits_of("alice").max_pending_jobs, 1000);
+        let prod = c.queues.iter().find(|q| q.name == "prod").expect("prod");
+        assert!(prod.allow_non_preemptible);
+    }
+
+    #[test]
+    fn weak_duplicate_and_reserved_settings_are_refused() {
+        let base = "admin_token: admin-secret\nagent_token: agent-secret\n";
+        assert!(ServerConfig::from_yaml(base).is_ok());
+        for bad in [
+            "metrics_token: short\n",
+            "metrics_token: admin-secret\n",
+            "users: [{ name: agent, token: user-token-1 }]\n",
+            "users: [{ name: u, token: short }]\n",
+            "max_body_bytes: 10\n",
+        ] {
+            assert!(
+                ServerConfig::from_yaml(&format!("{base}{bad}")).is_err(),
+                "{bad}"
+            );
+        }
+        let deep = format!("{base}x: {}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(ServerConfig::from_yaml(&deep).is_err());
     }
 }

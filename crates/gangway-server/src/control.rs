@@ -50,6 +50,9 @@ pub enum ControlError {
     /// Someone else changed the record first.
     #[error("conflicting update of {0}; retry")]
     Conflict(String),
+    /// A known caller that may not do this (a node acting for another).
+    #[error("{0}")]
+    Forbidden(String),
     /// A report about an attempt that is over.
     #[error("job {0} attempt {1} is over (the current attempt is {2})")]
     StaleAttempt(JobId, u32, u32),
@@ -78,12 +81,12 @@ impl NewJob {
 }
 
 /// Store key of an idempotency key (its value is the job id).
-fn idem_key(key: &str) -> String {
+pub(crate) fn idem_key(key: &str) -> String {
     format!("/idempotency/{key}")
 }
 
 /// How a job's attempt ends.
-enum Ending {
+pub(crate) enum Ending {
     /// Preempted and stopped: back in line, resumes from its checkpoint.
     Requeued(String),
     /// A rank or node failed: restart per the policy, or fail.
@@ -104,7 +107,7 @@ impl JobEvent {
 
 /// What happens in the scheduler's state after an attempt ends.
 #[derive(Clone, Copy)]
-enum AfterEnd {
+pub(crate) enum AfterEnd {
     /// Back in line, keeping its place.
     Requeue,
     /// Out of line until its backoff passes.
@@ -115,7 +118,7 @@ enum AfterEnd {
 
 /// The record of a job whose attempt ends: requeued (preempted), restarting
 /// after a backoff or failed for good (a rank or node failed), or succeeded.
-fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord, AfterEnd) {
+pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord, AfterEnd) {
     rec.started_on.clear();
     rec.exited_on.clear();
     rec.preempted_by = None;
@@ -137,7 +140,7 @@ fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord, AfterEnd)
             rec.restarts += 1;
             rec.attempt += 1;
             rec.state = JobState::Restarting;
-            rec.restart_at = Some(now + backoff);
+            rec.restart_at = Some(now.saturating_add(backoff));
             rec.placement.clear();
             let text = format!(
                 "{msg}; restart {} of {} in {backoff}s",
@@ -188,7 +191,7 @@ impl Default for NodeLifecycle {
 
 /// Everything the server keeps in memory.
 pub struct Control<S: Store> {
-    store: S,
+    pub(crate) store: S,
     /// Scheduler's mirror of the store.
     pub cluster: ClusterState,
     /// Job records with their store revisions.
@@ -199,8 +202,18 @@ pub struct Control<S: Store> {
     pub why_at: Time,
     /// Scheduler knobs.
     pub sched: SchedulerConfig,
-    /// Per-node tokens handed out at registration.
-    pub node_tokens: HashMap<String, String>,
+    /// Per-node credentials (token digests) handed out at registration.
+    pub node_tokens: HashMap<String, crate::nodes::NodeCredential>,
+    /// Node names by their token's digest (authentication).
+    pub node_by_token: HashMap<crate::authz::TokenHash, String>,
+    /// Nodes that joined with the join token and wait for an admin's approval.
+    pub pending_nodes: BTreeMap<String, NodeSpec>,
+    /// The queues of the configuration (the scheduler's state is rebuilt
+    /// from them when a node is deleted).
+    pub(crate) queue_specs: Vec<gangway_core::QueueSpec>,
+    /// When the last cycle ran: a longer gap is the server's own stall, not
+    /// the nodes' silence.
+    pub(crate) last_cycle_at: Option<Time>,
     /// Node lifecycle knobs.
     pub lifecycle: NodeLifecycle,
     /// Last heartbeat per node (in memory: a restarted server gives every
@@ -216,7 +229,9 @@ pub struct Control<S: Store> {
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
     /// The agents' last verdict per GPU.
-    reported_health: HashMap<(String, u32), bool>,
+    pub(crate) reported_health: HashMap<(String, u32), bool>,
+    /// Seconds between cycles when nothing changes (the stall detector's period).
+    pub cycle_seconds: u64,
 }
 
 /// What an agent reports about a job on its node.
@@ -228,10 +243,10 @@ pub enum Report {
     Exited(i32),
 }
 
-/// A random 128-bit token in hex (node tokens; `gangway up`'s tokens).
+/// A random 256-bit token in hex (node tokens; `gangway up`'s tokens).
 pub fn fresh_token() -> String {
     use std::io::Read;
-    let mut b = [0u8; 16];
+    let mut b = [0u8; 32];
     let ok = std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
         .is_ok();
@@ -239,21 +254,26 @@ pub fn fresh_token() -> String {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        b = (t ^ u128::from(std::process::id())).to_le_bytes();
+        let x = (t ^ u128::from(std::process::id())).to_le_bytes();
+        b[..16].copy_from_slice(&x);
+        b[16..].copy_from_slice(&x);
     }
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Store key of a node's token.
-fn token_key(name: &str) -> String {
+pub(crate) fn token_key(name: &str) -> String {
     format!("/node_tokens/{name}")
 }
 
-fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, ControlError> {
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+    key: &str,
+    bytes: &[u8],
+) -> Result<T, ControlError> {
     serde_json::from_slice(bytes).map_err(|e| ControlError::Corrupt(key.to_string(), e.to_string()))
 }
 
-fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
+pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
     // Serialising our own plain data types cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
 }
@@ -274,9 +294,24 @@ impl<S: Store> Control<S> {
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
         let mut node_tokens = HashMap::new();
+        let mut node_by_token = HashMap::new();
         for kv in store.range("/node_tokens/")? {
-            let t: String = decode(&kv.key, &kv.value)?;
-            node_tokens.insert(kv.key["/node_tokens/".len()..].to_string(), t);
+            let name = kv.key["/node_tokens/".len()..].to_string();
+            let cred = crate::nodes::NodeCredential::decode(&kv.key, &kv.value)?;
+            if serde_json::from_slice::<crate::nodes::NodeCredential>(&kv.value).is_err() {
+                // A plain token from before tokens were hashed: store the
+                // digest instead (best effort: a follower may not write).
+                if let Err(e) = store.put(&kv.key, &encode(&cred)) {
+                    tracing::warn!("{}: cannot replace a plain node token yet: {e}", kv.key);
+                }
+            }
+            node_by_token.insert(cred.digest(), name.clone());
+            node_tokens.insert(name, cred);
+        }
+        let mut pending_nodes = BTreeMap::new();
+        for kv in store.range(crate::nodes::PENDING_PREFIX)? {
+            let spec: NodeSpec = decode(&kv.key, &kv.value)?;
+            pending_nodes.insert(spec.name.clone(), spec);
         }
         let mut jobs = BTreeMap::new();
         for kv in store.range("/jobs/")? {
@@ -291,6 +326,11 @@ impl<S: Store> Control<S> {
             why_at: 0,
             sched: SchedulerConfig::default(),
             node_tokens,
+            node_by_token,
+            pending_nodes,
+            queue_specs: queues.to_vec(),
+            last_cycle_at: None,
+            cycle_seconds: 1,
             lifecycle: NodeLifecycle::default(),
             last_seen: HashMap::new(),
             opened_at: crate::api::now(),
@@ -304,7 +344,7 @@ impl<S: Store> Control<S> {
     }
 
     /// Puts every live job back into the scheduler's state.
-    fn rebuild(&mut self) -> Result<(), ControlError> {
+    pub(crate) fn rebuild(&mut self) -> Result<(), ControlError> {
         let live: Vec<JobRecord> = self
             .jobs
             .values()
@@ -501,7 +541,7 @@ impl<S: Store> Control<S> {
 
     /// Writes changed records in one transaction, each compared on its
     /// revision: all land or none do.
-    fn write_all(&mut self, recs: Vec<JobRecord>) -> Result<(), ControlError> {
+    pub(crate) fn write_all(&mut self, recs: Vec<JobRecord>) -> Result<(), ControlError> {
         if recs.is_empty() {
             return Ok(());
         }
@@ -607,43 +647,6 @@ impl<S: Store> Control<S> {
         (by_queue, by_user)
     }
 
-    /// Registers a node and returns its own token, which its agent uses for
-    /// every report; registering again returns the same token.
-    pub fn register_node(&mut self, spec: NodeSpec) -> Result<String, ControlError> {
-        if let Some(n) = self.cluster.node_index(&spec.name) {
-            if let Some(t) = self.node_tokens.get(&spec.name).cloned() {
-                // A restarted agent may come back on another address or port.
-                let old = &self.cluster.nodes()[n as usize].spec;
-                if old.address != spec.address || old.agent_url != spec.agent_url {
-                    self.cluster
-                        .set_endpoint(&spec.name, &spec.address, spec.agent_url.clone())
-                        .map_err(|e| ControlError::BadNode(e.to_string()))?;
-                    self.store_node(n)?;
-                }
-                self.last_seen.insert(spec.name.clone(), crate::api::now());
-                return Ok(t);
-            }
-        }
-        let mut probe = self.cluster.clone();
-        if probe.node_index(&spec.name).is_none() {
-            probe
-                .add_node(spec.clone())
-                .map_err(|e| ControlError::BadNode(e.to_string()))?;
-        }
-        let token = fresh_token();
-        self.last_seen.insert(spec.name.clone(), crate::api::now());
-        self.store.txn(
-            &[],
-            &[
-                Op::Put(node_key(&spec.name), encode(&spec)),
-                Op::Put(token_key(&spec.name), encode(&token)),
-            ],
-        )?;
-        self.cluster = probe;
-        self.node_tokens.insert(spec.name.clone(), token.clone());
-        Ok(token)
-    }
-
     /// Applies an agent's report about a job on its node. `attempt` (when
     /// given) must be the job's current one: reports about an earlier run are
     /// refused, so a late exit can never end a fresh attempt.
@@ -730,7 +733,7 @@ impl<S: Store> Control<S> {
 
     /// Ends the job's current attempt: requeue (preempted), restart after a
     /// backoff or fail for good (a rank or node failed), or succeed.
-    fn end_attempt(
+    pub(crate) fn end_attempt(
         &mut self,
         rec: JobRecord,
         ending: Ending,
@@ -744,7 +747,7 @@ impl<S: Store> Control<S> {
     }
 
     /// What the scheduler's state does when an attempt ends.
-    fn apply_ending(&mut self, id: JobId, after: AfterEnd) {
+    pub(crate) fn apply_ending(&mut self, id: JobId, after: AfterEnd) {
         let _ = match after {
             AfterEnd::Requeue => self.cluster.requeue(id),
             AfterEnd::Restart => self.cluster.cancel(id).map(|_| ()),
@@ -891,7 +894,7 @@ impl<S: Store> Control<S> {
         self.store_node(n)
     }
 
-    fn store_node(&mut self, n: gangway_sched::NodeIdx) -> Result<(), ControlError> {
+    pub(crate) fn store_node(&mut self, n: gangway_sched::NodeIdx) -> Result<(), ControlError> {
         let spec = &self.cluster.nodes()[n as usize].spec;
         self.store.put(&node_key(&spec.name), &encode(spec))?;
         Ok(())
@@ -991,6 +994,7 @@ impl<S: Store> Control<S> {
                 continue;
             }
             self.lost.insert(name.clone());
+            tracing::error!("node {name} is lost: no heartbeat for {silent}s; its gangs end");
             let Some(n) = self.cluster.node_index(&name) else {
                 continue;
             };
@@ -1070,6 +1074,7 @@ impl<S: Store> Control<S> {
 
     /// One scheduling cycle: decisions are written to the store first, then applied.
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        self.credit_own_stall(now);
         self.check_nodes(now)?;
         self.resume_restarts(now)?;
         let d = schedule(&self.cluster, now, &self.sched);

@@ -102,6 +102,7 @@ fn campaign(app: &Arc<App>, etcd: &EtcdStore, advertise: &str) -> Result<(), Str
     let store: SharedStore = Arc::new(etcd.clone());
     let mut control = Control::open(store, &app.cfg.queues).map_err(|e| e.to_string())?;
     control.lifecycle = app.cfg.lifecycle();
+    control.cycle_seconds = app.cfg.cycle_seconds;
     match app.control.lock() {
         Ok(mut c) => *c = control,
         Err(_) => return Err("state lock poisoned".into()),

@@ -3,13 +3,18 @@
 //! second, an HTTP+JSON API with bearer-token auth, and Prometheus metrics.
 
 pub mod api;
+pub mod audit;
+pub mod authz;
 pub mod config;
 pub mod control;
 pub mod dashboard;
 pub mod ha;
+pub mod limits;
 pub mod metrics;
+pub mod nodes;
 pub mod openapi;
 pub mod records;
+pub mod yaml;
 
 pub use config::ServerConfig;
 
@@ -38,25 +43,60 @@ pub enum ServeError {
 /// The store behind the server: redb or etcd, chosen at start.
 pub type SharedStore = Arc<dyn Store>;
 
-/// Opens the data dir (the embedded redb store) and builds the shared state
-/// of a single server, which always leads.
+/// Creates `dir` (and parents) readable by its owner only: the store and
+/// the audit log hold what other local users must not read.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// Opens the data dir (the embedded redb store, mode 0600, and the audit
+/// log) and builds the shared state of a single server, which always leads.
 pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> {
-    std::fs::create_dir_all(data_dir)?;
-    let store = RedbStore::open(&data_dir.join("gangway.redb"))?;
-    open_with(cfg, Arc::new(store), ha::Role::Leader)
+    private_dir(data_dir)?;
+    let path = data_dir.join("gangway.redb");
+    let store = RedbStore::open(&path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let audit = audit::AuditLog::open(&data_dir.join("audit.log"))?;
+    open_with_audit(cfg, Arc::new(store), ha::Role::Leader, audit)
 }
 
 /// Builds the shared state on `store`, starting in `role` (a replica on etcd
-/// starts as a follower until the election says otherwise).
+/// starts as a follower until the election says otherwise), with the audit
+/// log kept in memory.
 pub fn open_with(
     cfg: ServerConfig,
     store: SharedStore,
     role: ha::Role,
 ) -> Result<Arc<App>, ServeError> {
+    open_with_audit(cfg, store, role, audit::AuditLog::memory())
+}
+
+/// [`open_with`] with an audit log of the caller's choosing.
+pub fn open_with_audit(
+    cfg: ServerConfig,
+    store: SharedStore,
+    role: ha::Role,
+    audit: audit::AuditLog,
+) -> Result<Arc<App>, ServeError> {
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
+    control.cycle_seconds = cfg.cycle_seconds;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
+        tokens: authz::ConfigTokens::new(&cfg),
+        rate: limits::RateLimiter::default(),
+        audit,
+        metrics_at: std::sync::atomic::AtomicU64::new(0),
         control: Mutex::new(control),
         cfg,
         metrics: metrics::Metrics::new(),
@@ -86,10 +126,29 @@ pub async fn scheduler_loop(app: Arc<App>) {
             continue;
         }
         let start = Instant::now();
-        let result = match app.control.lock() {
-            Ok(mut c) => c.cycle(api::now()),
-            Err(_) => return,
-        };
+        let now = api::now();
+        // The cycle runs on the blocking pool: the async workers stay free
+        // for heartbeats and requests while it computes.
+        let app2 = app.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let app = app2;
+            let mut c = app.control.lock().ok()?;
+            let expired = c.expire_grace(
+                now,
+                app.cfg.max_grace_seconds,
+                app.cfg.grace_kill_margin_seconds,
+            );
+            let r = expired.and_then(|_| c.cycle(now));
+            // The /metrics snapshot, at most once a second.
+            let at = &app.metrics_at;
+            if at.load(std::sync::atomic::Ordering::Relaxed) < now {
+                at.store(now, std::sync::atomic::Ordering::Relaxed);
+                app.metrics.refresh(&c);
+            }
+            Some(r)
+        })
+        .await;
+        let Ok(Some(result)) = result else { return };
         app.metrics
             .cycle_seconds
             .observe(start.elapsed().as_secs_f64());
@@ -129,6 +188,35 @@ pub async fn serve_replica(
 ) -> Result<(), ServeError> {
     ha::spawn_elector(app.clone(), etcd, advertise);
     serve(app, listener).await
+}
+
+/// `/metrics` alone, without a token, for a separate listen address that
+/// only the monitoring network reaches (`gangway server --metrics-listen`).
+pub fn metrics_router(app: Arc<App>) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let app = app.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    app.metrics.render(),
+                )
+            }
+        }),
+    )
+}
+
+/// Serves [`metrics_router`] on `listener` until the process ends.
+pub async fn serve_metrics(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), ServeError> {
+    axum::serve(listener, metrics_router(app)).await?;
+    Ok(())
 }
 
 /// Serves the API on `listener` and runs the scheduler loop until the process ends.

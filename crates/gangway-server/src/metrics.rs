@@ -1,4 +1,5 @@
-//! Prometheus metrics at `/metrics`.
+//! Prometheus metrics at `/metrics` (admin or metrics token), served from
+//! a snapshot the scheduler loop refreshes at most once a second.
 
 use crate::control::Control;
 use gangway_store::Store;
@@ -104,8 +105,9 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Updates the gauges from the control state and renders the text format.
-    pub fn render<S: Store>(&self, c: &Control<S>) -> String {
+    /// Updates the gauges from the control state (the scheduler loop does
+    /// this periodically, so a scrape never walks the jobs under the lock).
+    pub fn refresh<S: Store>(&self, c: &Control<S>) {
         self.jobs.clear();
         for (rec, _) in c.jobs.values() {
             self.jobs
@@ -131,6 +133,10 @@ impl Metrics {
         self.gpus_allocated.set(allocated as i64);
         self.gpus_free.set(c.cluster.free_gpus() as i64);
         self.gpus_unhealthy.set(unhealthy as i64);
+    }
+
+    /// The text format of the last snapshot and the live counters.
+    pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out

@@ -10,9 +10,11 @@ fn op(summary: &str, ok: &str) -> Value {
             ok: { "description": "success" },
             "400": { "description": "malformed request (names the field)" },
             "401": { "description": "missing or unknown token" },
-            "403": { "description": "token not allowed to do this" },
+            "403": { "description": "token not allowed to do this, or a queue or user rule refuses it (names the rule)" },
             "404": { "description": "no such object" },
-            "422": { "description": "valid request the cluster or queue can never satisfy" }
+            "413": { "description": "body larger than max_body_bytes" },
+            "422": { "description": "valid request the cluster or queue can never satisfy" },
+            "429": { "description": "request rate or waiting-job limit reached; retry later" }
         }
     })
 }
@@ -28,20 +30,21 @@ pub fn document() -> Value {
                 "post": op("Submit a job (YAML or JSON job spec)", "201"),
                 "get": op("List jobs; filter with ?queue=, ?state=, ?user=; page with ?offset=&limit=", "200")
             },
-            "/v1/jobs/{id}": { "get": op("A job with its events and why it waits", "200") },
+            "/v1/jobs/{id}": { "get": op("A job with its events and why it waits (env values redacted unless owner or admin)", "200") },
             "/v1/jobs/{id}/cancel": { "post": op("Cancel a job (owner or admin)", "200") },
             "/v1/queues": { "get": op("Queues with quota and usage", "200") },
             "/v1/usage": { "get": op("GPU-hours per queue and user over ?from=&to= (epoch seconds)", "200") },
             "/v1/nodes": {
                 "get": op("Nodes and their GPUs", "200"),
-                "post": op("Register a node (agent or admin token)", "201")
+                "post": op("Register a node: the join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token)", "201")
             },
             "/v1/jobs/{id}/logs": { "get": op("A rank's log, relayed from its agent: ?rank=&attempt=&offset= (returns data and next_offset)", "200") },
             "/v1/agent/{name}/report": { "post": op("An agent reports a job on its node: running, or exited with a code; optional attempt (node token)", "200") },
             "/v1/agent/{name}/sync": { "post": op("An agent's heartbeat: GPU health and task states in, the node's desired assignments out (node token)", "200") },
             "/v1/nodes/{name}/gpus/{index}/{action}": { "post": op("Mark a GPU healthy (clear) or unhealthy (admin)", "200") },
-            "/v1/nodes/{name}/{action}": { "post": op("cordon, drain or uncordon a node (admin)", "200") },
-            "/metrics": { "get": { "summary": "Prometheus metrics", "responses": { "200": { "description": "text" } } } },
+            "/v1/nodes/{name}/{action}": { "post": op("approve, cordon, drain, uncordon or delete a node (admin)", "200") },
+            "/v1/audit": { "get": op("The audit log: every state-changing call with who, what, target and result; ?since=&limit= (admin)", "200") },
+            "/metrics": { "get": op("Prometheus metrics (admin or metrics token)", "200") },
             "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } }
         }
     })

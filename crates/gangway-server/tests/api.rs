@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 const CONFIG: &str = r#"
 admin_token: admin-secret
 agent_token: agent-secret
+node_approval: auto
 users:
   - { name: alice, token: alice-token, queues: [research] }
   - { name: bob, token: bob-token, queues: [prod] }
@@ -387,11 +388,28 @@ fn metrics_and_openapi_are_served() {
         .as_u64()
         .expect("id");
     s.wait_job(id, |j| j["state"] == "scheduled");
-    let text = ureq::get(&format!("{}/metrics", s.base))
-        .call()
-        .expect("metrics")
-        .into_string()
-        .expect("text");
+    // No token, or a token that is not allowed: no metrics.
+    assert!(matches!(
+        ureq::get(&format!("{}/metrics", s.base)).call(),
+        Err(ureq::Error::Status(401, _))
+    ));
+    assert_eq!(s.get("/metrics", "alice-token").0, 403);
+    // The snapshot is refreshed by the scheduler loop: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = ureq::get(&format!("{}/metrics", s.base))
+            .set("Authorization", "Bearer admin-secret")
+            .call()
+            .expect("metrics")
+            .into_string()
+            .expect("text");
+        if text.contains("gangway_jobs{state=\"scheduled\",queue=\"research\"} 1")
+            || Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         text.contains("gangway_jobs{state=\"scheduled\",queue=\"research\"} 1"),
         "{text}"
@@ -423,11 +441,18 @@ fn agents_report_only_for_their_own_node_and_drive_the_lifecycle() {
         .expect("token")
         .to_string();
     assert_ne!(token_a, token_b);
-    assert_eq!(
-        s.register("node-a", 8).1["node_token"],
-        token_a.as_str(),
-        "re-registering keeps the token"
+    // Re-registering needs the node's own token and never returns it again.
+    let (code, v) = s.register("node-a", 8);
+    assert_eq!(code, 403, "the join token cannot re-register node-a: {v}");
+    let spec = NodeSpec::uniform("node-a", "leaf0", "spine0", 8, "H100", 80);
+    let (code, v) = s.post(
+        "/v1/nodes",
+        &token_a,
+        "application/json",
+        &serde_json::to_string(&spec).expect("json"),
     );
+    assert_eq!(code, 200, "{v}");
+    assert!(v.get("node_token").is_none(), "token returned again: {v}");
     let id = s.submit("alice-token", &job("run", "research", 1, 8)).1["id"]
         .as_u64()
         .expect("id");
@@ -519,7 +544,7 @@ fn a_preempted_job_is_requeued_when_its_agent_reports_the_exit() {
         200
     );
     let prod = s
-        .submit("alice-token", "name: retrain\nqueue: research\nreplicas: 1\npriority: production\nresources:\n  gpus: 8\n")
+        .submit("admin-secret", "name: retrain\nqueue: research\nreplicas: 1\npriority: production\nresources:\n  gpus: 8\n")
         .1["id"]
         .as_u64()
         .expect("id");

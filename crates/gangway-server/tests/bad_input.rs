@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 const CONFIG: &str = r#"
 admin_token: admin-secret
 agent_token: agent-secret
+node_approval: auto
 users:
   - { name: alice, token: alice-token, queues: [research] }
 queues:
@@ -210,4 +211,52 @@ fn huge_values_and_deep_nesting_are_refused_cleanly() {
         assert!((400..500).contains(&code), "{m} {p}: {code}");
     }
     assert_eq!(s.jobs(), 0, "nothing was stored");
+}
+
+/// Hostile YAML shapes: deep nesting, alias fan-out, huge scalars, broken
+/// syntax, each of a random size.
+fn hostile_yaml() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (1usize..80_000).prop_map(|d| format!("{}1{}", "[".repeat(d), "]".repeat(d))),
+        (1usize..40_000).prop_map(|d| "- ".repeat(d) + "x"),
+        (1usize..20_000).prop_map(|d| {
+            (0..d)
+                .map(|i| format!("{}k: ", " ".repeat(i % 64)))
+                .collect::<String>()
+        }),
+        (2usize..12, 2usize..12).prop_map(|(levels, fan)| {
+            let mut t = String::from("a0: &a0 [x]\n");
+            for i in 1..levels {
+                let refs = vec![format!("*a{}", i - 1); fan].join(", ");
+                t.push_str(&format!("a{i}: &a{i} [{refs}]\n"));
+            }
+            t
+        }),
+        // Up to just under max_body_bytes (1 MiB): larger bodies are refused unread (tested in security.rs).
+        (1usize..1_000_000).prop_map(|n| format!("name: {}\nqueue: research\n", "x".repeat(n))),
+        ".{0,200}".prop_map(|s| format!("name: {s}\nqueue: [{s}\n")),
+        Just("name: !!binary AAAA\nqueue: research\nreplicas: 1\n".to_string()),
+        Just("--- a\n--- b\n--- c\n".to_string()),
+        Just("<<: *nothing\n".to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn hostile_yaml_is_refused_quickly_and_changes_nothing(yaml in hostile_yaml()) {
+        SERVER.with(|s| -> Result<(), TestCaseError> {
+            let before = s.jobs();
+            let t = std::time::Instant::now();
+            let (code, answer) = s.send("POST", "/v1/jobs", "admin-secret", "application/yaml", yaml.as_bytes());
+            prop_assert!((400..500).contains(&code), "{code}: {}", &answer[..answer.len().min(200)]);
+            prop_assert!(answer.contains("\"error\""));
+            prop_assert!(t.elapsed() < std::time::Duration::from_secs(3), "took {:?}", t.elapsed());
+            prop_assert_eq!(s.jobs(), before);
+            // The parser itself, straight: an error, never a panic.
+            prop_assert!(gangway_server::yaml::from_str::<gangway_core::JobSpec>(&yaml).is_err());
+            Ok(())
+        })?;
+    }
 }

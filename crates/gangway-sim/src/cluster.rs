@@ -110,7 +110,7 @@ pub enum ClusterError {
         /// File.
         path: String,
         /// Cause.
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// I/O.
     #[error("cluster file {path}: {source}")]
@@ -162,9 +162,9 @@ fn vc_queues(root: &str, total_gpus: u64, scale_nodes: f64) -> Vec<QueueSpec> {
 impl ClusterSpec {
     /// Parses a YAML description.
     pub fn from_yaml(path: &str, text: &str) -> Result<Self, ClusterError> {
-        serde_yaml::from_str(text).map_err(|source| ClusterError::Yaml {
+        serde_saphyr::from_str(text).map_err(|source| ClusterError::Yaml {
             path: path.into(),
-            source,
+            source: Box::new(source),
         })
     }
 

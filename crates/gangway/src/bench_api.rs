@@ -22,7 +22,7 @@ pub struct ApiArgs {
 }
 
 const CONFIG: &str =
-    "admin_token: bench-admin-token\nagent_token: bench-agent-token\nqueues:\n  - name: bench\n";
+    "admin_token: bench-admin-token\nagent_token: bench-agent-token\nnode_approval: auto\nqueues:\n  - name: bench\n";
 
 fn pct(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {

@@ -110,7 +110,7 @@ pub fn run(a: &ChaosArgs) -> Result<()> {
     let cfg = dir.path().join("server.yaml");
     std::fs::write(
         &cfg,
-        format!("admin_token: {ADMIN}\nagent_token: {JOIN}\nqueues:\n  - name: default\n"),
+        format!("admin_token: {ADMIN}\nagent_token: {JOIN}\nnode_approval: auto\nqueues:\n  - name: default\n"),
     )?;
     let exe = std::env::current_exe()?;
     let spawn = |port: u16| -> Result<Child> {
@@ -119,6 +119,9 @@ pub fn run(a: &ChaosArgs) -> Result<()> {
             .arg(&cfg)
             .args(["--etcd", &etcd.endpoint, "--etcd-namespace", "/chaos"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            // Each replica's own audit log.
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("replica-{port}")))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?)

@@ -21,7 +21,7 @@ pub struct DashboardArgs {
 }
 
 // The nodes have no agents here: the node lifecycle must not declare them lost.
-const CONFIG: &str = "admin_token: bench-admin-token\nagent_token: bench-agent-token\nnode_not_ready_seconds: 100000000\nnode_lost_seconds: 100000000\nqueues:\n  - name: research\n  - name: prod\n  - name: vision\n";
+const CONFIG: &str = "admin_token: bench-admin-token\nagent_token: bench-agent-token\nnode_approval: auto\nnode_not_ready_seconds: 100000000\nnode_lost_seconds: 100000000\nqueues:\n  - name: research\n  - name: prod\n  - name: vision\n";
 
 fn pct(v: &[f64], p: f64) -> f64 {
     v.get(((v.len().max(1) - 1) as f64 * p).round() as usize)

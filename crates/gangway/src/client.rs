@@ -31,6 +31,54 @@ pub struct Conn {
     pub output: Output,
 }
 
+/// The CLI config in the user's config directory:
+/// `$XDG_CONFIG_HOME/gangway/cli.yaml`, else `~/.config/gangway/cli.yaml`.
+pub fn default_cli_config() -> Option<std::path::PathBuf> {
+    std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|x| !x.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".config")))
+        .map(|d| d.join("gangway/cli.yaml"))
+}
+
+/// A token file others can read is a leaked token: say so (as ssh does).
+fn warn_if_shared(p: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(p) {
+        if m.permissions().mode() & 0o077 != 0 {
+            eprintln!(
+                "warning: {} is readable by other users; it holds your token (chmod 600 it)",
+                p.display()
+            );
+        }
+    }
+}
+
+/// Writes `text` to `path`, readable and writable by its owner only (0600),
+/// creating the parent directory (0700) if needed.
+pub fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    // An existing file keeps its mode on open: set it.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
 /// The CLI's config file.
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -46,15 +94,14 @@ impl Conn {
             .cli_config
             .clone()
             .or_else(|| std::env::var_os("GANGWAY_CONFIG").map(Into::into))
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .map(|h| std::path::Path::new(&h).join(".config/gangway/cli.yaml"))
-            });
+            .or_else(default_cli_config);
         let file = match &path {
             Some(p) if p.exists() => {
+                warn_if_shared(p);
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading {}", p.display()))?;
-                serde_yaml::from_str::<CliFile>(&text)
+                gangway_server::yaml::from_str::<CliFile>(&text)
+                    .map_err(anyhow::Error::msg)
                     .with_context(|| format!("parsing {}", p.display()))?
             }
             _ => CliFile::default(),
@@ -268,7 +315,7 @@ fn post_spec(c: &Conn, file: &std::path::Path) -> Result<Value> {
 /// with `run.workdir` filled in, or `None` when nothing needs filling (the
 /// server then reports any problem with the spec itself).
 fn with_submit_dir(text: &str) -> Result<Option<String>> {
-    let Ok(mut v) = serde_yaml::from_str::<serde_json::Value>(text) else {
+    let Ok(mut v) = gangway_server::yaml::from_str::<serde_json::Value>(text) else {
         return Ok(None);
     };
     let Some(run) = v.get_mut("run").and_then(Value::as_object_mut) else {
@@ -461,7 +508,9 @@ pub fn nodes(c: &Conn) -> Result<()> {
                 .iter()
                 .filter(|x| x.get("healthy") == Some(&Value::Bool(false)))
                 .count();
-            let status = if n.get("ready") == Some(&Value::Bool(false)) {
+            let status = if n.get("pending_approval") == Some(&Value::Bool(true)) {
+                "PendingApproval"
+            } else if n.get("ready") == Some(&Value::Bool(false)) {
                 "NotReady"
             } else if n.get("cordoned") == Some(&Value::Bool(true)) {
                 "Cordoned"
@@ -475,6 +524,54 @@ pub fn nodes(c: &Conn) -> Result<()> {
                 g.len(),
                 used,
                 bad
+            );
+        }
+        out
+    })
+}
+
+/// `gangway nodes approve|cordon|drain|uncordon|delete NAME` (admin).
+pub fn node_action(c: &Conn, action: &str, name: &str) -> Result<()> {
+    let v = c.post(
+        &format!("/v1/nodes/{name}/{action}"),
+        "application/json",
+        "",
+    )?;
+    let done = match action {
+        "approve" => "approved",
+        "cordon" => "cordoned",
+        "drain" => "drained (cordoned: running gangs finish, nothing new starts)",
+        "uncordon" => "uncordoned",
+        "delete" => "deleted",
+        other => other,
+    };
+    c.print(&v, |_| format!("node {name} {done}\n"))
+}
+
+/// `gangway audit [--since T] [--limit N]` (admin): the audit log.
+pub fn audit(c: &Conn, since: Option<u64>, limit: Option<usize>) -> Result<()> {
+    let mut q = Vec::new();
+    if let Some(s) = since {
+        q.push(format!("since={s}"));
+    }
+    if let Some(l) = limit {
+        q.push(format!("limit={l}"));
+    }
+    let v = c.get(&format!("/v1/audit?{}", q.join("&")))?;
+    c.print(&v, |v| {
+        let mut out = format!(
+            "{:<11} {:<16} {:<40} {:<20} {}\n",
+            "AT", "WHO", "ACTION", "TARGET", "RESULT"
+        );
+        for e in v.as_array().into_iter().flatten() {
+            out += &format!(
+                "{:<11} {:<16} {:<40} {:<20} {} {}\n",
+                at(e, "/at"),
+                s(e, "who"),
+                s(e, "action"),
+                e.get("target").and_then(Value::as_str).unwrap_or("-"),
+                at(e, "/status"),
+                s(e, "result")
             );
         }
         out

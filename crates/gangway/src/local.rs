@@ -242,26 +242,37 @@ pub struct UpArgs {
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
 pub fn up(a: &UpArgs) -> Result<()> {
     init_tracing();
-    let dir = a
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("gangway-up-{}", std::process::id())));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The admin token lands in this directory: private (0700) and, by
+    // default, at an unpredictable path.
+    let dir = match &a.data_dir {
+        Some(d) => {
+            gangway_server::private_dir(d).with_context(|| format!("creating {}", d.display()))?;
+            d.clone()
+        }
+        None => {
+            let d = tempfile::Builder::new()
+                .prefix("gangway-up-")
+                .tempdir()
+                .context("creating a private data directory")?
+                .keep();
+            gangway_server::private_dir(&d)?;
+            d
+        }
+    };
     let admin = a
         .admin_token
         .clone()
         .unwrap_or_else(|| format!("admin-{}", gangway_server::control::fresh_token()));
     let join = format!("join-{}", gangway_server::control::fresh_token());
-    let cfg = gangway_server::ServerConfig {
-        admin_token: admin.clone(),
-        agent_token: join.clone(),
-        users: Vec::new(),
-        queues: vec![gangway_core::QueueSpec::unlimited("default", None)],
-        cycle_seconds: 1,
-        node_not_ready_seconds: 5,
-        node_lost_seconds: 15,
-        auto_cordon_failures: 3,
-    };
+    let mut cfg = gangway_server::ServerConfig::new(
+        &admin,
+        &join,
+        vec![gangway_core::QueueSpec::unlimited("default", None)],
+    );
+    cfg.node_not_ready_seconds = 5;
+    cfg.node_lost_seconds = 15;
+    // Its own agents, started right here: nothing to approve.
+    cfg.node_approval = gangway_server::config::NodeApproval::Auto;
     let app = gangway_server::open(cfg, &dir.join("server"))?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
@@ -289,7 +300,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             agents.push(Agent::start(c).await?);
         }
         let cli = dir.join("cli.yaml");
-        std::fs::write(&cli, format!("addr: {addr}\ntoken: {admin}\n"))?;
+        crate::client::write_private(&cli, &format!("addr: {addr}\ntoken: {admin}\n"))?;
         println!(
             "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,

@@ -46,6 +46,13 @@ enum Command {
         /// (default: http://<listen address>).
         #[arg(long)]
         advertise: Option<String>,
+        /// Log as JSON lines (for log shippers); the filter is $RUST_LOG (default info).
+        #[arg(long)]
+        log_json: bool,
+        /// Also serve /metrics without a token on this address (bind it to
+        /// an interface only the monitoring network reaches).
+        #[arg(long)]
+        metrics_listen: Option<String>,
     },
     /// Runs a node agent: registers the node, runs the ranks the server assigns.
     Agent(local::AgentArgs),
@@ -97,8 +104,20 @@ enum Command {
         /// Job id.
         id: u64,
     },
-    /// Lists nodes and their GPUs.
-    Nodes,
+    /// Lists nodes and their GPUs; with an action, changes one (admin).
+    Nodes {
+        #[command(subcommand)]
+        action: Option<NodeAction>,
+    },
+    /// Prints the audit log: every state-changing call, who made it and its result (admin).
+    Audit {
+        /// Only entries at or after this time (seconds since the epoch).
+        #[arg(long)]
+        since: Option<u64>,
+        /// At most this many (the latest).
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Lists queues with usage and quota.
     Queues,
     /// GPU-hours per queue and user over a time range.
@@ -119,6 +138,36 @@ enum Command {
     },
 }
 
+/// What an admin does to a node.
+#[derive(Subcommand)]
+enum NodeAction {
+    /// Lets a node that joined with the join token run work.
+    Approve {
+        /// Node name.
+        name: String,
+    },
+    /// No new work on the node; what runs keeps running.
+    Cordon {
+        /// Node name.
+        name: String,
+    },
+    /// Cordons the node so its running gangs finish and nothing new starts.
+    Drain {
+        /// Node name.
+        name: String,
+    },
+    /// Lets the node take new work again.
+    Uncordon {
+        /// Node name.
+        name: String,
+    },
+    /// Removes the node: its gangs restart elsewhere and its token stops working.
+    Delete {
+        /// Node name.
+        name: String,
+    },
+}
+
 /// How a server replica on etcd is set up.
 struct Replica {
     etcd: Vec<String>,
@@ -126,15 +175,32 @@ struct Replica {
     advertise: Option<String>,
 }
 
+/// Logs through `tracing` to stderr: `$RUST_LOG` filters (default info),
+/// `json` writes one JSON object per line.
+fn init_server_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
+}
+
 fn server(
     config: &std::path::Path,
     data_dir: &std::path::Path,
     listen: &str,
+    metrics_listen: Option<&str>,
     ha: Option<Replica>,
 ) -> Result<()> {
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
-    let cfg = gangway_server::ServerConfig::from_yaml(&text)?;
+    let cfg = gangway_server::ServerConfig::from_yaml(&text)
+        .with_context(|| format!("in {}", config.display()))?;
     let etcd = match &ha {
         Some(r) => Some(
             gangway_store::EtcdStore::connect(&r.etcd, &r.namespace)
@@ -143,11 +209,17 @@ fn server(
         None => None,
     };
     let app = match &etcd {
-        Some(e) => gangway_server::open_with(
-            cfg,
-            std::sync::Arc::new(e.clone()),
-            gangway_server::ha::Role::Follower(None),
-        )?,
+        Some(e) => {
+            // The store is etcd; the audit log stays in this replica's data dir.
+            gangway_server::private_dir(data_dir)?;
+            let audit = gangway_server::audit::AuditLog::open(&data_dir.join("audit.log"))?;
+            gangway_server::open_with_audit(
+                cfg,
+                std::sync::Arc::new(e.clone()),
+                gangway_server::ha::Role::Follower(None),
+                audit,
+            )?
+        }
         None => gangway_server::open(cfg, data_dir)?,
     };
     let rt = tokio::runtime::Runtime::new()?;
@@ -157,6 +229,17 @@ fn server(
             .with_context(|| format!("listening on {listen}"))?;
         let local = listener.local_addr()?;
         eprintln!("gangway server listening on http://{local}");
+        tracing::info!("gangway server listening on http://{local}");
+        if let Some(m) = metrics_listen {
+            let l = tokio::net::TcpListener::bind(m)
+                .await
+                .with_context(|| format!("listening on {m} for metrics"))?;
+            tracing::info!(
+                "metrics without a token on http://{}/metrics",
+                l.local_addr()?
+            );
+            tokio::spawn(gangway_server::serve_metrics(app.clone(), l));
+        }
         match (etcd, ha) {
             (Some(e), Some(r)) => {
                 let advertise = r.advertise.unwrap_or_else(|| format!("http://{local}"));
@@ -190,13 +273,16 @@ fn run() -> Result<()> {
             etcd,
             etcd_namespace,
             advertise,
+            log_json,
+            metrics_listen,
         } => {
+            init_server_tracing(log_json);
             let ha = (!etcd.is_empty()).then_some(Replica {
                 etcd,
                 namespace: etcd_namespace,
                 advertise,
             });
-            server(&config, &data_dir, &listen, ha)
+            server(&config, &data_dir, &listen, metrics_listen.as_deref(), ha)
         }
         Command::Agent(a) => local::agent(&a),
         Command::Up(a) => local::up(&a),
@@ -213,7 +299,18 @@ fn run() -> Result<()> {
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
         Command::Cancel { id } => client::cancel(c, id),
-        Command::Nodes => client::nodes(c),
+        Command::Nodes { action: None } => client::nodes(c),
+        Command::Nodes { action: Some(a) } => {
+            let (verb, name) = match &a {
+                NodeAction::Approve { name } => ("approve", name),
+                NodeAction::Cordon { name } => ("cordon", name),
+                NodeAction::Drain { name } => ("drain", name),
+                NodeAction::Uncordon { name } => ("uncordon", name),
+                NodeAction::Delete { name } => ("delete", name),
+            };
+            client::node_action(c, verb, name)
+        }
+        Command::Audit { since, limit } => client::audit(c, since, limit),
         Command::Queues => client::queues(c),
         Command::Usage { from, to } => client::usage(c, from, to),
         Command::Bench { which } => bench::run(which),

@@ -11,6 +11,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_gangway");
 const CONFIG: &str = r#"
 admin_token: admin-secret
 agent_token: agent-secret
+node_approval: auto
 users:
   - { name: alice, token: alice-token, queues: [research] }
 queues:

@@ -62,6 +62,9 @@ impl Replicas {
             .arg(&cfg)
             .args(["--etcd", &self.etcd, "--etcd-namespace", "/ha-test"])
             .args(["--listen", &format!("127.0.0.1:{}", r.port)])
+            // Each replica's own audit log.
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("replica-{i}")))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -139,7 +142,7 @@ fn replicas(etcd: &EtcdProcess, n: usize) -> Replicas {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(
         dir.path().join("server.yaml"),
-        format!("admin_token: {ADMIN}\nagent_token: agent-secret\nqueues:\n  - name: default\n"),
+        format!("admin_token: {ADMIN}\nagent_token: agent-secret\nnode_approval: auto\nqueues:\n  - name: default\n"),
     )
     .expect("config");
     let mut reps = Replicas {

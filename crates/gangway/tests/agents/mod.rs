@@ -120,7 +120,7 @@ pub fn alive(pid: u32) -> bool {
 
 pub fn server_config(extra: &str) -> String {
     format!(
-        "admin_token: {ADMIN}\nagent_token: {JOIN}\ncycle_seconds: 1\nnode_not_ready_seconds: 2\nnode_lost_seconds: 4\nqueues:\n  - name: default\n{extra}"
+        "admin_token: {ADMIN}\nagent_token: {JOIN}\nnode_approval: auto\ncycle_seconds: 1\nnode_not_ready_seconds: 2\nnode_lost_seconds: 4\nqueues:\n  - name: default\n{extra}"
     )
 }
 
