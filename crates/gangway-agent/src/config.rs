@@ -72,6 +72,9 @@ pub struct AgentConfig {
     pub checkpoint_root: PathBuf,
     /// Time between syncs.
     pub sync_interval: Duration,
+    /// Agent environment variables passed to process ranks (`--pass-env`),
+    /// over the minimal base; nothing else of the agent's environment is.
+    pub pass_env: Vec<String>,
 }
 
 impl AgentConfig {
@@ -105,6 +108,7 @@ impl AgentConfig {
             checkpoint_root: state_dir.join("checkpoints"),
             state_dir,
             sync_interval: Duration::from_secs(2),
+            pass_env: Vec::new(),
         }
     }
 }

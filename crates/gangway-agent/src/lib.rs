@@ -11,9 +11,12 @@ pub mod agent;
 pub mod config;
 pub mod discovery;
 pub mod executor;
+pub mod identity;
 pub mod leftovers;
 pub mod logs;
+pub mod mounts;
 pub mod reconcile;
+pub mod sandbox;
 
 pub use agent::{Agent, AgentError};
 pub use config::{AgentConfig, ExecutorKind, Inventory};

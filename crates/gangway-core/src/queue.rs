@@ -2,6 +2,7 @@
 //! with a nominal quota, a borrowing limit and a lending limit, as Kueue's
 //! ClusterQueues in cohorts and Volcano's hierarchical queues.
 
+use crate::node_policy::NodePolicy;
 use crate::resources::{Resource, Resources};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +80,9 @@ pub struct QueueSpec {
     /// Quota.
     #[serde(default)]
     pub quota: Quota,
+    /// What its ranks may do on the nodes (root, host network, mounts, loader variables).
+    #[serde(default)]
+    pub node: NodePolicy,
 }
 
 fn one() -> u32 {
@@ -96,6 +100,7 @@ impl QueueSpec {
                 nominal: ResourceLimits::gpus(nominal),
                 ..Default::default()
             },
+            node: NodePolicy::default(),
         }
     }
 
@@ -106,6 +111,7 @@ impl QueueSpec {
             parent: parent.map(str::to_string),
             weight: 1,
             quota: Quota::default(),
+            node: NodePolicy::default(),
         }
     }
 }

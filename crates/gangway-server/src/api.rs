@@ -266,6 +266,8 @@ async fn submit(
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
+    crate::admission::admit(&app.cfg, &spec)
+        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -545,8 +547,9 @@ async fn agent_sync(
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
     let mut c = lock(&app)?;
     node_auth(&app, &c, &headers, &node)?;
-    let (out, changed) = c.sync(&node, &req, now())?;
+    let (mut out, changed) = c.sync(&node, &req, now())?;
     drop(c);
+    crate::admission::stamp(&app.cfg, &mut out.assignments);
     if changed {
         app.wake.notify_one();
     }

@@ -7,12 +7,18 @@
 //!   - name: alice
 //!     token: alice-token
 //!     queues: [research]
+//!     unix_user: alice        # the Unix account her ranks run as (default: name)
 //! queues:
 //!   - name: lab
 //!     quota: { nominal: { gpus: 64 } }
 //!   - name: research
 //!     parent: lab
 //!     quota: { nominal: { gpus: 32 } }
+//!     node:                   # what its ranks may do on the nodes (default: nothing below)
+//!       mounts: { allowed: [/datasets, /scratch/research], read_write: [/scratch/research] }
+//!       allow_root: false
+//!       host_network: false
+//!       loader_env: false
 //! ```
 
 use crate::control::NodeLifecycle;
@@ -31,6 +37,9 @@ pub struct UserConfig {
     /// Queues the user may submit to.
     #[serde(default)]
     pub queues: Vec<String>,
+    /// Unix account the user's ranks run as on the nodes (default: `name`).
+    #[serde(default)]
+    pub unix_user: Option<String>,
 }
 
 /// The whole configuration.
@@ -60,6 +69,14 @@ pub struct ServerConfig {
     /// Different jobs failing in a row on one node before it is cordoned (0: never).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
+    /// Unix account for the ranks of jobs whose owner is not a configured
+    /// user (jobs the admin submits).
+    #[serde(default = "nobody")]
+    pub default_unix_user: String,
+}
+
+fn nobody() -> String {
+    "nobody".into()
 }
 
 fn one() -> u64 {

@@ -2,6 +2,7 @@
 //! scheduler loop that runs `gangway-sched` on change and at least every
 //! second, an HTTP+JSON API with bearer-token auth, and Prometheus metrics.
 
+pub mod admission;
 pub mod api;
 pub mod config;
 pub mod control;

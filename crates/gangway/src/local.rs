@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use gangway_agent::{Agent, AgentConfig, ExecutorKind, Inventory};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -117,6 +118,10 @@ pub struct AgentArgs {
     /// Allocatable memory in MiB (default: the machine's).
     #[arg(long, default_value_t = 0)]
     pub memory_mib: u64,
+    /// Agent environment variables passed to process ranks over their
+    /// minimal base (PATH, HOME, USER, LOGNAME, LANG), e.g. `PATH,LD_LIBRARY_PATH`.
+    #[arg(long, value_delimiter = ',')]
+    pub pass_env: Vec<String>,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -164,6 +169,7 @@ impl AgentArgs {
                 .unwrap_or_else(|| self.state_dir.join("checkpoints")),
             state_dir: self.state_dir.clone(),
             sync_interval: Duration::from_millis(self.sync_ms.max(50)),
+            pass_env: self.pass_env.clone(),
         }
     }
 }
@@ -237,6 +243,22 @@ pub struct UpArgs {
     /// The admin token (default: a random one, printed).
     #[arg(long, env = "GANGWAY_UP_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Unix account the ranks run as (default: the user running `gangway
+    /// up`, or `nobody` when that is root).
+    #[arg(long)]
+    pub run_as: Option<String>,
+}
+
+/// Who `gangway up`'s ranks run as: `--run-as`, else the invoking user,
+/// else (root) `nobody`, so a local cluster never runs ranks as root.
+fn up_run_as(flag: Option<&str>) -> Result<String> {
+    if let Some(name) = flag {
+        return Ok(name.to_string());
+    }
+    match gangway_agent::identity::current_account()? {
+        Some(a) if a.uid != 0 => Ok(a.name),
+        _ => Ok("nobody".into()),
+    }
 }
 
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
@@ -247,22 +269,31 @@ pub fn up(a: &UpArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join(format!("gangway-up-{}", std::process::id())));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Ranks run as another account: they may reach their checkpoints
+    // (traverse) but not list the directory or read the store and tokens.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     let admin = a
         .admin_token
         .clone()
         .unwrap_or_else(|| format!("admin-{}", gangway_server::control::fresh_token()));
     let join = format!("join-{}", gangway_server::control::fresh_token());
+    let run_as = up_run_as(a.run_as.as_deref())?;
+    let mut default_queue = gangway_core::QueueSpec::unlimited("default", None);
+    // `--run-as root` is a deliberate choice; the queue must allow it then.
+    default_queue.node.allow_root = run_as == "root";
     let cfg = gangway_server::ServerConfig {
         admin_token: admin.clone(),
         agent_token: join.clone(),
         users: Vec::new(),
-        queues: vec![gangway_core::QueueSpec::unlimited("default", None)],
+        queues: vec![default_queue],
         cycle_seconds: 1,
         node_not_ready_seconds: 5,
         node_lost_seconds: 15,
         auto_cordon_failures: 3,
+        default_unix_user: run_as.clone(),
     };
     let app = gangway_server::open(cfg, &dir.join("server"))?;
+    std::fs::set_permissions(dir.join("server"), std::fs::Permissions::from_mode(0o700))?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -289,9 +320,19 @@ pub fn up(a: &UpArgs) -> Result<()> {
             agents.push(Agent::start(c).await?);
         }
         let cli = dir.join("cli.yaml");
-        std::fs::write(&cli, format!("addr: {addr}\ntoken: {admin}\n"))?;
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&cli)?;
+            f.write_all(format!("addr: {addr}\ntoken: {admin}\n").as_bytes())?;
+        }
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
             a.gpus_per_node,
             a.gpu.gpu_model,
