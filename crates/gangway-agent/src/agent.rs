@@ -103,7 +103,8 @@ fn post_json<T: serde::de::DeserializeOwned>(
     token: &str,
     body: &impl serde::Serialize,
 ) -> Result<T, (Option<u16>, String)> {
-    let r = ureq::post(url)
+    let r = crate::tls::http()
+        .post(url)
         .set("Authorization", &format!("Bearer {token}"))
         .timeout(Duration::from_secs(5))
         .send_json(body);
@@ -138,14 +139,16 @@ impl Agent {
         } else {
             log_addr.ip().to_string()
         };
-        let agent_url = format!("http://{host}:{}", log_addr.port());
+        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+        let agent_url = format!("{scheme}://{host}:{}", log_addr.port());
         let token = Arc::new(RwLock::new(String::new()));
         let logs = LogServer {
             dir: cfg.state_dir.join("logs"),
             token: token.clone(),
         };
+        let tls = cfg.tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, crate::logs::router(logs)).await {
+            if let Err(e) = crate::tls::serve(listener, tls, crate::logs::router(logs)).await {
                 tracing::error!("log server: {e}");
             }
         });

@@ -75,6 +75,9 @@ pub struct AgentConfig {
     /// Agent environment variables passed to process ranks (`--pass-env`),
     /// over the minimal base; nothing else of the agent's environment is.
     pub pass_env: Vec<String>,
+    /// Serve the log endpoint over TLS with this configuration (`--tls-cert`,
+    /// `--tls-key`); the server then reaches it at `https://`.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl AgentConfig {
@@ -109,6 +112,7 @@ impl AgentConfig {
             state_dir,
             sync_interval: Duration::from_secs(2),
             pass_env: Vec::new(),
+            tls: None,
         }
     }
 }

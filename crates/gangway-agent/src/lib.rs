@@ -17,6 +17,7 @@ pub mod logs;
 pub mod mounts;
 pub mod reconcile;
 pub mod sandbox;
+pub mod tls;
 
 pub use agent::{Agent, AgentError};
 pub use config::{AgentConfig, ExecutorKind, Inventory};

@@ -612,7 +612,8 @@ async fn job_logs(
         q.offset.unwrap_or(0)
     );
     let r = tokio::task::spawn_blocking(move || {
-        match ureq::get(&target)
+        match crate::http()
+            .get(&target)
             .set("Authorization", &format!("Bearer {token}"))
             .timeout(std::time::Duration::from_secs(10))
             .call()
@@ -804,7 +805,9 @@ async fn forward(
         Err(e) => return ApiError(StatusCode::BAD_REQUEST, format!("body: {e}")).into_response(),
     };
     let answer = tokio::task::spawn_blocking(move || {
-        let mut r = ureq::request(&method, &target).timeout(std::time::Duration::from_secs(30));
+        let mut r = crate::http()
+            .request(&method, &target)
+            .timeout(std::time::Duration::from_secs(30));
         for (k, v) in &headers {
             r = r.set(k, v);
         }

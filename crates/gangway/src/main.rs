@@ -46,11 +46,15 @@ enum Command {
         /// (default: http://<listen address>).
         #[arg(long)]
         advertise: Option<String>,
+        /// TLS for the API (and `--ca`, which agents' log endpoints and
+        /// other replicas must be signed by).
+        #[command(flatten)]
+        tls: local::TlsArgs,
     },
     /// Runs a node agent: registers the node, runs the ranks the server assigns.
-    Agent(local::AgentArgs),
+    Agent(Box<local::AgentArgs>),
     /// Starts a local cluster: a server and N agents with declared GPUs.
-    Up(local::UpArgs),
+    Up(Box<local::UpArgs>),
     /// Prints a rank's log.
     Logs {
         /// Job id.
@@ -131,7 +135,9 @@ fn server(
     data_dir: &std::path::Path,
     listen: &str,
     ha: Option<Replica>,
+    tls: &local::TlsArgs,
 ) -> Result<()> {
+    let tls = tls.apply()?;
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let cfg = gangway_server::ServerConfig::from_yaml(&text)?;
@@ -156,11 +162,22 @@ fn server(
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let local = listener.local_addr()?;
-        eprintln!("gangway server listening on http://{local}");
-        match (etcd, ha) {
-            (Some(e), Some(r)) => {
-                let advertise = r.advertise.unwrap_or_else(|| format!("http://{local}"));
-                gangway_server::serve_replica(app, listener, e, advertise).await?
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        eprintln!("gangway server listening on {scheme}://{local}");
+        match (etcd, ha, tls) {
+            (Some(e), Some(r), tls) => {
+                let advertise = r.advertise.unwrap_or_else(|| format!("{scheme}://{local}"));
+                match tls {
+                    Some(cfg) => {
+                        let l = gangway_agent::tls::TlsListener::new(listener, cfg)?;
+                        gangway_server::serve_replica(app, l, e, advertise).await?
+                    }
+                    None => gangway_server::serve_replica(app, listener, e, advertise).await?,
+                }
+            }
+            (_, _, Some(cfg)) => {
+                let l = gangway_agent::tls::TlsListener::new(listener, cfg)?;
+                gangway_server::serve_on(app, l).await?
             }
             _ => gangway_server::serve(app, listener).await?,
         }
@@ -190,13 +207,14 @@ fn run() -> Result<()> {
             etcd,
             etcd_namespace,
             advertise,
+            tls,
         } => {
             let ha = (!etcd.is_empty()).then_some(Replica {
                 etcd,
                 namespace: etcd_namespace,
                 advertise,
             });
-            server(&config, &data_dir, &listen, ha)
+            server(&config, &data_dir, &listen, ha, &tls)
         }
         Command::Agent(a) => local::agent(&a),
         Command::Up(a) => local::up(&a),
