@@ -631,21 +631,6 @@ sleep 2"#;
     assert!(!m1.trim().is_empty() && m1.trim() != "127.0.0.1", "{m1}");
 }
 
-/// Stops a `gangway up` with SIGTERM (it kills its ranks) when dropped.
-struct Up(std::process::Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn cli(config: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(BIN)
         .args(args)
@@ -673,15 +658,17 @@ fn gangway_up_serves_tls_with_a_throwaway_ca_and_agents_logs_too() {
     let dir = tempfile::tempdir().expect("tmp");
     let port = free_port();
     let data = dir.path().join("up");
-    let up = Up(Command::new(BIN)
-        .args(["up", "--nodes", "1", "--gpus-per-node", "2"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .arg("--data-dir")
-        .arg(&data)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("gangway up"));
+    let up = Kill(
+        Command::new(BIN)
+            .args(["up", "--nodes", "1", "--gpus-per-node", "2"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("gangway up"),
+    );
     let config = data.join("cli.yaml");
     wait_for("cli.yaml", 60, || {
         std::fs::read_to_string(&config)
@@ -733,4 +720,131 @@ fn gangway_up_serves_tls_with_a_throwaway_ca_and_agents_logs_too() {
         .call();
     assert!(plain.is_err(), "plain HTTP answered");
     drop(up);
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, as PEM files in `dir`
+/// (`ca.pem`, `cert.pem`, `key.pem`).
+fn make_ca(dir: &Path) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    std::fs::create_dir_all(dir).expect("ca dir");
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .expect("params")
+        .signed_by(&key, &ca_cert, &ca_key)
+        .expect("cert");
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).expect("write");
+    std::fs::write(dir.join("cert.pem"), cert.pem()).expect("write");
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).expect("write");
+}
+
+/// Stops a `gangway` process with SIGTERM (it kills its ranks) when dropped.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn server_and_agents_speak_tls_and_refuse_a_peer_signed_by_another_ca() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let _ = Command::new("chmod").arg("0755").arg(dir.path()).status();
+    let (good, other) = (dir.path().join("pki"), dir.path().join("other"));
+    make_ca(&good);
+    make_ca(&other);
+    let pem = |d: &Path, f: &str| d.join(f).display().to_string();
+    let config = dir.path().join("server.yaml");
+    std::fs::write(&config, server_config("")).expect("config");
+    let port = free_port();
+    let addr = format!("https://127.0.0.1:{port}");
+    let log = |name: &str| std::fs::File::create(dir.path().join(name)).expect("log");
+    let _server = Kill(
+        Command::new(BIN)
+            .args(["server", "--config", &config.display().to_string()])
+            .args(["--data-dir", &dir.path().join("data").display().to_string()])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--tls-cert", &pem(&good, "cert.pem")])
+            .args(["--tls-key", &pem(&good, "key.pem")])
+            .args(["--ca", &pem(&good, "ca.pem")])
+            .stdout(Stdio::null())
+            .stderr(log("server.log"))
+            .spawn()
+            .expect("server"),
+    );
+    let agent = |node: &str, ca: &Path| {
+        Kill(
+            Command::new(BIN)
+                .args(["agent", "--server", &addr, "--node", node])
+                .args(["--inventory", "declared", "--gpus", "1", "--sync-ms", "300"])
+                .args(["--state-dir", &dir.path().join(node).display().to_string()])
+                .args(["--tls-cert", &pem(&good, "cert.pem")])
+                .args(["--tls-key", &pem(&good, "key.pem")])
+                .args(["--ca", &pem(ca, "ca.pem")])
+                .env("GANGWAY_JOIN_TOKEN", JOIN)
+                .stdout(Stdio::null())
+                .stderr(log(&format!("{node}.log")))
+                .spawn()
+                .expect("agent"),
+        )
+    };
+    let _a = agent("tls-good", &good);
+    let _b = agent("tls-wrong-ca", &other);
+    let gw = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("GANGWAY_ADDR", &addr)
+            .env("GANGWAY_TOKEN", ADMIN)
+            .env("GANGWAY_CA", pem(&good, "ca.pem"))
+            .env_remove("GANGWAY_CONFIG")
+            .output()
+            .expect("gangway");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    wait_for("the good node", 60, || {
+        let (ok, out) = gw(&["nodes", "-o", "json"]);
+        (ok && out.contains("tls-good")).then_some(())
+    });
+    let job = dir.path().join("job.yaml");
+    std::fs::write(
+        &job,
+        "name: t\nqueue: default\nreplicas: 1\nresources: { gpus: 1 }\nrun:\n  command: [sh, -c, \"echo secret-free log line\"]\n  workdir: /\n",
+    )
+    .expect("job");
+    let (ok, out) = gw(&["submit", &job.display().to_string()]);
+    assert!(ok, "{out}");
+    wait_for("the log relayed over TLS", 60, || {
+        let (ok, out) = gw(&["logs", "1"]);
+        (ok && out.contains("secret-free log line")).then_some(())
+    });
+    // The agent that trusts another CA never joined.
+    let (_, nodes) = gw(&["nodes", "-o", "json"]);
+    assert!(!nodes.contains("tls-wrong-ca"), "{nodes}");
+    // The CLI with the wrong CA is refused too.
+    let out = Command::new(BIN)
+        .args(["queue"])
+        .env("GANGWAY_ADDR", &addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .env("GANGWAY_CA", pem(&other, "ca.pem"))
+        .env_remove("GANGWAY_CONFIG")
+        .output()
+        .expect("gangway");
+    assert!(!out.status.success(), "a CLI trusting another CA connected");
 }
