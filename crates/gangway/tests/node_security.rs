@@ -193,8 +193,12 @@ fn attack_1_a_rank_runs_as_its_unix_account_and_cannot_read_shadow() {
     let script = r#"id -u > "$OUT/uid"; id -G > "$OUT/groups"
 if cat /etc/shadow > "$OUT/shadow" 2>/dev/null; then echo read > "$OUT/shadow-rc"; else echo denied > "$OUT/shadow-rc"; fi
 if (sudo -n true || su -c true root) </dev/null >/dev/null 2>&1; then echo yes > "$OUT/became-root"; fi
-echo "$GANGWAY_CHECKPOINT_DIR" > "$OUT/ckpt"; echo saved > "$GANGWAY_CHECKPOINT_DIR/state""#;
-    let id = submit_as(&c, ALICE, &job("default", script, &c.out)).expect("accepted");
+echo "$GANGWAY_CHECKPOINT_DIR" > "$OUT/ckpt"; echo saved > "$GANGWAY_CHECKPOINT_DIR/state"
+if ls "$LOGS" > "$OUT/logs" 2>/dev/null; then echo listed > "$OUT/logs-rc"; else echo denied > "$OUT/logs-rc"; fi"#;
+    let mut spec = job("default", script, &c.out);
+    // Other jobs' logs live here: the rank must not get in.
+    spec["run"]["env"]["LOGS"] = json!(c.dir.path().join("sec-a/logs").display().to_string());
+    let id = submit_as(&c, ALICE, &spec).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(
         state(&j),
@@ -212,6 +216,11 @@ echo "$GANGWAY_CHECKPOINT_DIR" > "$OUT/ckpt"; echo saved > "$GANGWAY_CHECKPOINT_
     assert_eq!(read(&c.out, "shadow-rc").trim(), "denied");
     assert_eq!(read(&c.out, "shadow"), "", "no line of /etc/shadow");
     assert!(!c.out.join("became-root").exists(), "no way back to root");
+    assert_eq!(
+        read(&c.out, "logs-rc").trim(),
+        "denied",
+        "the agent's logs directory"
+    );
     // Its checkpoint directory is its own and others cannot look inside.
     let ckpt = PathBuf::from(read(&c.out, "ckpt").trim());
     let meta = std::fs::metadata(&ckpt).expect("checkpoint dir");
