@@ -104,7 +104,8 @@ fn post_json<T: serde::de::DeserializeOwned>(
     token: &str,
     body: &impl serde::Serialize,
 ) -> Result<T, (Option<u16>, String)> {
-    let r = ureq::post(url)
+    let r = crate::tls::http()
+        .post(url)
         .set("Authorization", &format!("Bearer {token}"))
         .timeout(Duration::from_secs(5))
         .send_json(body);
@@ -124,6 +125,7 @@ impl Agent {
     pub async fn start(cfg: AgentConfig) -> Result<AgentHandle, AgentError> {
         std::fs::create_dir_all(&cfg.state_dir)?;
         std::fs::create_dir_all(&cfg.checkpoint_root)?;
+        crate::sandbox::protect_state_dir(&cfg.state_dir)?;
         let discovery = discover(&cfg.inventory)?;
         let executor = Executor::new(
             cfg.executor == ExecutorKind::Docker,
@@ -138,15 +140,17 @@ impl Agent {
         } else {
             log_addr.ip().to_string()
         };
-        let agent_url = format!("http://{host}:{}", log_addr.port());
+        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+        let agent_url = format!("{scheme}://{host}:{}", log_addr.port());
         let token = Arc::new(RwLock::new(String::new()));
         let log_token = Arc::new(RwLock::new(String::new()));
         let logs = LogServer {
             dir: cfg.state_dir.join("logs"),
             token: log_token.clone(),
         };
+        let tls = cfg.tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, crate::logs::router(logs)).await {
+            if let Err(e) = crate::tls::serve(listener, tls, crate::logs::router(logs)).await {
                 tracing::error!("log server: {e}");
             }
         });
@@ -518,7 +522,7 @@ impl Agent {
                     self.signal_task(k, sig).await;
                     if let Some(t) = self.tasks.get_mut(&k) {
                         t.stop_sent = true;
-                        t.kill_at = Some(Instant::now() + grace);
+                        t.kill_at = Some(deadline_after(grace));
                     }
                 }
                 Action::Start(a) => self.start_task(*a).await,
@@ -543,6 +547,15 @@ impl Agent {
         }
         let ckpt = self.cfg.checkpoint_root.join(format!("job-{}", a.job));
         let logs = self.cfg.state_dir.join("logs");
+        let sandbox = crate::sandbox::prepare(&self.cfg, &a);
+        if let Err(e) = &sandbox {
+            tracing::warn!(
+                "job {} attempt {}: refused on node {}: {e}",
+                a.job,
+                a.attempt,
+                self.cfg.node
+            );
+        }
         tracing::info!(
             "job {} attempt {}: starting ranks {:?}",
             a.job,
@@ -561,19 +574,37 @@ impl Agent {
                     .collect::<Vec<_>>()
                     .join(","),
             );
+            let key = RankKey {
+                job: a.job,
+                attempt: a.attempt,
+                rank: r.rank,
+            };
+            let log = log_path(&logs, a.job.0, a.attempt, r.rank);
+            let sandbox = match &sandbox {
+                Ok(sb) => sb.clone(),
+                Err(e) => {
+                    // The rank fails with the reason in its log (`gangway logs`).
+                    crate::sandbox::refuse(&log, key, e, &self.exits_tx);
+                    task.ranks.insert(
+                        r.rank,
+                        RankRun {
+                            handle: Rank::NotStarted,
+                            exit: None,
+                        },
+                    );
+                    continue;
+                }
+            };
             let launch = Launch {
-                key: RankKey {
-                    job: a.job,
-                    attempt: a.attempt,
-                    rank: r.rank,
-                },
+                key,
                 run: a.run.clone(),
                 env,
                 gpus: r.gpus.clone(),
                 cpu_millis: a.cpu_millis,
                 memory_mib: a.memory_mib,
-                log: log_path(&logs, a.job.0, a.attempt, r.rank),
+                log,
                 checkpoint_dir: ckpt.clone(),
+                sandbox,
             };
             let key = launch.key;
             let handle = self.executor.start(launch, self.exits_tx.clone()).await;
@@ -583,5 +614,28 @@ impl Agent {
             task.ranks.insert(r.rank, RankRun { handle, exit: None });
         }
         self.tasks.insert(key, task);
+    }
+}
+
+/// When a grace period that starts now ends; a period too long for the
+/// clock (any user number, up to `u64::MAX` seconds) ends in a century.
+fn deadline_after(grace: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(grace)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 24 * 3600)))
+        .unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_grace_period_gives_a_deadline_without_overflow() {
+        let now = Instant::now();
+        for secs in [0, 30, u64::MAX / 2, u64::MAX] {
+            assert!(deadline_after(Duration::from_secs(secs)) >= now, "{secs}");
+        }
+        assert!(deadline_after(Duration::from_secs(u64::MAX)) > now + Duration::from_secs(3600));
     }
 }

@@ -72,6 +72,12 @@ pub struct AgentConfig {
     pub checkpoint_root: PathBuf,
     /// Time between syncs.
     pub sync_interval: Duration,
+    /// Agent environment variables passed to process ranks (`--pass-env`),
+    /// over the minimal base; nothing else of the agent's environment is.
+    pub pass_env: Vec<String>,
+    /// Serve the log endpoint over TLS with this configuration (`--tls-cert`,
+    /// `--tls-key`); the server then reaches it at `https://`.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 impl AgentConfig {
@@ -105,6 +111,8 @@ impl AgentConfig {
             checkpoint_root: state_dir.join("checkpoints"),
             state_dir,
             sync_interval: Duration::from_secs(2),
+            pass_env: Vec::new(),
+            tls: None,
         }
     }
 }

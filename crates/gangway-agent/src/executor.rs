@@ -3,7 +3,7 @@
 //! code for it (127: no command; 125: the container could not be created)
 //! and the reason goes to its log, so the gang's restart policy applies.
 
-use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
+use bollard::models::{ContainerCreateBody, DeviceRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, KillContainerOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder,
@@ -50,6 +50,8 @@ pub struct Launch {
     pub log: PathBuf,
     /// The job's checkpoint directory (mounted read-write into containers).
     pub checkpoint_dir: PathBuf,
+    /// Its account, base environment and checked mounts.
+    pub sandbox: crate::sandbox::RankSandbox,
 }
 
 /// A started rank.
@@ -121,6 +123,18 @@ impl Executor {
             let _ = std::fs::create_dir_all(parent);
         }
         let _ = std::fs::create_dir_all(&l.checkpoint_dir);
+        if let Err(e) = crate::sandbox::prepare_files(&l.sandbox.account, &l.log, &l.checkpoint_dir)
+        {
+            note(
+                &l.log,
+                &format!(
+                    "cannot prepare the log and checkpoint directory for Unix account {:?}: {e}",
+                    l.sandbox.account.name
+                ),
+            );
+            let _ = exits.send((l.key, 126));
+            return Rank::NotStarted;
+        }
         if l.run.command.is_empty() {
             note(&l.log, "the job spec has no run.command: nothing to run");
             let _ = exits.send((l.key, 127));
@@ -162,18 +176,12 @@ impl Executor {
 
     async fn start_container(&self, d: Docker, l: Launch, exits: ExitSender) -> Rank {
         let k = l.key;
-        let name = format!(
-            "gangway-{}-j{}-a{}-r{}",
-            self.node
-                .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
-            k.job,
-            k.attempt,
-            k.rank
-        );
+        let name = container_name(&self.node, k);
         // A leftover of an earlier agent run with the same name goes first.
         let rm = RemoveContainerOptionsBuilder::default().force(true).build();
         let _ = d.remove_container(&name, Some(rm)).await;
-        let mut env = l.env.clone();
+        let sb = &l.sandbox;
+        let mut env = crate::sandbox::job_env(&l.env, sb.loader_env);
         let mut device_requests = None;
         if self.gpu_runtime && !l.gpus.is_empty() {
             // The NVIDIA runtime shows the container only its GPUs, renumbered from 0.
@@ -186,30 +194,32 @@ impl Executor {
                 ..Default::default()
             }]);
         }
-        let ckpt = l.checkpoint_dir.display().to_string();
-        let mut binds: Vec<String> = l
-            .run
-            .mounts
-            .iter()
-            .map(|m| {
-                format!(
-                    "{}:{}{}",
-                    m.source,
-                    m.target,
-                    if m.read_only { ":ro" } else { "" }
-                )
-            })
-            .collect();
-        binds.push(format!("{ckpt}:{ckpt}"));
-        let host = HostConfig {
-            binds: Some(binds),
-            // Ranks reach each other at their nodes' addresses (MASTER_ADDR).
-            network_mode: Some("host".into()),
-            memory: (l.memory_mib > 0).then(|| (l.memory_mib * 1024 * 1024) as i64),
-            nano_cpus: (l.cpu_millis > 0).then(|| (l.cpu_millis * 1_000_000) as i64),
-            device_requests,
-            ..Default::default()
-        };
+        let mut exposed_ports = None;
+        if !sb.host_network {
+            exposed_ports = bridge_rendezvous(&d, &self.node, k, &mut env).await;
+        }
+        let mut host = crate::sandbox::host_config(sb, &l.checkpoint_dir);
+        if let Some(ports) = &exposed_ports {
+            // Other nodes reach rank 0's rendezvous at this node's address.
+            host.port_bindings = Some(
+                ports
+                    .iter()
+                    .map(|p| {
+                        let binding = bollard::models::PortBinding {
+                            host_ip: None,
+                            host_port: p.split('/').next().map(str::to_string),
+                        };
+                        (p.clone(), Some(vec![binding]))
+                    })
+                    .collect(),
+            );
+        }
+        // User numbers: a limit too large for Docker's i64 is no limit at all.
+        host.memory = (l.memory_mib > 0)
+            .then(|| i64::try_from(l.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX));
+        host.nano_cpus = (l.cpu_millis > 0)
+            .then(|| i64::try_from(l.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
+        host.device_requests = device_requests;
         let labels = [
             ("gangway.job", k.job.to_string()),
             ("gangway.attempt", k.attempt.to_string()),
@@ -224,6 +234,8 @@ impl Executor {
             cmd: Some(l.run.command.clone()),
             env: Some(env.iter().map(|(a, b)| format!("{a}={b}")).collect()),
             working_dir: l.run.workdir.clone(),
+            user: Some(crate::sandbox::container_user(sb)),
+            exposed_ports,
             labels: Some(labels),
             host_config: Some(host),
             ..Default::default()
@@ -353,14 +365,14 @@ fn start_process(l: Launch, exits: ExitSender) -> Rank {
         .stdout(out)
         .stderr(err)
         .process_group(0);
-    for var in ["PATH", "HOME", "LANG", "TMPDIR", "USER"] {
-        if let Some(v) = std::env::var_os(var) {
-            cmd.env(var, v);
-        }
-    }
-    cmd.envs(&l.env);
-    if let Some(dir) = &l.run.workdir {
-        cmd.current_dir(dir);
+    // Never the agent's environment: the minimal base, then the job's and Gangway's.
+    cmd.envs(&l.sandbox.base_env);
+    cmd.envs(crate::sandbox::job_env(&l.env, l.sandbox.loader_env));
+    let workdir = l.run.workdir.as_deref().map(Path::new);
+    if let Err(e) = crate::identity::drop_privileges(&mut cmd, &l.sandbox.account, workdir) {
+        note(&l.log, &format!("cannot prepare the rank's identity: {e}"));
+        let _ = exits.send((k, 126));
+        return Rank::NotStarted;
     }
     match cmd.spawn() {
         Ok(mut child) => {
@@ -377,4 +389,52 @@ fn start_process(l: Launch, exits: ExitSender) -> Rank {
             Rank::NotStarted
         }
     }
+}
+
+/// Rendezvous of a container rank on the bridge network, where the node's
+/// address is not the container's: rank 0 reaches itself at 127.0.0.1 and,
+/// when the gang spans nodes, publishes `MASTER_PORT` on the node's address
+/// (returned as the ports to expose); other ranks on rank 0's node reach it
+/// at its container's bridge address. Only the rendezvous port is
+/// published: multi-node gangs whose ranks open more connections (NCCL) need
+/// a queue with `host_network: true`.
+async fn bridge_rendezvous(
+    d: &Docker,
+    node: &str,
+    k: RankKey,
+    env: &mut BTreeMap<String, String>,
+) -> Option<Vec<String>> {
+    let get =
+        |env: &BTreeMap<String, String>, name: &str| env.get(name).cloned().unwrap_or_default();
+    if k.rank == 0 {
+        env.insert("MASTER_ADDR".into(), "127.0.0.1".into());
+        let port = get(env, "MASTER_PORT");
+        return (get(env, "NNODES") != "1" && !port.is_empty())
+            .then(|| vec![format!("{port}/tcp")]);
+    }
+    if get(env, "NODE_RANK") == "0" {
+        let rank0 = container_name(node, RankKey { rank: 0, ..k });
+        if let Ok(info) = d.inspect_container(&rank0, None).await {
+            let ip = info
+                .network_settings
+                .and_then(|n| n.networks)
+                .and_then(|n| n.get("bridge").and_then(|e| e.ip_address.clone()))
+                .filter(|ip| !ip.is_empty());
+            if let Some(ip) = ip {
+                env.insert("MASTER_ADDR".into(), ip);
+            }
+        }
+    }
+    None
+}
+
+/// The Docker name of a rank's container.
+fn container_name(node: &str, k: RankKey) -> String {
+    format!(
+        "gangway-{}-j{}-a{}-r{}",
+        node.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
+        k.job,
+        k.attempt,
+        k.rank
+    )
 }

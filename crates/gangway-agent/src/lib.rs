@@ -12,9 +12,13 @@ pub mod config;
 pub mod credentials;
 pub mod discovery;
 pub mod executor;
+pub mod identity;
 pub mod leftovers;
 pub mod logs;
+pub mod mounts;
 pub mod reconcile;
+pub mod sandbox;
+pub mod tls;
 
 pub use agent::{Agent, AgentError};
 pub use config::{AgentConfig, ExecutorKind, Inventory};

@@ -105,6 +105,7 @@ mod tests {
             checkpoint_signal: 15,
             grace_seconds: 5,
             stop,
+            rules: Default::default(),
         }
     }
 

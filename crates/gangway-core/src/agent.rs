@@ -2,6 +2,7 @@
 //! assignments (desired state) the server answers with, kubelet-style.
 
 use crate::job::{JobId, RunSpec};
+use crate::node_policy::NodePolicy;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -102,6 +103,23 @@ pub struct Assignment {
     pub grace_seconds: u64,
     /// Checkpoint now and stop: the job is being preempted.
     pub stop: bool,
+    /// Who the ranks run as and what they may do on the node.
+    #[serde(default)]
+    pub rules: RankRules,
+}
+
+/// Who a job's ranks run as and what its queue lets them do on the node; the
+/// server fills it in and the agent enforces it again before starting a rank.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RankRules {
+    /// Unix account the ranks run as (the owner's `unix_user`); the owner's
+    /// name when absent.
+    pub run_as: Option<String>,
+    /// The job's queue (named in refusals).
+    pub queue: String,
+    /// The queue's node policy.
+    pub policy: NodePolicy,
 }
 
 /// The answer to a sync: the whole desired state of the node.
@@ -215,6 +233,7 @@ mod tests {
             checkpoint_signal: 15,
             grace_seconds: 30,
             stop: false,
+            rules: RankRules::default(),
         };
         let env = rank_env(&a, &a.ranks[1]);
         assert_eq!(env["RANK"], "5");

@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod job;
 pub mod node;
+pub mod node_policy;
 pub mod queue;
 pub mod resources;
 
@@ -15,6 +16,7 @@ pub use job::{
     ReplicaResources, RestartPolicy, RunSpec, SpecError, TopologyConstraint,
 };
 pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
+pub use node_policy::{MountPolicy, NodePolicy, PolicyError};
 pub use queue::{QueueSpec, Quota, ResourceLimits};
 pub use resources::{Resource, Resources};
 

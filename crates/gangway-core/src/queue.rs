@@ -3,6 +3,7 @@
 //! ClusterQueues in cohorts and Volcano's hierarchical queues.
 
 use crate::job::PriorityClass;
+use crate::node_policy::NodePolicy;
 use crate::resources::{Resource, Resources};
 use serde::{Deserialize, Serialize};
 
@@ -88,6 +89,9 @@ pub struct QueueSpec {
     /// (`preemptible: false`, or a class that is not preemptible by default).
     #[serde(default)]
     pub allow_non_preemptible: bool,
+    /// What its ranks may do on the nodes (root, host network, mounts, loader variables).
+    #[serde(default)]
+    pub node: NodePolicy,
 }
 
 fn one() -> u32 {
@@ -118,6 +122,7 @@ impl QueueSpec {
             },
             allowed_priorities: Vec::new(),
             allow_non_preemptible: false,
+            node: NodePolicy::default(),
         }
     }
 
@@ -130,6 +135,7 @@ impl QueueSpec {
             quota: Quota::default(),
             allowed_priorities: Vec::new(),
             allow_non_preemptible: false,
+            node: NodePolicy::default(),
         }
     }
 }

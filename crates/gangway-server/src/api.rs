@@ -397,6 +397,8 @@ async fn submit(
         Principal::User { name, .. } => Some(app.cfg.limits_of(name).max_pending_jobs),
         _ => None,
     };
+    crate::admission::admit(&app.cfg, &spec)
+        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -723,8 +725,9 @@ async fn agent_sync(
             assignments: Vec::new(),
         }));
     }
-    let (out, changed) = c.sync(&node, &req, now())?;
+    let (mut out, changed) = c.sync(&node, &req, now())?;
     drop(c);
+    crate::admission::stamp(&app.cfg, &mut out.assignments);
     if changed {
         app.wake.notify_one();
     }
@@ -797,14 +800,12 @@ async fn job_logs(
         q.offset.unwrap_or(0)
     );
     let r = tokio::task::spawn_blocking(move || {
-        // Redirects are never followed: the answer comes from the node or not at all.
-        let agent = ureq::AgentBuilder::new()
-            .redirects(0)
-            .timeout(std::time::Duration::from_secs(10))
-            .build();
-        match agent
+        // The shared client never follows redirects: the answer comes from the
+        // node or not at all.
+        match crate::http()
             .get(&target)
             .set("Authorization", &format!("Bearer {token}"))
+            .timeout(std::time::Duration::from_secs(10))
             .call()
         {
             Ok(resp) if resp.status() != 200 => Err(ApiError(
@@ -1130,7 +1131,9 @@ async fn forward(
         }
     };
     let answer = tokio::task::spawn_blocking(move || {
-        let mut r = ureq::request(&method, &target).timeout(std::time::Duration::from_secs(30));
+        let mut r = crate::http()
+            .request(&method, &target)
+            .timeout(std::time::Duration::from_secs(30));
         for (k, v) in &headers {
             r = r.set(k, v);
         }

@@ -7,6 +7,7 @@
 //!   - name: alice
 //!     token: alice-token
 //!     queues: [research]
+//!     unix_user: alice        # the Unix account her ranks run as (default: name)
 //! queues:
 //!   - name: lab
 //!     quota: { nominal: { gpus: 64 } }
@@ -15,6 +16,11 @@
 //!     quota: { nominal: { gpus: 32 } }
 //!     allowed_priorities: [low, normal, high]
 //!     allow_non_preemptible: false
+//!     node:                   # what its ranks may do on the nodes (default: nothing below)
+//!       mounts: { allowed: [/datasets, /scratch/research], read_write: [/scratch/research] }
+//!       allow_root: false
+//!       host_network: false
+//!       loader_env: false
 //! node_approval: manual      # or auto: joining nodes schedule at once
 //! metrics_token: s3cret-prometheus
 //! max_grace_seconds: 600
@@ -42,6 +48,9 @@ pub struct UserConfig {
     /// This user's limits where they differ from the cluster's `limits`.
     #[serde(default)]
     pub limits: Option<UserLimits>,
+    /// Unix account the user's ranks run as on the nodes (default: `name`).
+    #[serde(default)]
+    pub unix_user: Option<String>,
 }
 
 /// Per-user limits: how much one user may ask of the control plane.
@@ -128,6 +137,10 @@ pub struct ServerConfig {
     /// Largest request body accepted, in bytes.
     #[serde(default = "one_mib")]
     pub max_body_bytes: usize,
+    /// Unix account for the ranks of jobs whose owner is not a configured
+    /// user (jobs the admin submits).
+    #[serde(default = "nobody")]
+    pub default_unix_user: String,
 }
 
 fn six_hundred() -> u64 {
@@ -136,6 +149,10 @@ fn six_hundred() -> u64 {
 
 fn one_mib() -> usize {
     1 << 20
+}
+
+fn nobody() -> String {
+    "nobody".into()
 }
 
 fn one() -> u64 {
@@ -193,6 +210,7 @@ impl ServerConfig {
             grace_kill_margin_seconds: thirty(),
             limits: UserLimits::default(),
             max_body_bytes: one_mib(),
+            default_unix_user: nobody(),
         }
     }
 

@@ -960,6 +960,11 @@ impl<S: Store> Control<S> {
                 checkpoint_signal: signal_number(&rec.spec.checkpoint.signal).unwrap_or(15),
                 grace_seconds: rec.spec.checkpoint.grace_seconds,
                 stop: rec.state == JobState::Preempting,
+                // Who runs it and the queue's node policy: see `admission::stamp`.
+                rules: gangway_core::agent::RankRules {
+                    queue: rec.spec.queue.clone(),
+                    ..Default::default()
+                },
             });
         }
         out

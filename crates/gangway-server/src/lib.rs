@@ -2,6 +2,7 @@
 //! scheduler loop that runs `gangway-sched` on change and at least every
 //! second, an HTTP+JSON API with bearer-token auth, and Prometheus metrics.
 
+pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod authz;
@@ -180,14 +181,18 @@ pub async fn scheduler_loop(app: Arc<App>) {
 
 /// Serves the API as one replica of several on etcd: the election decides
 /// whether this one schedules; followers forward requests to the leader.
-pub async fn serve_replica(
+pub async fn serve_replica<L>(
     app: Arc<App>,
-    listener: tokio::net::TcpListener,
+    listener: L,
     etcd: gangway_store::EtcdStore,
     advertise: String,
-) -> Result<(), ServeError> {
+) -> Result<(), ServeError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     ha::spawn_elector(app.clone(), etcd, advertise);
-    serve(app, listener).await
+    serve_on(app, listener).await
 }
 
 /// `/metrics` alone, without a token, for a separate listen address that
@@ -221,6 +226,33 @@ pub async fn serve_metrics(
 
 /// Serves the API on `listener` and runs the scheduler loop until the process ends.
 pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener) -> Result<(), ServeError> {
+    serve_on(app, listener).await
+}
+
+static HTTP: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
+
+/// Sets the client the server uses to reach agents' log endpoints and other
+/// replicas (one that trusts the cluster's CA when they serve TLS); once per
+/// process.
+pub fn set_http_client(agent: ureq::Agent) {
+    let _ = HTTP.set(agent);
+}
+
+/// The client for agents and replicas: the one given to [`set_http_client`],
+/// else a plain one. Neither follows redirects: the server only talks to the
+/// registered addresses of its nodes and replicas.
+pub fn http() -> ureq::Agent {
+    HTTP.get()
+        .cloned()
+        .unwrap_or_else(|| ureq::AgentBuilder::new().redirects(0).build())
+}
+
+/// [`serve`] on any listener, such as a TLS one.
+pub async fn serve_on<L>(app: Arc<App>, listener: L) -> Result<(), ServeError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     tokio::spawn(scheduler_loop(app.clone()));
     let rx = app.submissions_rx.lock().ok().and_then(|mut g| g.take());
     if let Some(rx) = rx {

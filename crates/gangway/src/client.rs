@@ -29,6 +29,9 @@ pub struct Conn {
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// CA certificate (PEM) an `https://` server must be signed by (flag, then $GANGWAY_CA, then the config file).
+    #[arg(long = "server-ca", global = true, env = "GANGWAY_CA")]
+    pub server_ca: Option<std::path::PathBuf>,
 }
 
 /// The CLI config in the user's config directory:
@@ -85,6 +88,9 @@ pub fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
 struct CliFile {
     addr: Option<String>,
     token: Option<String>,
+    /// CA certificate of an `https://` server.
+    #[serde(default)]
+    ca: Option<std::path::PathBuf>,
 }
 
 impl Conn {
@@ -111,6 +117,11 @@ impl Conn {
             .or(file.addr)
             .or_else(|| Some("http://127.0.0.1:7070".into()));
         self.token = self.token.or(file.token).or_else(|| Some(String::new()));
+        self.server_ca = self.server_ca.or(file.ca);
+        if let Some(ca) = &self.server_ca {
+            gangway_agent::tls::trust_ca(ca)
+                .with_context(|| format!("loading the server's CA from {}", ca.display()))?;
+        }
         Ok(self)
     }
 
@@ -121,6 +132,7 @@ impl Conn {
             token: Some(token.to_string()),
             cli_config: None,
             output: Output::Table,
+            server_ca: None,
         }
     }
 
@@ -184,7 +196,8 @@ impl Conn {
     /// GET a path.
     pub fn get(&self, path: &str) -> Result<Value> {
         self.send(|a| {
-            ureq::get(&format!("{a}{path}"))
+            gangway_agent::tls::http()
+                .get(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
                 .call()
                 .map_err(Box::new)
@@ -206,7 +219,8 @@ impl Conn {
         key: Option<&str>,
     ) -> Result<Value> {
         self.send(|a| {
-            let mut r = ureq::post(&format!("{a}{path}"))
+            let mut r = gangway_agent::tls::http()
+                .post(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
                 .set("Content-Type", content_type);
             if let Some(k) = key {

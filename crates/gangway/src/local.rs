@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use gangway_agent::{Agent, AgentConfig, ExecutorKind, Inventory};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -117,6 +118,41 @@ pub struct AgentArgs {
     /// Allocatable memory in MiB (default: the machine's).
     #[arg(long, default_value_t = 0)]
     pub memory_mib: u64,
+    /// Agent environment variables passed to process ranks over their
+    /// minimal base (PATH, HOME, USER, LOGNAME, LANG), e.g. `PATH,LD_LIBRARY_PATH`.
+    #[arg(long, value_delimiter = ',')]
+    pub pass_env: Vec<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS of a listener and the CA its peers' certificates are checked against.
+#[derive(Args, Clone, Debug, Default)]
+pub struct TlsArgs {
+    /// PEM certificate chain to serve TLS with (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) that `https://` peers must be signed by.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// Trusts `--ca` for this process's outgoing calls; returns the server
+    /// TLS configuration of `--tls-cert`/`--tls-key`, if given.
+    pub fn apply(&self) -> Result<Option<std::sync::Arc<gangway_agent::tls::ServerConfig>>> {
+        if let Some(ca) = &self.ca {
+            gangway_agent::tls::trust_ca(ca)?;
+            gangway_server::set_http_client(gangway_agent::tls::http());
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(c), Some(k)) => Ok(Some(gangway_agent::tls::server_config(c, k)?)),
+            _ => Ok(None),
+        }
+    }
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -134,14 +170,14 @@ fn hostname() -> String {
 }
 
 impl AgentArgs {
-    fn config(&self) -> AgentConfig {
+    fn config(&self) -> Result<AgentConfig> {
         let declared = self.gpu.declared(self.gpu.gpus);
         let inventory = match self.inventory {
             InventoryArg::Auto => Inventory::Auto(Box::new(declared)),
             InventoryArg::Nvml => Inventory::Nvml,
             InventoryArg::Declared => declared,
         };
-        AgentConfig {
+        Ok(AgentConfig {
             server: self.server.clone(),
             join_token: self.join_token.clone(),
             node: self.node.clone().unwrap_or_else(hostname),
@@ -164,7 +200,9 @@ impl AgentArgs {
                 .unwrap_or_else(|| self.state_dir.join("checkpoints")),
             state_dir: self.state_dir.clone(),
             sync_interval: Duration::from_millis(self.sync_ms.max(50)),
-        }
+            pass_env: self.pass_env.clone(),
+            tls: self.tls.apply()?,
+        })
     }
 }
 
@@ -180,7 +218,7 @@ fn init_tracing() {
 /// Runs one agent until Ctrl-C or SIGTERM (its ranks are killed then).
 pub fn agent(a: &AgentArgs) -> Result<()> {
     init_tracing();
-    let cfg = a.config();
+    let cfg = a.config()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let h = Agent::start(cfg).await?;
@@ -237,6 +275,84 @@ pub struct UpArgs {
     /// The admin token (default: a random one, printed).
     #[arg(long, env = "GANGWAY_UP_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Unix account the ranks run as (default: the user running `gangway
+    /// up`, or `nobody` when that is root).
+    #[arg(long)]
+    pub run_as: Option<String>,
+    /// Plain HTTP instead of TLS with a throwaway CA.
+    #[arg(long)]
+    pub no_tls: bool,
+}
+
+/// A throwaway CA and a certificate it signs for this machine's loopback
+/// names, written as `ca.pem`, `cert.pem` and `key.pem` (0600) into `dir`.
+fn throwaway_ca(dir: &std::path::Path, listen_host: &str) -> Result<TlsFiles> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "gangway up throwaway CA");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    if !listen_host.is_empty() && !names.iter().any(|n| n == listen_host) {
+        names.push(listen_host.to_string());
+    }
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(names)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "gangway up");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
+    let files = TlsFiles {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+    };
+    write_private(&files.key, &key.serialize_pem())?;
+    std::fs::write(&files.cert, cert.pem())?;
+    std::fs::write(&files.ca, ca_cert.pem())?;
+    Ok(files)
+}
+
+/// Where `gangway up`'s TLS files are.
+struct TlsFiles {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+/// Writes a file only its owner may read.
+fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Who `gangway up`'s ranks run as: `--run-as`, else the invoking user,
+/// else (root) `nobody`, so a local cluster never runs ranks as root.
+fn up_run_as(flag: Option<&str>) -> Result<String> {
+    if let Some(name) = flag {
+        return Ok(name.to_string());
+    }
+    match gangway_agent::identity::current_account()? {
+        Some(a) if a.uid != 0 => Ok(a.name),
+        _ => Ok("nobody".into()),
+    }
 }
 
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
@@ -259,29 +375,68 @@ pub fn up(a: &UpArgs) -> Result<()> {
             d
         }
     };
+    // Ranks run as another account: they may reach their checkpoints
+    // (traverse) but not list the directory; the store and the CLI file in
+    // it stay private (0700 / 0600).
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     let admin = a
         .admin_token
         .clone()
         .unwrap_or_else(|| format!("admin-{}", gangway_server::control::fresh_token()));
     let join = format!("join-{}", gangway_server::control::fresh_token());
-    let mut cfg = gangway_server::ServerConfig::new(
-        &admin,
-        &join,
-        vec![gangway_core::QueueSpec::unlimited("default", None)],
-    );
+    let run_as = up_run_as(a.run_as.as_deref())?;
+    let mut default_queue = gangway_core::QueueSpec::unlimited("default", None);
+    // `--run-as root` is a deliberate choice; the queue must allow it then.
+    default_queue.node.allow_root = run_as == "root";
+    let mut cfg = gangway_server::ServerConfig::new(&admin, &join, vec![default_queue]);
     cfg.node_not_ready_seconds = 5;
     cfg.node_lost_seconds = 15;
+    cfg.default_unix_user = run_as.clone();
     // Its own agents, started right here: nothing to approve.
     cfg.node_approval = gangway_server::config::NodeApproval::Auto;
     let app = gangway_server::open(cfg, &dir.join("server"))?;
+    let listen_host = a
+        .listen
+        .rsplit_once(':')
+        .map_or("", |(h, _)| h)
+        .trim_matches(['[', ']']);
+    let tls = if a.no_tls {
+        None
+    } else {
+        let files = throwaway_ca(&dir, listen_host)?;
+        let args = TlsArgs {
+            tls_cert: Some(files.cert.clone()),
+            tls_key: Some(files.key.clone()),
+            ca: Some(files.ca.clone()),
+        };
+        Some((args.apply()?, files.ca))
+    };
+    let server_tls = tls.as_ref().and_then(|(c, _)| c.clone());
+    std::fs::set_permissions(dir.join("server"), std::fs::Permissions::from_mode(0o700))?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("listening on {}", a.listen))?;
-        let addr = format!("http://{}", listener.local_addr()?);
+        let scheme = if server_tls.is_some() { "https" } else { "http" };
+        let local = listener.local_addr()?;
+        // The certificate names 127.0.0.1, not the wildcard address.
+        let host = if local.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else {
+            local.ip().to_string()
+        };
+        let addr = format!("{scheme}://{host}:{}", local.port());
+        let served = server_tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = gangway_server::serve(app, listener).await {
+            let r = match served {
+                Some(cfg) => match gangway_agent::tls::TlsListener::new(listener, cfg) {
+                    Ok(l) => gangway_server::serve_on(app, l).await,
+                    Err(e) => Err(e.into()),
+                },
+                None => gangway_server::serve(app, listener).await,
+            };
+            if let Err(e) = r {
                 tracing::error!("server: {e}");
             }
         });
@@ -297,12 +452,17 @@ pub fn up(a: &UpArgs) -> Result<()> {
             c.sync_interval = Duration::from_secs(1);
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
             c.memory_mib = 128 * 1024 * u64::from(a.gpus_per_node.max(1));
+            c.tls = server_tls.clone();
             agents.push(Agent::start(c).await?);
         }
         let cli = dir.join("cli.yaml");
-        crate::client::write_private(&cli, &format!("addr: {addr}\ntoken: {admin}\n"))?;
+        let ca = match &tls {
+            Some((_, ca)) => format!("ca: {}\n", ca.display()),
+            None => String::new(),
+        };
+        crate::client::write_private(&cli, &format!("addr: {addr}\ntoken: {admin}\n{ca}"))?;
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
             a.gpus_per_node,
             a.gpu.gpu_model,

@@ -53,11 +53,15 @@ enum Command {
         /// an interface only the monitoring network reaches).
         #[arg(long)]
         metrics_listen: Option<String>,
+        /// TLS for the API (and `--ca`, which agents' log endpoints and
+        /// other replicas must be signed by).
+        #[command(flatten)]
+        tls: local::TlsArgs,
     },
     /// Runs a node agent: registers the node, runs the ranks the server assigns.
-    Agent(local::AgentArgs),
+    Agent(Box<local::AgentArgs>),
     /// Starts a local cluster: a server and N agents with declared GPUs.
-    Up(local::UpArgs),
+    Up(Box<local::UpArgs>),
     /// Prints a rank's log.
     Logs {
         /// Job id.
@@ -196,7 +200,9 @@ fn server(
     listen: &str,
     metrics_listen: Option<&str>,
     ha: Option<Replica>,
+    tls: &local::TlsArgs,
 ) -> Result<()> {
+    let tls = tls.apply()?;
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let cfg = gangway_server::ServerConfig::from_yaml(&text)
@@ -228,8 +234,9 @@ fn server(
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let local = listener.local_addr()?;
-        eprintln!("gangway server listening on http://{local}");
-        tracing::info!("gangway server listening on http://{local}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        eprintln!("gangway server listening on {scheme}://{local}");
+        tracing::info!("gangway server listening on {scheme}://{local}");
         if let Some(m) = metrics_listen {
             let l = tokio::net::TcpListener::bind(m)
                 .await
@@ -240,10 +247,20 @@ fn server(
             );
             tokio::spawn(gangway_server::serve_metrics(app.clone(), l));
         }
-        match (etcd, ha) {
-            (Some(e), Some(r)) => {
-                let advertise = r.advertise.unwrap_or_else(|| format!("http://{local}"));
-                gangway_server::serve_replica(app, listener, e, advertise).await?
+        match (etcd, ha, tls) {
+            (Some(e), Some(r), tls) => {
+                let advertise = r.advertise.unwrap_or_else(|| format!("{scheme}://{local}"));
+                match tls {
+                    Some(cfg) => {
+                        let l = gangway_agent::tls::TlsListener::new(listener, cfg)?;
+                        gangway_server::serve_replica(app, l, e, advertise).await?
+                    }
+                    None => gangway_server::serve_replica(app, listener, e, advertise).await?,
+                }
+            }
+            (_, _, Some(cfg)) => {
+                let l = gangway_agent::tls::TlsListener::new(listener, cfg)?;
+                gangway_server::serve_on(app, l).await?
             }
             _ => gangway_server::serve(app, listener).await?,
         }
@@ -275,6 +292,7 @@ fn run() -> Result<()> {
             advertise,
             log_json,
             metrics_listen,
+            tls,
         } => {
             init_server_tracing(log_json);
             let ha = (!etcd.is_empty()).then_some(Replica {
@@ -282,7 +300,14 @@ fn run() -> Result<()> {
                 namespace: etcd_namespace,
                 advertise,
             });
-            server(&config, &data_dir, &listen, metrics_listen.as_deref(), ha)
+            server(
+                &config,
+                &data_dir,
+                &listen,
+                metrics_listen.as_deref(),
+                ha,
+                &tls,
+            )
         }
         Command::Agent(a) => local::agent(&a),
         Command::Up(a) => local::up(&a),

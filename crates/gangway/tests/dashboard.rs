@@ -178,7 +178,8 @@ fn the_dashboard_shows_the_grid_a_pending_reason_a_placement_and_cancels() {
     let addr = format!("http://127.0.0.1:{port}");
     let _up = Kill(
         Command::new(BIN)
-            .args(["up", "--nodes", "2", "--gpus-per-node", "4"])
+            // Plain HTTP: the headless browser does not know up's throwaway CA.
+            .args(["up", "--nodes", "2", "--gpus-per-node", "4", "--no-tls"])
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),

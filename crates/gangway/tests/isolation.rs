@@ -67,7 +67,17 @@ fn a_gang_runs_in_docker_containers_with_its_gpus_mounts_and_limits() {
     if let Err(why) = busybox_image() {
         return skip_or_fail("GANGWAY_REQUIRE_DOCKER", &why);
     }
-    let mut c = Cluster::start("127.0.0.1");
+    // Host paths may be mounted only where the queue allows (here, the temp
+    // dir); a gang across nodes rendezvous on the host network, which the
+    // queue must allow too.
+    let tmp = std::fs::canonicalize(std::env::temp_dir()).expect("temp dir");
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config(&format!(
+            "    node:\n      host_network: true\n      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
+            tmp.display()
+        )),
+    );
     c.agent("dock-a", 2, &[], &["--executor", "docker"]);
     c.agent("dock-b", 2, &[], &["--executor", "docker"]);
     c.wait_nodes(2);

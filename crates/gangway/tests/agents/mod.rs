@@ -132,6 +132,12 @@ impl Cluster {
 
     pub fn start_with(listen_ip: &str, config: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("tmp");
+        // Ranks run as an unprivileged account: let them reach the rank
+        // script and the checkpoint root in here.
+        let _ = Command::new("chmod")
+            .args(["0755"])
+            .arg(dir.path())
+            .status();
         let out = dir.path().join("out");
         std::fs::create_dir_all(&out).expect("out dir");
         // Containers may run as another user: let anyone write results.

@@ -1,0 +1,275 @@
+//! What a rank gets from its node, and nothing more: its Unix account
+//! ([`crate::identity`]), a clean environment (the job's env without loader
+//! variables unless its queue allows them, Gangway's contract variables, and
+//! a documented minimal base: `PATH`, `HOME`, `USER`, `LOGNAME`, `LANG`, plus
+//! the agent variables an admin passes with `--pass-env`), its own log file
+//! and checkpoint directory, and for containers the checked mounts
+//! ([`crate::mounts`]) and a hardened Docker host configuration.
+
+use crate::config::AgentConfig;
+use crate::identity::{Account, IdentityError};
+use crate::mounts::MountError;
+use bollard::models::HostConfig;
+use gangway_core::agent::Assignment;
+use gangway_core::node_policy::{clean_path, is_loader_var, PolicyError};
+use gangway_core::Mount;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use thiserror::Error;
+
+/// `PATH` of a rank unless the admin passes the agent's own (`--pass-env PATH`).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Most processes a container rank may have (fork bombs stop there).
+pub const CONTAINER_PIDS_LIMIT: i64 = 32_768;
+
+/// Why a job's ranks may not start on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum SandboxError {
+    /// Its account.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// Its mounts.
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    /// Its run spec.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
+
+/// Everything a rank of one job needs from the node's security rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankSandbox {
+    /// The account the rank runs as.
+    pub account: Account,
+    /// The minimal base environment (under the job's and Gangway's variables).
+    pub base_env: BTreeMap<String, String>,
+    /// Whether the job's loader variables are kept.
+    pub loader_env: bool,
+    /// Containers share the host's network.
+    pub host_network: bool,
+    /// Containers get a read-only root filesystem.
+    pub read_only_rootfs: bool,
+    /// Container mounts, sources resolved.
+    pub mounts: Vec<Mount>,
+}
+
+/// Resolves the account and checks the job's run spec on this node.
+pub fn prepare(cfg: &AgentConfig, a: &Assignment) -> Result<RankSandbox, SandboxError> {
+    let rules = &a.rules;
+    let name = rules.run_as.clone().unwrap_or_else(|| a.user.clone());
+    let account = crate::identity::resolve(&name, &cfg.node)?;
+    crate::identity::check(&account, rules.policy.allow_root, &rules.queue, &cfg.node)?;
+    if let Some(w) = &a.run.workdir {
+        if clean_path(w).is_none() {
+            return Err(PolicyError::Workdir(w.clone()).into());
+        }
+    }
+    let mounts = if a.run.image.is_some() {
+        crate::mounts::resolve(
+            &a.run.mounts,
+            &rules.policy,
+            &rules.queue,
+            &[&cfg.state_dir, &cfg.checkpoint_root],
+            &cfg.node,
+        )?
+    } else {
+        Vec::new()
+    };
+    Ok(RankSandbox {
+        base_env: base_env(&account, &cfg.pass_env),
+        account,
+        loader_env: rules.policy.loader_env,
+        host_network: rules.policy.host_network,
+        read_only_rootfs: rules.policy.read_only_rootfs,
+        mounts,
+    })
+}
+
+/// The base every process rank starts from: `PATH`, `HOME`, `USER`,
+/// `LOGNAME`, `LANG`, then the agent's own values of the `pass_env` names.
+pub fn base_env(account: &Account, pass_env: &[String]) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".into(), DEFAULT_PATH.into());
+    env.insert("HOME".into(), account.home.display().to_string());
+    env.insert("USER".into(), account.name.clone());
+    env.insert("LOGNAME".into(), account.name.clone());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    for name in pass_env {
+        if let Ok(v) = std::env::var(name) {
+            env.insert(name.clone(), v);
+        }
+    }
+    env
+}
+
+/// The job's and Gangway's variables without loader variables (unless the
+/// queue allows them); the server refuses them at submission, this drops any
+/// that reach the node anyway.
+pub fn job_env(env: &BTreeMap<String, String>, loader_env: bool) -> BTreeMap<String, String> {
+    env.iter()
+        .filter(|(k, _)| loader_env || !is_loader_var(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Creates the rank's log file (mode 0600) and checkpoint directory (0700),
+/// both owned by its account, so it can write them and other accounts
+/// cannot read them.
+pub fn prepare_files(account: &Account, log: &Path, checkpoint_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = log.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(log)?;
+    std::fs::set_permissions(log, std::fs::Permissions::from_mode(0o600))?;
+    std::os::unix::fs::chown(log, Some(account.uid), Some(account.gid))?;
+    std::fs::create_dir_all(checkpoint_dir)?;
+    std::fs::set_permissions(checkpoint_dir, std::fs::Permissions::from_mode(0o700))?;
+    std::os::unix::fs::chown(checkpoint_dir, Some(account.uid), Some(account.gid))?;
+    Ok(())
+}
+
+/// The agent's own directories: the state directory may be traversed (a
+/// checkpoint root inside it must be reachable by ranks) but not listed; its
+/// logs directory is the agent's alone (ranks write their logs through the
+/// file descriptor they are given).
+pub fn protect_state_dir(state_dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(state_dir.join("logs"))?;
+    std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o711))?;
+    std::fs::set_permissions(
+        state_dir.join("logs"),
+        std::fs::Permissions::from_mode(0o700),
+    )?;
+    Ok(())
+}
+
+/// The hardened part of a container's host configuration: all capabilities
+/// dropped, no new privileges, a pids limit, the account's groups, the
+/// checked binds, and the bridge network unless the queue allows the host's.
+pub fn host_config(sb: &RankSandbox, checkpoint_dir: &Path) -> HostConfig {
+    let ckpt = checkpoint_dir.display().to_string();
+    let mut binds: Vec<String> = sb
+        .mounts
+        .iter()
+        .map(|m| {
+            format!(
+                "{}:{}{}",
+                m.source,
+                m.target,
+                if m.read_only { ":ro" } else { "" }
+            )
+        })
+        .collect();
+    binds.push(format!("{ckpt}:{ckpt}"));
+    HostConfig {
+        binds: Some(binds),
+        network_mode: Some(if sb.host_network { "host" } else { "bridge" }.into()),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        pids_limit: Some(CONTAINER_PIDS_LIMIT),
+        readonly_rootfs: Some(sb.read_only_rootfs),
+        group_add: Some(sb.account.groups.iter().map(u32::to_string).collect()),
+        ..Default::default()
+    }
+}
+
+/// Fails a rank that may not start: the reason goes to its log (read with
+/// `gangway logs`, naming the account or mount and the node) and it exits
+/// with 126, so the job's restart policy applies.
+pub fn refuse(
+    log: &Path,
+    key: crate::executor::RankKey,
+    why: &SandboxError,
+    exits: &crate::executor::ExitSender,
+) {
+    if let Some(parent) = log.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        use std::io::Write;
+        let _ = writeln!(f, "[gangway] refused: {why}");
+    }
+    let _ = exits.send((key, 126));
+}
+
+/// The `--user` of a container rank.
+pub fn container_user(sb: &RankSandbox) -> String {
+    format!("{}:{}", sb.account.uid, sb.account.gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account() -> Account {
+        Account {
+            name: "alice".into(),
+            uid: 1234,
+            gid: 1234,
+            groups: vec![1234, 99],
+            home: "/home/alice".into(),
+        }
+    }
+
+    #[test]
+    fn the_base_is_minimal_and_loader_variables_are_dropped() {
+        std::env::set_var("GANGWAY_TEST_PASSED", "yes");
+        let base = base_env(&account(), &["GANGWAY_TEST_PASSED".into()]);
+        let keys: Vec<&str> = base.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "GANGWAY_TEST_PASSED",
+                "HOME",
+                "LANG",
+                "LOGNAME",
+                "PATH",
+                "USER"
+            ]
+        );
+        assert_eq!(base["HOME"], "/home/alice");
+        let mut env = BTreeMap::new();
+        env.insert("LD_PRELOAD".to_string(), "/x.so".to_string());
+        env.insert("RANK".to_string(), "0".to_string());
+        assert_eq!(job_env(&env, false).keys().collect::<Vec<_>>(), ["RANK"]);
+        assert_eq!(job_env(&env, true).len(), 2);
+    }
+
+    #[test]
+    fn containers_drop_everything_by_default() {
+        let sb = RankSandbox {
+            account: account(),
+            base_env: BTreeMap::new(),
+            loader_env: false,
+            host_network: false,
+            read_only_rootfs: false,
+            mounts: vec![Mount {
+                source: "/datasets/a".into(),
+                target: "/data".into(),
+                read_only: true,
+            }],
+        };
+        let h = host_config(&sb, Path::new("/ckpt/job-1"));
+        assert_eq!(h.network_mode.as_deref(), Some("bridge"));
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(h.security_opt, Some(vec!["no-new-privileges".to_string()]));
+        assert_eq!(
+            h.binds,
+            Some(vec![
+                "/datasets/a:/data:ro".to_string(),
+                "/ckpt/job-1:/ckpt/job-1".to_string()
+            ])
+        );
+        assert_eq!(container_user(&sb), "1234:1234");
+    }
+}
