@@ -105,6 +105,11 @@ mod tests {
             checkpoint_signal: 15,
             grace_seconds: 5,
             stop,
+            stop_now: false,
+            checkpoint_root: None,
+            checkpoint_subdir: "u/job-1".into(),
+            resume_from: None,
+            max_restarts: 3,
         }
     }
 

@@ -2,6 +2,7 @@
 //! with a nominal quota, a borrowing limit and a lending limit, as Kueue's
 //! ClusterQueues in cohorts and Volcano's hierarchical queues.
 
+use crate::job::TimeSpan;
 use crate::resources::{Resource, Resources};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +80,19 @@ pub struct QueueSpec {
     /// Quota.
     #[serde(default)]
     pub quota: Quota,
+    /// Time limits of the queue's jobs.
+    #[serde(default)]
+    pub time_limit: QueueTimeLimits,
+}
+
+/// A queue's time limits (Slurm partitions' `DefaultTime` and `MaxTime`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueTimeLimits {
+    /// Given to jobs that set no `time_limit`.
+    pub default: Option<TimeSpan>,
+    /// Largest `time_limit` a job may ask for (also bounds the default).
+    pub max: Option<TimeSpan>,
 }
 
 fn one() -> u32 {
@@ -96,6 +110,7 @@ impl QueueSpec {
                 nominal: ResourceLimits::gpus(nominal),
                 ..Default::default()
             },
+            time_limit: QueueTimeLimits::default(),
         }
     }
 
@@ -106,6 +121,7 @@ impl QueueSpec {
             parent: parent.map(str::to_string),
             weight: 1,
             quota: Quota::default(),
+            time_limit: QueueTimeLimits::default(),
         }
     }
 }

@@ -590,6 +590,11 @@ async fn job_logs(
                 format!("rank: job {id} has ranks 0..{}", rec.ran_on.len()),
             )
         })?;
+        // A failed rank of an earlier attempt may have run elsewhere.
+        let node = match &rec.failure {
+            Some(f) if q.attempt == Some(f.attempt) && f.rank == Some(rank) => &f.node,
+            _ => node,
+        };
         let url = c
             .cluster
             .node_index(node)

@@ -60,6 +60,14 @@ pub struct ServerConfig {
     /// Different jobs failing in a row on one node before it is cordoned (0: never).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
+    /// Cluster-wide checkpoint root (shared storage every node mounts at
+    /// this path); jobs checkpoint under `<root>/<user>/<dir>`. Absent: each
+    /// agent's `--checkpoint-root` (fine for one machine, not across nodes).
+    #[serde(default)]
+    pub checkpoint_root: Option<String>,
+    /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
+    #[serde(default)]
+    pub master_ports: gangway_core::agent::PortRange,
 }
 
 fn one() -> u64 {
@@ -99,6 +107,14 @@ impl ServerConfig {
         }
     }
 
+    /// The job-contract knobs.
+    pub fn contract(&self) -> crate::control::ContractConfig {
+        crate::control::ContractConfig {
+            checkpoint_root: self.checkpoint_root.clone(),
+            master_ports: self.master_ports,
+        }
+    }
+
     /// Parses and checks a YAML configuration.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let c: ServerConfig = serde_yaml::from_str(text)?;
@@ -111,6 +127,18 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(
                 "node_lost_seconds must not be less than node_not_ready_seconds".into(),
             ));
+        }
+        if c.master_ports.is_empty() || c.master_ports.first < 1024 {
+            return Err(ConfigError::Invalid(
+                "master_ports: first must be at least 1024 and not above last".into(),
+            ));
+        }
+        if let Some(root) = &c.checkpoint_root {
+            if !root.starts_with('/') {
+                return Err(ConfigError::Invalid(
+                    "checkpoint_root: must be an absolute path".into(),
+                ));
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for t in std::iter::once(&c.admin_token)

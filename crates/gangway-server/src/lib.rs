@@ -55,6 +55,7 @@ pub fn open_with(
 ) -> Result<Arc<App>, ServeError> {
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
+    control.contract = cfg.contract();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
         control: Mutex::new(control),
