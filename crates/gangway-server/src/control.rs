@@ -348,6 +348,10 @@ impl<S: Store> Control<S> {
                 if let Some(p) = self.placement_from(&r.placement) {
                     let _ = self.cluster.bind(r.id, p, r.submitted_at);
                 }
+                // The scheduler's measure of lost work survives a restart.
+                if let Some(c) = &r.checkpoint {
+                    let _ = self.cluster.record_checkpoint(r.id, c.written_ms / 1000);
+                }
             }
             // A victim in its grace period stays one: nobody preempts it twice.
             if let (JobState::Preempting, Some(by)) = (r.state, r.preempted_by) {
