@@ -535,6 +535,179 @@ pub(super) fn timeout_ending(rec: &JobRecord, ending: Ending) -> Ending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::Report;
+    use gangway_core::agent::{SyncRequest, TaskReport, TaskState};
+    use gangway_core::{NodeSpec, QueueSpec};
+    use gangway_store::RedbStore;
+
+    fn control(dir: &std::path::Path, queues: &[QueueSpec]) -> Control<RedbStore> {
+        let store = RedbStore::open(&dir.join("s.redb")).expect("store");
+        let mut c = Control::open(store, queues).expect("control");
+        c.contract.master_ports = PortRange {
+            first: 30_000,
+            last: 30_009,
+        };
+        let mut n = NodeSpec::uniform("n", "l", "s", 8, "H100", 80);
+        n.cpu_millis = 64_000;
+        n.memory_mib = 65_536;
+        n.address = "10.0.0.1".into();
+        c.register_node(n).expect("node");
+        c
+    }
+
+    fn sync_one(c: &mut Control<RedbStore>, t: TaskReport, now: Time) -> bool {
+        let req = SyncRequest {
+            gpus: Vec::new(),
+            tasks: vec![t],
+        };
+        c.sync("n", &req, now).expect("sync").1
+    }
+
+    #[test]
+    fn live_gangs_on_one_node_never_share_a_port_and_a_busy_one_moves() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let ids: Vec<JobId> = (0..8)
+            .map(|i| {
+                c.submit("alice", JobSpec::new(&format!("j{i}"), "q", 1, 1), 10)
+                    .expect("submit")
+            })
+            .collect();
+        c.cycle(11).expect("cycle");
+        let ports: Vec<u16> = ids
+            .iter()
+            .map(|id| c.jobs[id].0.master_port.expect("a port"))
+            .collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 8, "{ports:?}");
+        assert!(ports.iter().all(|p| (30_000..=30_009).contains(p)));
+        // The agent found job 0's port taken by someone else.
+        let (id, port) = (ids[0], ports[0]);
+        let busy = TaskReport {
+            port_busy: Some(port),
+            ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 0 })
+        };
+        assert!(sync_one(&mut c, busy.clone(), 12));
+        let rec = &c.jobs[&id].0;
+        assert_eq!(rec.attempt, 1, "a new attempt");
+        assert_eq!(
+            rec.state,
+            JobState::Scheduled,
+            "not succeeded by the empty exit"
+        );
+        let moved = rec.master_port.expect("port");
+        assert!(!ports.contains(&moved), "{moved} is another live job's");
+        // The report repeated (a lost answer) changes nothing more.
+        assert!(!sync_one(&mut c, busy, 13));
+        // The blocked port is never handed out again on that node, even
+        // though no live job holds it.
+        assert!(c.jobs.values().all(|(r, _)| r.master_port != Some(port)));
+        assert!(c.ports_in_use()["n"].contains(&port));
+    }
+
+    #[test]
+    fn a_reported_checkpoint_feeds_the_scheduler_and_ends_the_grace_early() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let id = c
+            .submit("alice", JobSpec::new("j", "q", 1, 8), 10)
+            .expect("submit");
+        c.cycle(11).expect("cycle");
+        c.report("n", id, Some(0), Report::Running, 12)
+            .expect("run");
+        let ck = |step, written_ms| TaskReport {
+            checkpoint: Some(CheckpointReport {
+                step,
+                path: format!("/ck/alice/job-1/step-{step}"),
+                written_ms,
+            }),
+            ..TaskReport::new(id, 0, TaskState::Running)
+        };
+        assert!(sync_one(&mut c, ck(340, 20_000), 30));
+        let Some(gangway_sched::JobStatus::Running(run)) =
+            c.cluster.job(id).map(|j| j.status.clone())
+        else {
+            panic!("running");
+        };
+        assert_eq!(run.last_checkpoint, Some(20), "lost work counts from it");
+        // The same LATEST again is not news; an older one is ignored.
+        assert!(!sync_one(&mut c, ck(340, 20_000), 31));
+        assert!(!sync_one(&mut c, ck(300, 19_000), 31));
+        let a = &c.assignments("n")[0];
+        assert!(!a.stop_now);
+        assert_eq!(a.resume_from.as_deref(), Some("/ck/alice/job-1/step-340"));
+        assert_eq!(a.checkpoint_subdir, "alice/job-1");
+        // Being stopped, with a checkpoint from after the signal: stop now.
+        let mut rec = c.jobs[&id].0.clone();
+        rec.state = JobState::Preempting;
+        rec.signal_at_ms = Some(25_000);
+        c.write(rec).expect("write");
+        assert!(!c.assignments("n")[0].stop_now, "written before the signal");
+        assert!(sync_one(&mut c, ck(341, 25_500), 32));
+        assert!(c.assignments("n")[0].stop_now);
+        let ev = &c.jobs[&id].0.events;
+        assert_eq!(
+            ev.last().map(|e| e.message.as_str()),
+            Some("checkpoint at step 341 (0 s after the signal); stopping the gang now")
+        );
+    }
+
+    #[test]
+    fn queues_give_default_time_limits_and_refuse_more_than_their_maximum() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut parent = QueueSpec::unlimited("org", None);
+        parent.time_limit.max = Some(TimeSpan::Text("2h".into()));
+        let mut team = QueueSpec::unlimited("team", Some("org"));
+        team.time_limit.default = Some(TimeSpan::Text("4h".into()));
+        team.time_limit.max = Some(TimeSpan::Text("8h".into()));
+        let mut c = control(d.path(), &[parent, team]);
+        let mut spec = JobSpec::new("j", "team", 1, 1);
+        c.apply_queue_time_limit(&mut spec).expect("default");
+        assert_eq!(
+            spec.time_limit_seconds(),
+            Some(7200),
+            "the default, bounded by the parent's maximum"
+        );
+        spec.time_limit = Some(TimeSpan::Text("3h".into()));
+        let e = c.apply_queue_time_limit(&mut spec).expect_err("too long");
+        assert_eq!(
+            e.to_string(),
+            "time_limit: 3:00:00 exceeds the maximum of queue org (2:00:00)"
+        );
+        let err = c.submit("alice", spec, 1).expect_err("refused");
+        assert!(err.to_string().starts_with("time_limit:"), "{err}");
+        assert!(c.jobs.is_empty(), "nothing stored");
+    }
+
+    #[test]
+    fn cleanup_skips_a_directory_a_live_job_uses() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let mut spec = JobSpec::new("j", "q", 1, 1);
+        spec.checkpoint.dir = Some("run".into());
+        let a = c.submit("alice", spec.clone(), 10).expect("a");
+        c.cycle(11).expect("cycle");
+        c.report("n", a, Some(0), Report::Running, 12).expect("run");
+        c.report("n", a, Some(0), Report::Exited(0), 13)
+            .expect("done");
+        assert_eq!(c.jobs[&a].0.state, JobState::Succeeded);
+        // Bob's "run" is another directory; alice's new job uses hers.
+        let mut bob = spec.clone();
+        bob.checkpoint.dir = Some("run".into());
+        c.submit("bob", bob, 14).expect("bob");
+        let b = c.submit("alice", spec, 14).expect("b");
+        assert!(
+            c.take_cleanup("n").is_empty(),
+            "alice/run is in use by job {b}"
+        );
+        // Once nobody uses it, the next success cleans it.
+        c.cancel(b, "alice", 15).expect("cancel");
+        c.queue_cleanup(a);
+        let items = c.take_cleanup("n");
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].subdir, "alice/run");
+        assert!(c.take_cleanup("n").is_empty(), "handed out once");
+    }
 
     fn ck(step: u64, written_ms: u64) -> CheckpointRecord {
         CheckpointRecord {
