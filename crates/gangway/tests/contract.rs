@@ -502,3 +502,82 @@ fn a_loopback_node_cannot_join_a_cluster_of_routable_ones() {
     assert!(register("real-b", "10.20.30.2").is_ok());
     assert_eq!(c.get("/v1/nodes").as_array().map(Vec::len), Some(2));
 }
+
+#[test]
+fn the_shipped_examples_parse_and_validate() {
+    let dir = examples();
+    let server = std::fs::read_to_string(dir.join("server.yaml")).expect("server.yaml");
+    let cfg = gangway_server::ServerConfig::from_yaml(&server).expect("server.yaml is valid");
+    assert_eq!(cfg.master_ports.first, 29_400);
+    assert!(cfg.checkpoint_root.is_some());
+    for f in ["job.yaml", "train.yaml", "ddp.yaml", "ddp_torchrun.yaml"] {
+        let text = std::fs::read_to_string(dir.join(f)).expect("example");
+        let spec: gangway_core::JobSpec =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{f}: {e}"));
+        spec.validate().unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    // The torchrun example starts torchrun with the replica as its node.
+    let torchrun = std::fs::read_to_string(dir.join("ddp_torchrun.yaml")).expect("yaml");
+    for flag in [
+        "--nnodes=\"$WORLD_SIZE\"",
+        "--node_rank=\"$RANK\"",
+        "--master_addr=\"$MASTER_ADDR\"",
+        "--master_port=\"$MASTER_PORT\"",
+    ] {
+        assert!(torchrun.contains(flag), "{flag}");
+    }
+}
+
+#[test]
+fn the_python_helper_round_trips_through_latest_atomically() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no python3");
+        return;
+    };
+    let d = tempfile::tempdir().expect("tmp");
+    let ck = d.path().join("ck");
+    let script = r#"
+import json, os, sys
+sys.path.insert(0, os.environ["EXAMPLES"])
+import gangway_checkpoint as gc
+assert gc.latest() is None and gc.resume_from() is None
+def write(s):
+    return lambda tmp: open(tmp, "w").write(json.dumps({"step": s}))
+p1 = gc.save(10, write(10))
+p2 = gc.save(20, write(20), name="best")
+assert gc.latest() == {"step": 20, "path": p2}, gc.latest()
+assert gc.resume_from() == p2
+# A failing writer leaves the previous checkpoint announced, and no litter.
+try:
+    gc.save(30, lambda tmp: 1 / 0)
+except ZeroDivisionError:
+    pass
+assert gc.latest()["step"] == 20
+assert sorted(os.listdir(gc.checkpoint_dir())) == ["LATEST", "best", "step-10"], os.listdir(gc.checkpoint_dir())
+try:
+    gc.announce(-1, "x")
+    sys.exit("negative step accepted")
+except ValueError:
+    pass
+os.environ["GANGWAY_RESUME_FROM"] = "/from/server"
+assert gc.resume_from() == "/from/server"
+print(p1)
+"#;
+    let out = Command::new(&py)
+        .args(["-c", script])
+        .env("GANGWAY_CHECKPOINT_DIR", &ck)
+        .env("EXAMPLES", examples())
+        .env_remove("GANGWAY_RESUME_FROM")
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What the helper wrote is what the agent reads.
+    let c = gangway_agent::checkpoint::read_latest(&ck).expect("LATEST");
+    assert_eq!(c.step, 20);
+    assert_eq!(c.path, ck.join("best").display().to_string());
+}
