@@ -133,6 +133,24 @@ impl ServerConfig {
                 "master_ports: first must be at least 1024 and not above last".into(),
             ));
         }
+        for q in &c.queues {
+            for (what, t) in [
+                ("default", &q.time_limit.default),
+                ("max", &q.time_limit.max),
+            ] {
+                if let Some(t) = t {
+                    let secs = t.seconds().map_err(|e| {
+                        ConfigError::Invalid(format!("queue {}: time_limit.{what}: {e}", q.name))
+                    })?;
+                    if secs == 0 || secs > gangway_core::job::MAX_TIME_LIMIT_SECONDS {
+                        return Err(ConfigError::Invalid(format!(
+                            "queue {}: time_limit.{what}: must be between 1 second and 366 days",
+                            q.name
+                        )));
+                    }
+                }
+            }
+        }
         if let Some(root) = &c.checkpoint_root {
             if !root.starts_with('/') {
                 return Err(ConfigError::Invalid(
@@ -150,5 +168,50 @@ impl ServerConfig {
             }
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "admin_token: admin-secret\nagent_token: agent-secret\n";
+
+    #[test]
+    fn contract_settings_are_checked() {
+        let ok = format!(
+            "{BASE}checkpoint_root: /shared/ck\nmaster_ports: {{ first: 29400, last: 29500 }}\nqueues:\n  - name: q\n    time_limit: {{ default: \"1h\", max: 86400 }}\n"
+        );
+        let c = ServerConfig::from_yaml(&ok).expect("valid");
+        assert_eq!(c.master_ports.last, 29_500);
+        assert_eq!(
+            c.queues[0].time_limit.max,
+            Some(gangway_core::TimeSpan::Seconds(86_400))
+        );
+        let defaults = ServerConfig::from_yaml(BASE).expect("valid");
+        assert_eq!(
+            defaults.master_ports,
+            gangway_core::agent::PortRange::default()
+        );
+        assert_eq!(defaults.checkpoint_root, None);
+        for (bad, why) in [
+            ("checkpoint_root: relative/path\n", "checkpoint_root"),
+            (
+                "master_ports: { first: 30000, last: 29999 }\n",
+                "master_ports",
+            ),
+            ("master_ports: { first: 80, last: 90 }\n", "master_ports"),
+            (
+                "queues:\n  - name: q\n    time_limit: { max: soon }\n",
+                "queue q: time_limit.max",
+            ),
+            (
+                "queues:\n  - name: q\n    time_limit: { default: 0 }\n",
+                "queue q: time_limit.default",
+            ),
+        ] {
+            let e = ServerConfig::from_yaml(&format!("{BASE}{bad}")).expect_err(bad);
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
     }
 }
