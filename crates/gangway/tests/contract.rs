@@ -372,6 +372,22 @@ fn a_job_past_its_time_limit_ends_as_timeout_and_queues_bound_limits() {
         .set("Authorization", &format!("Bearer {ADMIN}"))
         .send_json(body("default", Some(json!("soon"))));
     assert!(matches!(r, Err(ureq::Error::Status(422, _))), "{r:?}");
+    // A checkpoint directory that would leave the owner's namespace: refused.
+    let mut escape = body("default", None);
+    escape["checkpoint"]["dir"] = json!("../bob/run");
+    match ureq::post(&format!("{}/v1/jobs", c.addr))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_json(escape)
+    {
+        Err(ureq::Error::Status(422, resp)) => {
+            let v: Value = resp.into_json().expect("json");
+            assert_eq!(
+                v["error"],
+                "checkpoint.dir: \"../bob/run\" must not contain '.' or '..' components"
+            );
+        }
+        other => panic!("expected 422, got {other:?}"),
+    }
     // One with its own limit, one with the queue's default.
     let own = c.submit(&body("default", Some(json!("0:00:02"))));
     let dflt = c.submit(&body("limited", None));
