@@ -107,6 +107,7 @@ fn checkpoints_reported_through_latest_drive_events_early_stop_and_resume() {
                 "env": {
                     "OUT": c.out.display().to_string(),
                     "EXAMPLES": examples().display().to_string(),
+                    "PYTHONDONTWRITEBYTECODE": "1",
                     "TAG": tag,
                 }
             }
@@ -583,6 +584,7 @@ print(p1)
         .args(["-c", script])
         .env("GANGWAY_CHECKPOINT_DIR", &ck)
         .env("EXAMPLES", examples())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("GANGWAY_RESUME_FROM")
         .output()
         .expect("python");
