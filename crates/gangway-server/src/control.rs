@@ -1145,7 +1145,7 @@ impl<S: Store> Control<S> {
         let mut ports = if d.binds.is_empty() {
             HashMap::new()
         } else {
-            self.ports_in_use()
+            self.ports_in_use(now)
         };
         // Only what `apply` reads; the explanations are not copied.
         let mut applied = Decisions::default();

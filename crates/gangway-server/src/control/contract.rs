@@ -25,13 +25,18 @@ pub struct ContractConfig {
 /// What the contract keeps in memory besides the records.
 #[derive(Debug, Default)]
 pub struct ContractState {
-    /// Ports found held by other processes, per node.
-    pub blocked_ports: HashMap<String, HashSet<u16>>,
+    /// Ports found held by other processes, per node, with when.
+    pub blocked_ports: HashMap<String, HashMap<u16, Time>>,
     /// Rank failures reported with an exit, until the exit is applied.
     pub failures: HashMap<(JobId, u32, String), RankFailure>,
     /// Checkpoint directories to remove, per node (handed out once).
     pub cleanup: HashMap<String, Vec<CheckpointCleanup>>,
 }
+
+/// How long a port found busy on a node is avoided there: long enough for a
+/// foreign listener to be noticed and for TIME_WAIT sockets (60 s on Linux)
+/// to go.
+pub const BLOCKED_PORT_SECONDS: u64 = 600;
 
 /// Wall-clock milliseconds since the epoch.
 pub fn wall_ms() -> u64 {
@@ -103,7 +108,7 @@ pub fn failure_phrase(f: &FailureRecord) -> String {
 impl<S: Store> Control<S> {
     /// Rendezvous ports held by live jobs, per rank-0 node, plus those found
     /// taken by other processes.
-    pub(super) fn ports_in_use(&self) -> HashMap<String, HashSet<u16>> {
+    pub(super) fn ports_in_use(&self, now: Time) -> HashMap<String, HashSet<u16>> {
         let mut used: HashMap<String, HashSet<u16>> = HashMap::new();
         for (rec, _) in self.jobs.values() {
             let live = matches!(
@@ -115,9 +120,11 @@ impl<S: Store> Control<S> {
             }
         }
         for (node, ports) in &self.contract_state.blocked_ports {
-            used.entry(node.clone())
-                .or_default()
-                .extend(ports.iter().copied());
+            let recent = ports
+                .iter()
+                .filter(|(_, at)| now.saturating_sub(**at) < BLOCKED_PORT_SECONDS)
+                .map(|(p, _)| *p);
+            used.entry(node.clone()).or_default().extend(recent);
         }
         used
     }
@@ -186,8 +193,12 @@ impl<S: Store> Control<S> {
             .blocked_ports
             .entry(node.to_string())
             .or_default()
-            .insert(port);
-        let mut used = self.ports_in_use();
+            .insert(port, now);
+        // Forget ports blocked long ago.
+        for ports in self.contract_state.blocked_ports.values_mut() {
+            ports.retain(|_, at| now.saturating_sub(*at) < BLOCKED_PORT_SECONDS);
+        }
+        let mut used = self.ports_in_use(now);
         // This job's own (old) port is blocked already; its record must not
         // hold the new one back.
         rec.master_port = None;
@@ -602,7 +613,11 @@ mod tests {
         // The blocked port is never handed out again on that node, even
         // though no live job holds it.
         assert!(c.jobs.values().all(|(r, _)| r.master_port != Some(port)));
-        assert!(c.ports_in_use()["n"].contains(&port));
+        assert!(c.ports_in_use(13)["n"].contains(&port));
+        assert!(
+            !c.ports_in_use(13 + BLOCKED_PORT_SECONDS)["n"].contains(&port),
+            "avoided for a while, not forever"
+        );
     }
 
     #[test]
