@@ -783,6 +783,7 @@ impl<S: Store> Control<S> {
         if matches!(after, AfterEnd::Finish) {
             self.queue_cleanup(id);
         }
+        self.forget_failures(id);
         let _ = match after {
             AfterEnd::Requeue => self.cluster.requeue(id),
             AfterEnd::Restart => self.cluster.cancel(id).map(|_| ()),

@@ -297,6 +297,11 @@ impl<S: Store> Control<S> {
             .insert((id, attempt, node.to_string()), f.clone());
     }
 
+    /// Drops what nodes reported about failures of a job whose attempt ended.
+    pub(super) fn forget_failures(&mut self, id: JobId) {
+        self.contract_state.failures.retain(|(j, _, _), _| *j != id);
+    }
+
     /// The event text for a failed attempt, naming the first failing rank,
     /// its node, its code or signal and its last output; the failure is
     /// kept in the record for `describe` and `logs --failed`.
@@ -311,9 +316,6 @@ impl<S: Store> Control<S> {
             .contract_state
             .failures
             .remove(&(rec.id, rec.attempt, node.to_string()));
-        self.contract_state
-            .failures
-            .retain(|(j, _, _), _| *j != rec.id);
         let record = FailureRecord {
             attempt: rec.attempt,
             node: node.to_string(),
