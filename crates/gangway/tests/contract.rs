@@ -183,6 +183,12 @@ fn checkpoints_reported_through_latest_drive_events_early_stop_and_resume() {
             .ok()
     });
     assert_eq!(resumed, saved);
+    let (ok, out, err) = gangway(&c, &["describe", &a.to_string()]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("  last checkpoint: step ") && out.contains("rendezvous port "),
+        "{out}"
+    );
     // Cancelled, the job leaves its checkpoints; a new job naming the same
     // checkpoint.dir resumes from them, and its success removes them.
     c.post(&format!("/v1/jobs/{a}/cancel"));
@@ -421,6 +427,10 @@ fn a_job_past_its_time_limit_ends_as_timeout_and_queues_bound_limits() {
         assert!(last.1.contains("no checkpoint reported"), "{ev:?}");
     }
     assert_eq!(c.job(dflt)["spec"]["time_limit"], 3);
+    let (ok, out, err) = gangway(&c, &["describe", &dflt.to_string()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("state timeout"), "{out}");
+    assert!(out.contains("  time limit 0:00:03\n"), "{out}");
     // The GPUs are free again: a new job runs.
     let after = c.submit(&json!({
         "name": "after", "queue": "default", "replicas": 1, "resources": { "gpus": 2 },
