@@ -5,7 +5,7 @@ use crate::discovery::{discover, machine_size, Discovery, DiscoveryError};
 use crate::executor::{Executor, ExecutorError, Launch, Rank, RankKey};
 use crate::logs::{log_path, LogServer};
 use crate::reconcile::{plan, Action, TaskKey, TaskView};
-use gangway_core::agent::{rank_env, Assignment, SyncRequest, SyncResponse, TaskReport};
+use gangway_core::agent::{node_env, rank_env, Assignment, SyncRequest, SyncResponse, TaskReport};
 use gangway_core::NodeSpec;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -50,6 +50,12 @@ struct Task {
     grace: Duration,
     stop_sent: bool,
     kill_at: Option<Instant>,
+    /// The job's checkpoint directory (the handshake's `LATEST` is read there).
+    ckpt: Option<std::path::PathBuf>,
+    /// The first rank here that exited non-zero.
+    first_failure: Option<u32>,
+    /// Rank 0's rendezvous port was taken: nothing was started.
+    port_busy: Option<u16>,
 }
 
 impl Task {
@@ -210,6 +216,9 @@ impl Agent {
                     grace: Duration::ZERO,
                     stop_sent: false,
                     kill_at: None,
+                    ckpt: None,
+                    first_failure: None,
+                    port_busy: None,
                 });
             t.ranks.insert(
                 k.rank,
@@ -343,6 +352,27 @@ impl Agent {
         {
             r.exit.get_or_insert(code);
         }
+        if code != 0 {
+            if let Some(t) = self.tasks.get_mut(&(k.job, k.attempt)) {
+                t.first_failure.get_or_insert(k.rank);
+            }
+        }
+    }
+
+    /// What the agent tells the server about one task: its state, the
+    /// checkpoint its ranks announced, its first failed rank, a busy port.
+    fn task_report(&self, (job, attempt): TaskKey, t: &Task) -> TaskReport {
+        let failure = t.first_failure.and_then(|rank| {
+            let code = t.ranks.get(&rank)?.exit?;
+            let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
+            Some(crate::checkpoint::rank_failure(rank, code, &log))
+        });
+        TaskReport {
+            checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
+            failure,
+            port_busy: t.port_busy,
+            ..TaskReport::new(job, attempt, t.view().state())
+        }
     }
 
     fn drain_exits(&mut self) {
@@ -357,11 +387,7 @@ impl Agent {
             tasks: self
                 .tasks
                 .iter()
-                .map(|((job, attempt), t)| TaskReport {
-                    job: *job,
-                    attempt: *attempt,
-                    state: t.view().state(),
-                })
+                .map(|(k, t)| self.task_report(*k, t))
                 .collect(),
         };
         let url = format!("{}/v1/agent/{}/sync", self.server(), self.cfg.node);
@@ -388,6 +414,13 @@ impl Agent {
                 Ok(resp) => {
                     if failing_since.take().is_some() {
                         tracing::info!("node {}: server reachable again", self.cfg.node);
+                    }
+                    for c in &resp.cleanup {
+                        crate::checkpoint::remove_dir(
+                            &self.cfg.checkpoint_root,
+                            c.root.as_deref(),
+                            &c.subdir,
+                        );
                     }
                     acted = self.reconcile(resp.assignments).await;
                 }
@@ -491,6 +524,22 @@ impl Agent {
 
     /// Applies the plan; returns whether anything changed.
     async fn reconcile(&mut self, desired: Vec<Assignment>) -> bool {
+        // A checkpoint reported after the signal ends the grace early.
+        for a in desired.iter().filter(|a| a.stop_now) {
+            if let Some(t) = self.tasks.get_mut(&(a.job, a.attempt)) {
+                if t.stop_sent && t.view().alive() {
+                    let now = Instant::now();
+                    if t.kill_at.is_none_or(|d| d > now) {
+                        tracing::info!(
+                            "job {} attempt {}: checkpoint reported; stopping without the rest of the grace",
+                            a.job,
+                            a.attempt
+                        );
+                        t.kill_at = Some(now);
+                    }
+                }
+            }
+        }
         let local: BTreeMap<TaskKey, TaskView> =
             self.tasks.iter().map(|(k, t)| (*k, t.view())).collect();
         let actions = plan(&desired, &local);
@@ -539,13 +588,65 @@ impl Agent {
             grace: Duration::from_secs(a.grace_seconds),
             stop_sent: a.stop,
             kill_at: None,
+            ckpt: None,
+            first_failure: None,
+            port_busy: None,
         };
         if a.stop {
             // Preempted before it started here: nothing to checkpoint.
             self.tasks.insert(key, task);
             return;
         }
-        let ckpt = self.cfg.checkpoint_root.join(format!("job-{}", a.job));
+        let ckpt = if a.checkpoint_subdir.is_empty() {
+            Some(self.cfg.checkpoint_root.join(format!("job-{}", a.job)))
+        } else {
+            crate::checkpoint::checkpoint_dir(
+                &self.cfg.checkpoint_root,
+                a.checkpoint_root.as_deref(),
+                &a.checkpoint_subdir,
+            )
+        };
+        let Some(ckpt) = ckpt else {
+            // Never started, and reported as failed (not as done).
+            tracing::error!(
+                "job {}: refusing checkpoint directory {:?}",
+                a.job,
+                a.checkpoint_subdir
+            );
+            for r in &a.ranks {
+                task.ranks.insert(
+                    r.rank,
+                    RankRun {
+                        handle: Rank::NotStarted,
+                        exit: Some(125),
+                    },
+                );
+                task.first_failure.get_or_insert(r.rank);
+            }
+            self.tasks.insert(key, task);
+            return;
+        };
+        task.ckpt = Some(ckpt.clone());
+        // Rank 0 hosts the rendezvous: a port someone else holds would make
+        // the gang hang, so the server is told to pick another.
+        let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
+        if hosts_rendezvous && !crate::checkpoint::port_free(a.master_port) {
+            tracing::warn!(
+                "job {} attempt {}: rendezvous port {} is in use; asking for another",
+                a.job,
+                a.attempt,
+                a.master_port
+            );
+            task.port_busy = Some(a.master_port);
+            self.tasks.insert(key, task);
+            return;
+        }
+        // The server's record of the last checkpoint; for a job resubmitted
+        // with the same checkpoint.dir, what the directory announces.
+        let resume_from = a
+            .resume_from
+            .clone()
+            .or_else(|| crate::checkpoint::read_latest(&ckpt).map(|c| c.path));
         let logs = self.cfg.state_dir.join("logs");
         let sandbox = crate::sandbox::prepare(&self.cfg, &a);
         if let Err(e) = &sandbox {
@@ -564,15 +665,11 @@ impl Agent {
         );
         for r in &a.ranks {
             let mut env = rank_env(&a, r);
-            env.insert("GANGWAY_CHECKPOINT_DIR".into(), ckpt.display().to_string());
-            env.insert("GANGWAY_NODE".into(), self.cfg.node.clone());
-            env.insert(
-                "CUDA_VISIBLE_DEVICES".into(),
-                r.gpus
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
+            node_env(
+                &mut env,
+                &self.cfg.node,
+                &ckpt.display().to_string(),
+                resume_from.as_deref(),
             );
             let key = RankKey {
                 job: a.job,

@@ -8,6 +8,7 @@
 //! Rank logs go to files and are served to the server for `gangway logs`.
 
 pub mod agent;
+pub mod checkpoint;
 pub mod config;
 pub mod credentials;
 pub mod discovery;

@@ -106,6 +106,11 @@ mod tests {
             grace_seconds: 5,
             stop,
             rules: Default::default(),
+            stop_now: false,
+            checkpoint_root: None,
+            checkpoint_subdir: "u/job-1".into(),
+            resume_from: None,
+            max_restarts: 3,
         }
     }
 

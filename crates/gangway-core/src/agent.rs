@@ -43,6 +43,65 @@ pub struct TaskReport {
     /// What its ranks here do.
     #[serde(flatten)]
     pub state: TaskState,
+    /// The newest checkpoint the ranks announced in
+    /// `$GANGWAY_CHECKPOINT_DIR/LATEST`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointReport>,
+    /// The first rank on this node that failed, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<RankFailure>,
+    /// The rendezvous port could not be bound on rank 0's node: the ranks
+    /// were not started and the server must choose another port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_busy: Option<u16>,
+}
+
+impl TaskReport {
+    /// A report with nothing but the state.
+    pub fn new(job: JobId, attempt: u32, state: TaskState) -> Self {
+        TaskReport {
+            job,
+            attempt,
+            state,
+            checkpoint: None,
+            failure: None,
+            port_busy: None,
+        }
+    }
+}
+
+/// A checkpoint as a rank announced it: the contents of
+/// `$GANGWAY_CHECKPOINT_DIR/LATEST` (`{"step": N, "path": "..."}`), the path
+/// made absolute, and when the file was written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointReport {
+    /// Training step the checkpoint holds.
+    pub step: u64,
+    /// Where it is (absolute; a relative `path` is taken from the checkpoint dir).
+    pub path: String,
+    /// When `LATEST` was written, milliseconds since the epoch (its mtime).
+    pub written_ms: u64,
+}
+
+/// Why a rank failed, as its node saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankFailure {
+    /// Global rank.
+    pub rank: u32,
+    /// Exit code; 128+N when killed by signal N.
+    pub exit_code: i32,
+    /// The signal that killed it, when one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Whether the kernel's OOM killer ended it (when the agent can tell:
+    /// a memory cgroup's `oom_kill` count; `false` when unknown).
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// The last lines of its log.
+    #[serde(default)]
+    pub log_tail: Vec<String>,
 }
 
 /// The body of `POST /v1/agent/{node}/sync`: heartbeat, GPU health and task states.
@@ -106,6 +165,24 @@ pub struct Assignment {
     /// Who the ranks run as and what they may do on the node.
     #[serde(default)]
     pub rules: RankRules,
+    /// A checkpoint was reported after the signal: kill the ranks now
+    /// instead of waiting out the grace.
+    #[serde(default)]
+    pub stop_now: bool,
+    /// The cluster-wide checkpoint root, when the server configures one;
+    /// else the agent's own `--checkpoint-root`.
+    #[serde(default)]
+    pub checkpoint_root: Option<String>,
+    /// The job's checkpoint directory under the root: `<user>/<dir>` or
+    /// `<user>/job-<id>` (`GANGWAY_CHECKPOINT_DIR`).
+    #[serde(default)]
+    pub checkpoint_subdir: String,
+    /// The last checkpoint the job reported (`GANGWAY_RESUME_FROM`).
+    #[serde(default)]
+    pub resume_from: Option<String>,
+    /// Restarts the job is allowed (`TORCHELASTIC_MAX_RESTARTS`).
+    #[serde(default)]
+    pub max_restarts: u32,
 }
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
@@ -128,6 +205,21 @@ pub struct RankRules {
 pub struct SyncResponse {
     /// Everything that should run here; anything else must not.
     pub assignments: Vec<Assignment>,
+    /// Checkpoint directories of succeeded jobs to remove (no `keep`).
+    pub cleanup: Vec<CheckpointCleanup>,
+}
+
+/// A checkpoint directory to remove from this node's view of the root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointCleanup {
+    /// Job whose directory it was.
+    pub job: JobId,
+    /// Root (`None`: the agent's own).
+    #[serde(default)]
+    pub root: Option<String>,
+    /// Directory under the root (validated: relative, no `..`).
+    pub subdir: String,
 }
 
 /// A page of a rank's log, as the agent serves it and the server relays it.
@@ -139,11 +231,27 @@ pub struct LogChunk {
     pub next_offset: u64,
 }
 
-/// The torchrun-style environment of one rank, without the node-local
-/// `GANGWAY_CHECKPOINT_DIR` and device variables the agent adds.
+/// Name of the role every rank has (torchrun's default role).
+pub const ROLE_NAME: &str = "default";
+
+/// The launcher contract of one rank: the variables torchrun gives its
+/// workers (docs/JOB_ENV.md lists each with its torchrun meaning), Gangway's
+/// own `GANGWAY_*` and `CUDA_VISIBLE_DEVICES`. Gangway's variables win over
+/// the job's `run.env`, except `OMP_NUM_THREADS`, which the job may set (as
+/// with torchrun). The node-local `GANGWAY_CHECKPOINT_DIR`, `GANGWAY_NODE`
+/// and `GANGWAY_RESUME_FROM` come from [`node_env`].
 pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> {
     let mut env = a.run.env.clone();
     let local_world = a.ranks.len();
+    let omp = (a.cpu_millis / 1000).max(1);
+    env.entry("OMP_NUM_THREADS".to_string())
+        .or_insert_with(|| omp.to_string());
+    let devices = r
+        .gpus
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     for (k, v) in [
         ("MASTER_ADDR", a.master_addr.clone()),
         ("MASTER_PORT", a.master_port.to_string()),
@@ -153,7 +261,15 @@ pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> 
         ("LOCAL_WORLD_SIZE", local_world.to_string()),
         ("NODE_RANK", a.node_rank.to_string()),
         ("GROUP_RANK", a.node_rank.to_string()),
+        ("GROUP_WORLD_SIZE", a.nnodes.to_string()),
         ("NNODES", a.nnodes.to_string()),
+        ("ROLE_NAME", ROLE_NAME.to_string()),
+        ("ROLE_RANK", r.rank.to_string()),
+        ("ROLE_WORLD_SIZE", a.world_size.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", a.attempt.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", a.max_restarts.to_string()),
+        ("TORCHELASTIC_RUN_ID", format!("gangway-job-{}", a.job)),
+        ("CUDA_VISIBLE_DEVICES", devices),
         ("GANGWAY_JOB_ID", a.job.to_string()),
         ("GANGWAY_JOB_NAME", a.name.clone()),
         ("GANGWAY_ATTEMPT", a.attempt.to_string()),
@@ -163,12 +279,105 @@ pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> 
     env
 }
 
-/// The rendezvous port of a job attempt: fixed per job so every rank agrees
-/// without talking, varied by attempt so a restart does not meet the
-/// previous attempt's lingering sockets.
-pub fn master_port(job: JobId, attempt: u32) -> u16 {
-    let spread = (job.0.wrapping_mul(7).wrapping_add(u64::from(attempt))) % 20_000;
-    20_000 + spread as u16
+/// Adds the node-local part of the contract: the node's name, the job's
+/// checkpoint directory on it and, when there is one, the checkpoint to
+/// resume from.
+pub fn node_env(
+    env: &mut BTreeMap<String, String>,
+    node: &str,
+    checkpoint_dir: &str,
+    resume_from: Option<&str>,
+) {
+    env.insert("GANGWAY_NODE".into(), node.to_string());
+    env.insert("GANGWAY_CHECKPOINT_DIR".into(), checkpoint_dir.to_string());
+    match resume_from {
+        Some(p) => env.insert("GANGWAY_RESUME_FROM".into(), p.to_string()),
+        None => env.remove("GANGWAY_RESUME_FROM"),
+    };
+}
+
+/// One path component for a user name: letters, digits, `.`, `_` and `-`
+/// kept, anything else as `%XX`, so distinct names stay distinct and none
+/// is `.`, `..` or contains `/`.
+pub fn user_dir(user: &str) -> String {
+    let mut out = String::new();
+    for b in user.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || (b == b'.' && !out.is_empty()) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.is_empty() {
+        out.push_str("%00");
+    }
+    out
+}
+
+/// A job's checkpoint directory under the root: `<user>/<checkpoint.dir>`,
+/// or `<user>/job-<id>` when the spec names none. Only the owner's jobs can
+/// name a directory in the owner's namespace.
+pub fn checkpoint_subdir(user: &str, job: JobId, dir: Option<&str>) -> String {
+    match dir {
+        Some(d) => format!("{}/{d}", user_dir(user)),
+        None => format!("{}/job-{job}", user_dir(user)),
+    }
+}
+
+/// A range of rendezvous ports, inclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortRange {
+    /// First port.
+    pub first: u16,
+    /// Last port.
+    pub last: u16,
+}
+
+impl Default for PortRange {
+    /// 29400–32767: below Linux's default ephemeral range (32768–60999),
+    /// starting at torchrun's customary 29400.
+    fn default() -> Self {
+        PortRange {
+            first: 29_400,
+            last: 32_767,
+        }
+    }
+}
+
+impl PortRange {
+    /// Number of ports.
+    pub fn len(&self) -> u32 {
+        if self.is_empty() {
+            return 0;
+        }
+        u32::from(self.last) - u32::from(self.first) + 1
+    }
+
+    /// Whether the range is empty (`last < first`).
+    pub fn is_empty(&self) -> bool {
+        self.last < self.first
+    }
+
+    /// A rendezvous port for a job attempt that `used` does not hold:
+    /// starts at a spot derived from job and attempt (so a restart does not
+    /// meet the previous attempt's lingering sockets) and walks the range.
+    /// `None` when every port is taken.
+    pub fn pick(&self, job: JobId, attempt: u32, used: &dyn Fn(u16) -> bool) -> Option<u16> {
+        if self.is_empty() {
+            return None;
+        }
+        let n = u64::from(self.len());
+        let start = job
+            .0
+            .wrapping_mul(7)
+            .wrapping_add(u64::from(attempt).wrapping_mul(13))
+            % n;
+        (0..n)
+            .map(|i| u32::from(self.first) + ((start + i) % n) as u32)
+            .filter_map(|p| u16::try_from(p).ok())
+            .find(|p| !used(*p))
+    }
 }
 
 #[cfg(test)]
@@ -184,9 +393,14 @@ mod tests {
                 reason: Some("XID 79".into()),
             }],
             tasks: vec![TaskReport {
-                job: JobId(4),
-                attempt: 1,
-                state: TaskState::Exited { exit_code: 137 },
+                failure: Some(RankFailure {
+                    rank: 3,
+                    exit_code: 137,
+                    signal: Some(9),
+                    oom_killed: false,
+                    log_tail: vec!["boom".into()],
+                }),
+                ..TaskReport::new(JobId(4), 1, TaskState::Exited { exit_code: 137 })
             }],
         };
         let text = serde_json::to_string(&r).expect("encode");
@@ -227,13 +441,18 @@ mod tests {
             node_rank: 1,
             nnodes: 2,
             master_addr: "10.0.0.1".into(),
-            master_port: master_port(JobId(7), 2),
-            cpu_millis: 0,
+            master_port: 29_411,
+            cpu_millis: 4_500,
             memory_mib: 0,
             checkpoint_signal: 15,
             grace_seconds: 30,
             stop: false,
             rules: RankRules::default(),
+            stop_now: false,
+            checkpoint_root: None,
+            checkpoint_subdir: "alice/job-7".into(),
+            resume_from: None,
+            max_restarts: 3,
         };
         let env = rank_env(&a, &a.ranks[1]);
         assert_eq!(env["RANK"], "5");
@@ -243,6 +462,156 @@ mod tests {
         assert_eq!(env["NODE_RANK"], "1");
         assert_eq!(env["DATA"], "/data");
         assert_eq!(env["MASTER_ADDR"], "10.0.0.1");
-        assert_ne!(master_port(JobId(7), 2), master_port(JobId(7), 3));
+    }
+
+    fn two_node_assignment() -> Assignment {
+        let mut run = RunSpec::default();
+        run.env.insert("OMP_NUM_THREADS".into(), "2".into());
+        run.env.insert("TORCHELASTIC_RUN_ID".into(), "mine".into());
+        Assignment {
+            job: JobId(7),
+            attempt: 2,
+            name: "train".into(),
+            user: "alice".into(),
+            run,
+            ranks: vec![
+                RankAssignment {
+                    rank: 4,
+                    local_rank: 0,
+                    gpus: vec![0, 1],
+                },
+                RankAssignment {
+                    rank: 5,
+                    local_rank: 1,
+                    gpus: vec![2, 3],
+                },
+            ],
+            world_size: 8,
+            node_rank: 1,
+            nnodes: 2,
+            master_addr: "10.0.0.1".into(),
+            master_port: 29_411,
+            cpu_millis: 4_500,
+            memory_mib: 0,
+            checkpoint_signal: 15,
+            grace_seconds: 30,
+            stop: false,
+            stop_now: false,
+            rules: RankRules::default(),
+            checkpoint_root: None,
+            checkpoint_subdir: "alice/job-7".into(),
+            resume_from: None,
+            max_restarts: 3,
+        }
+    }
+
+    #[test]
+    fn every_variable_of_the_launcher_contract() {
+        let mut a = two_node_assignment();
+        let env = rank_env(&a, &a.ranks[1]);
+        let expect = [
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29411"),
+            ("WORLD_SIZE", "8"),
+            ("RANK", "5"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("NODE_RANK", "1"),
+            ("GROUP_RANK", "1"),
+            ("GROUP_WORLD_SIZE", "2"),
+            ("NNODES", "2"),
+            ("ROLE_NAME", "default"),
+            ("ROLE_RANK", "5"),
+            ("ROLE_WORLD_SIZE", "8"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ("TORCHELASTIC_MAX_RESTARTS", "3"),
+            ("TORCHELASTIC_RUN_ID", "gangway-job-7"),
+            ("CUDA_VISIBLE_DEVICES", "2,3"),
+            ("GANGWAY_JOB_ID", "7"),
+            ("GANGWAY_JOB_NAME", "train"),
+            ("GANGWAY_ATTEMPT", "2"),
+            // The job's own choice stands.
+            ("OMP_NUM_THREADS", "2"),
+        ];
+        for (k, v) in expect {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        // Without the job's choice: the CPU share, whole cores, at least 1.
+        a.run.env.clear();
+        assert_eq!(rank_env(&a, &a.ranks[0])["OMP_NUM_THREADS"], "4");
+        a.cpu_millis = 0;
+        assert_eq!(rank_env(&a, &a.ranks[0])["OMP_NUM_THREADS"], "1");
+        assert_eq!(rank_env(&a, &a.ranks[0])["CUDA_VISIBLE_DEVICES"], "0,1");
+        // The node-local part.
+        let mut env = rank_env(&a, &a.ranks[0]);
+        node_env(&mut env, "node-b", "/ckpt/alice/job-7", None);
+        assert_eq!(env["GANGWAY_NODE"], "node-b");
+        assert_eq!(env["GANGWAY_CHECKPOINT_DIR"], "/ckpt/alice/job-7");
+        assert!(!env.contains_key("GANGWAY_RESUME_FROM"));
+        node_env(
+            &mut env,
+            "node-b",
+            "/ckpt/alice/job-7",
+            Some("/ckpt/alice/job-7/s340"),
+        );
+        assert_eq!(env["GANGWAY_RESUME_FROM"], "/ckpt/alice/job-7/s340");
+    }
+
+    #[test]
+    fn a_job_cannot_smuggle_a_resume_path_through_its_environment() {
+        let mut a = two_node_assignment();
+        a.run
+            .env
+            .insert("GANGWAY_RESUME_FROM".into(), "/etc/shadow".into());
+        let mut env = rank_env(&a, &a.ranks[0]);
+        node_env(&mut env, "n", "/ckpt/alice/job-7", None);
+        assert!(!env.contains_key("GANGWAY_RESUME_FROM"));
+    }
+
+    #[test]
+    fn checkpoint_dirs_are_namespaced_by_user() {
+        assert_eq!(checkpoint_subdir("alice", JobId(7), None), "alice/job-7");
+        assert_eq!(
+            checkpoint_subdir("alice", JobId(7), Some("llm/run")),
+            "alice/llm/run"
+        );
+        assert_eq!(user_dir(".."), "%2E.");
+        assert_eq!(user_dir("."), "%2E");
+        assert_eq!(user_dir("a/b"), "a%2Fb");
+        assert_ne!(user_dir("a/b"), user_dir("a_b"));
+        assert_eq!(user_dir(""), "%00");
+    }
+
+    #[test]
+    fn ports_come_from_the_range_and_skip_used_ones() {
+        let r = PortRange::default();
+        assert!(
+            r.first > 1024 && u32::from(r.last) < 32_768,
+            "below the ephemeral range"
+        );
+        let p = r.pick(JobId(7), 0, &|_| false).expect("a port");
+        assert!((r.first..=r.last).contains(&p));
+        assert_ne!(Some(p), r.pick(JobId(7), 1, &|_| false), "attempts differ");
+        let taken = p;
+        let q = r.pick(JobId(7), 0, &|x| x == taken).expect("another port");
+        assert_ne!(q, taken);
+        let small = PortRange {
+            first: 30_000,
+            last: 30_002,
+        };
+        assert_eq!(small.len(), 3);
+        let all: Vec<u16> = (0..3)
+            .scan(Vec::new(), |used: &mut Vec<u16>, _| {
+                let p = small.pick(JobId(1), 0, &|x| used.contains(&x))?;
+                used.push(p);
+                Some(p)
+            })
+            .collect();
+        assert_eq!(all.len(), 3);
+        assert_eq!(small.pick(JobId(1), 0, &|_| true), None, "all taken");
+        assert_eq!(
+            PortRange { first: 5, last: 4 }.pick(JobId(1), 0, &|_| false),
+            None
+        );
     }
 }

@@ -123,6 +123,13 @@ pub struct CheckpointPolicy {
     pub interval_seconds: Option<u64>,
     /// Signal sent to ask for a checkpoint.
     pub signal: String,
+    /// The checkpoint directory, relative to the cluster's checkpoint root
+    /// inside the owner's namespace (`<root>/<user>/<dir>`): a job resubmitted
+    /// with the same `dir` (or `key`) resumes from it. Default: `job-<id>`.
+    #[serde(alias = "key")]
+    pub dir: Option<String>,
+    /// Keep the directory after the job succeeds (it is removed otherwise).
+    pub keep: bool,
 }
 
 impl Default for CheckpointPolicy {
@@ -131,7 +138,145 @@ impl Default for CheckpointPolicy {
             grace_seconds: 30,
             interval_seconds: None,
             signal: "SIGTERM".to_string(),
+            dir: None,
+            keep: false,
         }
+    }
+}
+
+/// Longest accepted `checkpoint.dir`, in bytes.
+pub const MAX_CHECKPOINT_DIR_LEN: usize = 200;
+
+/// Checks a user-chosen checkpoint directory: relative, no `..` or `.`
+/// components, no empty components, at most [`MAX_CHECKPOINT_DIR_LEN`]
+/// bytes of `[A-Za-z0-9._-]` and `/`. Returns why it is refused.
+pub fn check_checkpoint_dir(dir: &str) -> Result<(), &'static str> {
+    if dir.is_empty() {
+        return Err("must not be empty when given");
+    }
+    if dir.len() > MAX_CHECKPOINT_DIR_LEN {
+        return Err("longer than 200 characters");
+    }
+    if dir.starts_with('/') {
+        return Err("must be relative to the cluster's checkpoint root");
+    }
+    let ok_chars = dir
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'));
+    if !ok_chars {
+        return Err("may contain only letters, digits, '.', '_', '-' and '/'");
+    }
+    for part in dir.split('/') {
+        match part {
+            "" => return Err("must not contain empty path components"),
+            "." | ".." => return Err("must not contain '.' or '..' components"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A time span as written in a spec: whole seconds (`5400`) or text
+/// (`"01:30:00"`, `"1h30m"`, `"2-00:00:00"`, `"90m"`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TimeSpan {
+    /// Seconds.
+    Seconds(u64),
+    /// Text, parsed by [`parse_time_span`].
+    Text(String),
+}
+
+impl TimeSpan {
+    /// The span in seconds, or why it is not one.
+    pub fn seconds(&self) -> Result<u64, String> {
+        match self {
+            TimeSpan::Seconds(s) => Ok(*s),
+            TimeSpan::Text(t) => parse_time_span(t),
+        }
+    }
+}
+
+/// Longest accepted time limit: one year.
+pub const MAX_TIME_LIMIT_SECONDS: u64 = 366 * 24 * 3600;
+
+/// Parses `"5400"`, `"HH:MM:SS"`, `"MM:SS"`, `"D-HH:MM:SS"` (Slurm's
+/// `--time`) or unit form `"1d2h30m15s"` into seconds; checked arithmetic.
+pub fn parse_time_span(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let bad = || format!("{text:?} is not a duration (use seconds, \"HH:MM:SS\" or \"1h30m\")");
+    if t.is_empty() {
+        return Err(bad());
+    }
+    let num = |s: &str| -> Result<u64, String> {
+        if s.is_empty() || !s.chars().all(|c| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        s.parse::<u64>().map_err(|_| bad())
+    };
+    let overflow = || format!("{text:?} is too long a duration");
+    if t.chars().all(|c| c.is_ascii_digit()) {
+        return num(t);
+    }
+    if t.contains(':') || t.contains('-') {
+        let (days, rest) = match t.split_once('-') {
+            Some((d, r)) => (num(d)?, r),
+            None => (0, t),
+        };
+        let parts: Vec<&str> = rest.split(':').collect();
+        let (h, m, s) = match parts.as_slice() {
+            [h, m, s] => (num(h)?, num(m)?, num(s)?),
+            [m, s] if days == 0 => (0, num(m)?, num(s)?),
+            [h, m] => (num(h)?, num(m)?, 0),
+            [h] if days > 0 => (num(h)?, 0, 0),
+            _ => return Err(bad()),
+        };
+        if m >= 60 || s >= 60 || (days > 0 && h >= 24) {
+            return Err(bad());
+        }
+        return days
+            .checked_mul(86_400)
+            .and_then(|d| h.checked_mul(3600).and_then(|h| d.checked_add(h)))
+            .and_then(|x| x.checked_add(m * 60 + s))
+            .ok_or_else(overflow);
+    }
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    let mut seen_unit = false;
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c.to_ascii_lowercase() {
+            'd' => 86_400,
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(bad()),
+        };
+        let n = num(&digits)?;
+        digits.clear();
+        seen_unit = true;
+        total = n
+            .checked_mul(unit)
+            .and_then(|x| total.checked_add(x))
+            .ok_or_else(overflow)?;
+    }
+    if !digits.is_empty() || !seen_unit {
+        return Err(bad());
+    }
+    Ok(total)
+}
+
+/// `5400` → `"1:30:00"`, `93784` → `"1-02:03:04"` (Slurm's form).
+pub fn format_time_span(secs: u64) -> String {
+    let (d, rest) = (secs / 86_400, secs % 86_400);
+    let (h, m, s) = (rest / 3600, rest % 3600 / 60, rest % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{h}:{m:02}:{s:02}")
     }
 }
 
@@ -220,6 +365,12 @@ pub struct JobSpec {
     /// Placement constraint across the topology.
     #[serde(default)]
     pub topology: TopologyConstraint,
+    /// Hard limit on one attempt's run time (Slurm's `--time`): seconds or
+    /// `"HH:MM:SS"` / `"1h30m"`. At the limit the gang gets its checkpoint
+    /// signal and grace, then ends as `timeout`. The queue's default applies
+    /// when absent; its maximum bounds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<TimeSpan>,
     /// What the ranks run.
     #[serde(default)]
     pub run: RunSpec,
@@ -270,6 +421,12 @@ pub enum SpecError {
     /// An environment variable name that is not one.
     #[error("run.env: {0:?} is not a valid variable name")]
     BadEnvName(String),
+    /// A checkpoint directory that could escape its namespace.
+    #[error("checkpoint.dir: {0:?} {1}")]
+    BadCheckpointDir(String, &'static str),
+    /// A time limit that is not a duration or is out of range.
+    #[error("time_limit: {0}")]
+    BadTimeLimit(String),
 }
 
 impl JobSpec {
@@ -291,7 +448,23 @@ impl JobSpec {
             restart: RestartPolicy::default(),
             runtime_seconds: None,
             topology: TopologyConstraint::Auto,
+            time_limit: None,
             run: RunSpec::default(),
+        }
+    }
+
+    /// The time limit in seconds (`None` when absent or invalid; `validate`
+    /// refuses invalid ones).
+    pub fn time_limit_seconds(&self) -> Option<u64> {
+        self.time_limit.as_ref().and_then(|t| t.seconds().ok())
+    }
+
+    /// The run-time bound the scheduler plans with (backfill, reservations):
+    /// the declared runtime, never more than the enforced time limit.
+    pub fn runtime_bound(&self) -> Option<u64> {
+        match (self.runtime_seconds, self.time_limit_seconds()) {
+            (Some(r), Some(l)) => Some(r.min(l)),
+            (r, l) => r.or(l),
         }
     }
 
@@ -361,6 +534,19 @@ impl JobSpec {
                 return Err(SpecError::BadMount(i));
             }
         }
+        if let Some(dir) = &self.checkpoint.dir {
+            check_checkpoint_dir(dir)
+                .map_err(|why| SpecError::BadCheckpointDir(dir.clone(), why))?;
+        }
+        if let Some(t) = &self.time_limit {
+            let secs = t.seconds().map_err(SpecError::BadTimeLimit)?;
+            if secs == 0 || secs > MAX_TIME_LIMIT_SECONDS {
+                return Err(SpecError::BadTimeLimit(format!(
+                    "{} must be between 1 second and 366 days",
+                    format_time_span(secs)
+                )));
+            }
+        }
         for k in self.run.env.keys() {
             let ok = !k.is_empty()
                 && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -414,6 +600,8 @@ pub enum JobState {
     Failed,
     /// Cancelled by a user or admin.
     Cancelled,
+    /// Reached its time limit and was stopped (after its checkpoint grace).
+    Timeout,
 }
 
 impl JobState {
@@ -421,7 +609,7 @@ impl JobState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Timeout
         )
     }
 }
@@ -460,6 +648,107 @@ mod tests {
         assert_eq!(s.min_gang(), 2);
         let bad = r#"{"name":"a","queue":"q","replicas":2,"resources":{"gpus":4},"gpuz":1}"#;
         assert!(serde_json::from_str::<JobSpec>(bad).is_err());
+    }
+
+    #[test]
+    fn time_spans_parse_in_every_accepted_form_and_refuse_the_rest() {
+        for (text, secs) in [
+            ("90", 90),
+            ("01:30:00", 5400),
+            ("1:30:00", 5400),
+            ("05:30", 330),
+            ("2-00:00:00", 172_800),
+            ("1-02:03:04", 93_784),
+            ("1h30m", 5400),
+            ("45m", 2700),
+            ("2d", 172_800),
+            ("1H15s", 3615),
+        ] {
+            assert_eq!(parse_time_span(text), Ok(secs), "{text}");
+        }
+        for text in [
+            "",
+            "abc",
+            "1x",
+            "h",
+            "1:60:00",
+            "1:00:60",
+            "-1",
+            "1.5h",
+            "1-24:00:00",
+        ] {
+            assert!(parse_time_span(text).is_err(), "{text} accepted");
+        }
+        assert!(parse_time_span("99999999999999999999d").is_err());
+        assert!(parse_time_span("999999999999999999d").is_err(), "overflow");
+        assert_eq!(format_time_span(5400), "1:30:00");
+        assert_eq!(format_time_span(93_784), "1-02:03:04");
+    }
+
+    #[test]
+    fn time_limits_are_range_checked_and_bound_the_runtime_estimate() {
+        let mut s = JobSpec::new("t", "q", 1, 1);
+        s.time_limit = Some(TimeSpan::Text("1h".into()));
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.runtime_bound(), Some(3600));
+        s.runtime_seconds = Some(600);
+        assert_eq!(s.runtime_bound(), Some(600));
+        s.runtime_seconds = Some(7200);
+        assert_eq!(s.runtime_bound(), Some(3600), "never past the limit");
+        s.time_limit = Some(TimeSpan::Seconds(0));
+        assert!(matches!(s.validate(), Err(SpecError::BadTimeLimit(_))));
+        s.time_limit = Some(TimeSpan::Text("400d".into()));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("time_limit:"));
+        s.time_limit = Some(TimeSpan::Text("soon".into()));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("time_limit:"));
+        let json = r#"{"name":"a","queue":"q","replicas":1,"resources":{"gpus":1},"time_limit":"00:10:00"}"#;
+        let s: JobSpec = serde_json::from_str(json).expect("spec");
+        assert_eq!(s.time_limit_seconds(), Some(600));
+        let json =
+            r#"{"name":"a","queue":"q","replicas":1,"resources":{"gpus":1},"time_limit":75}"#;
+        let s: JobSpec = serde_json::from_str(json).expect("spec");
+        assert_eq!(s.time_limit_seconds(), Some(75));
+    }
+
+    #[test]
+    fn checkpoint_dirs_cannot_leave_the_users_namespace() {
+        for ok in ["run-1", "exp/a.b_c", "x"] {
+            assert_eq!(check_checkpoint_dir(ok), Ok(()), "{ok}");
+        }
+        let long = "a".repeat(MAX_CHECKPOINT_DIR_LEN + 1);
+        for bad in [
+            "",
+            "/abs",
+            "../bob/run",
+            "a/../../b",
+            "a//b",
+            "./a",
+            "a/.",
+            "a b",
+            "a\\b",
+            long.as_str(),
+        ] {
+            assert!(check_checkpoint_dir(bad).is_err(), "{bad:?} accepted");
+        }
+        let mut s = JobSpec::new("t", "q", 1, 1);
+        s.checkpoint.dir = Some("../bob".into());
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("checkpoint.dir:"));
+        let json = r#"{"name":"a","queue":"q","replicas":1,"resources":{"gpus":1},"checkpoint":{"key":"llm/run7","keep":true}}"#;
+        let s: JobSpec = serde_json::from_str(json).expect("spec");
+        assert_eq!(s.checkpoint.dir.as_deref(), Some("llm/run7"));
+        assert!(s.checkpoint.keep);
     }
 
     #[test]

@@ -12,12 +12,13 @@ pub mod queue;
 pub mod resources;
 
 pub use job::{
-    signal_number, CheckpointPolicy, JobId, JobSpec, JobState, Mount, PriorityClass,
-    ReplicaResources, RestartPolicy, RunSpec, SpecError, TopologyConstraint,
+    check_checkpoint_dir, format_time_span, parse_time_span, signal_number, CheckpointPolicy,
+    JobId, JobSpec, JobState, Mount, PriorityClass, ReplicaResources, RestartPolicy, RunSpec,
+    SpecError, TimeSpan, TopologyConstraint,
 };
 pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
 pub use node_policy::{MountPolicy, NodePolicy, PolicyError};
-pub use queue::{QueueSpec, Quota, ResourceLimits};
+pub use queue::{QueueSpec, QueueTimeLimits, Quota, ResourceLimits};
 pub use resources::{Resource, Resources};
 
 /// Time in whole seconds on the scheduler's clock (wall-clock epoch seconds in

@@ -3,6 +3,7 @@
 //! ClusterQueues in cohorts and Volcano's hierarchical queues.
 
 use crate::job::PriorityClass;
+use crate::job::TimeSpan;
 use crate::node_policy::NodePolicy;
 use crate::resources::{Resource, Resources};
 use serde::{Deserialize, Serialize};
@@ -92,6 +93,19 @@ pub struct QueueSpec {
     /// What its ranks may do on the nodes (root, host network, mounts, loader variables).
     #[serde(default)]
     pub node: NodePolicy,
+    /// Time limits of the queue's jobs.
+    #[serde(default)]
+    pub time_limit: QueueTimeLimits,
+}
+
+/// A queue's time limits (Slurm partitions' `DefaultTime` and `MaxTime`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueTimeLimits {
+    /// Given to jobs that set no `time_limit`.
+    pub default: Option<TimeSpan>,
+    /// Largest `time_limit` a job may ask for (also bounds the default).
+    pub max: Option<TimeSpan>,
 }
 
 fn one() -> u32 {
@@ -123,6 +137,7 @@ impl QueueSpec {
             allowed_priorities: Vec::new(),
             allow_non_preemptible: false,
             node: NodePolicy::default(),
+            time_limit: QueueTimeLimits::default(),
         }
     }
 
@@ -136,6 +151,7 @@ impl QueueSpec {
             allowed_priorities: Vec::new(),
             allow_non_preemptible: false,
             node: NodePolicy::default(),
+            time_limit: QueueTimeLimits::default(),
         }
     }
 }

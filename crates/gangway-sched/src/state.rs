@@ -1059,7 +1059,7 @@ impl ClusterState {
             class_mask: self.class_mask(&spec),
             topology: spec.topology,
             preemptible: spec.is_preemptible(),
-            runtime: spec.runtime_seconds,
+            runtime: spec.runtime_bound(),
         };
         let job = Job {
             id,
@@ -1190,7 +1190,7 @@ impl ClusterState {
         let est_end = now
             + job
                 .spec
-                .runtime_seconds
+                .runtime_bound()
                 .unwrap_or(self.config.default_runtime_seconds);
         self.running_by_end.insert((est_end, id));
         self.claims.remove(&id);

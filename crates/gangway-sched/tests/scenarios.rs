@@ -523,6 +523,35 @@ fn backfill_uses_idle_gpus_without_delaying_the_head_gang() {
 }
 
 #[test]
+fn an_enforced_time_limit_is_the_run_time_bound_for_backfill() {
+    let mut s = cluster(2, 8, 2);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    // Busy until t=1000, known only through the time limit.
+    let mut busy = job("q", 1, 8, None);
+    busy.time_limit = Some(gangway_core::TimeSpan::Text("1000s".into()));
+    d.submit(busy, Some(1000));
+    let mut busy2 = job("q", 1, 4, None);
+    busy2.time_limit = Some(gangway_core::TimeSpan::Seconds(1000));
+    d.submit(busy2, Some(1000));
+    d.cycle();
+    let head = d.submit(job("q", 2, 8, None), None);
+    d.advance(1);
+    // Declares no runtime, but cannot run past its 500 s limit: backfills.
+    let mut limited = job("q", 1, 4, None);
+    limited.time_limit = Some(gangway_core::TimeSpan::Text("00:08:20".into()));
+    let limited = d.submit(limited, Some(400));
+    // No runtime and no limit: it could delay the head, so it waits.
+    let open = d.submit(job("q", 1, 4, None), None);
+    let out = d.cycle().clone();
+    assert_eq!(out.reservations.len(), 1);
+    assert_eq!(out.reservations[0].job, head);
+    assert_eq!(out.reservations[0].start_at, 1000, "from the time limits");
+    assert!(d.is_running(limited), "{}", d.reason(limited));
+    assert!(!d.is_running(open));
+}
+
+#[test]
 fn a_big_gang_is_not_starved_by_a_stream_of_small_jobs() {
     let mut s = cluster(4, 8, 4);
     queue(&mut s, QueueSpec::unlimited("q", None));

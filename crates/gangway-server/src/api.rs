@@ -723,6 +723,7 @@ async fn agent_sync(
         // Waiting for approval: alive, nothing to run.
         return Ok(Json(SyncResponse {
             assignments: Vec::new(),
+            cleanup: Vec::new(),
         }));
     }
     let (mut out, changed) = c.sync(&node, &req, now())?;
@@ -776,6 +777,11 @@ async fn job_logs(
                 format!("rank: job {id} has ranks 0..{}", rec.ran_on.len()),
             )
         })?;
+        // A failed rank of an earlier attempt may have run elsewhere.
+        let node = match &rec.failure {
+            Some(f) if q.attempt == Some(f.attempt) && f.rank == Some(rank) => &f.node,
+            _ => node,
+        };
         let spec = c
             .cluster
             .node_index(node)

@@ -141,6 +141,14 @@ pub struct ServerConfig {
     /// user (jobs the admin submits).
     #[serde(default = "nobody")]
     pub default_unix_user: String,
+    /// Cluster-wide checkpoint root (shared storage every node mounts at
+    /// this path); jobs checkpoint under `<root>/<user>/<dir>`. Absent: each
+    /// agent's `--checkpoint-root` (fine for one machine, not across nodes).
+    #[serde(default)]
+    pub checkpoint_root: Option<String>,
+    /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
+    #[serde(default)]
+    pub master_ports: gangway_core::agent::PortRange,
 }
 
 fn six_hundred() -> u64 {
@@ -211,6 +219,8 @@ impl ServerConfig {
             limits: UserLimits::default(),
             max_body_bytes: one_mib(),
             default_unix_user: nobody(),
+            checkpoint_root: None,
+            master_ports: Default::default(),
         }
     }
 
@@ -221,6 +231,14 @@ impl ServerConfig {
             .find(|u| u.name == user)
             .and_then(|u| u.limits)
             .unwrap_or(self.limits)
+    }
+
+    /// The job-contract knobs.
+    pub fn contract(&self) -> crate::control::ContractConfig {
+        crate::control::ContractConfig {
+            checkpoint_root: self.checkpoint_root.clone(),
+            master_ports: self.master_ports,
+        }
     }
 
     /// Parses and checks a YAML configuration.
@@ -261,6 +279,36 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(
                 "node_lost_seconds must not be less than node_not_ready_seconds".into(),
             ));
+        }
+        if c.master_ports.is_empty() || c.master_ports.first < 1024 {
+            return Err(ConfigError::Invalid(
+                "master_ports: first must be at least 1024 and not above last".into(),
+            ));
+        }
+        for q in &c.queues {
+            for (what, t) in [
+                ("default", &q.time_limit.default),
+                ("max", &q.time_limit.max),
+            ] {
+                if let Some(t) = t {
+                    let secs = t.seconds().map_err(|e| {
+                        ConfigError::Invalid(format!("queue {}: time_limit.{what}: {e}", q.name))
+                    })?;
+                    if secs == 0 || secs > gangway_core::job::MAX_TIME_LIMIT_SECONDS {
+                        return Err(ConfigError::Invalid(format!(
+                            "queue {}: time_limit.{what}: must be between 1 second and 366 days",
+                            q.name
+                        )));
+                    }
+                }
+            }
+        }
+        if let Some(root) = &c.checkpoint_root {
+            if !root.starts_with('/') {
+                return Err(ConfigError::Invalid(
+                    "checkpoint_root: must be an absolute path".into(),
+                ));
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for t in std::iter::once(&c.admin_token)
@@ -310,5 +358,45 @@ mod tests {
         }
         let deep = format!("{base}x: {}{}", "[".repeat(10_000), "]".repeat(10_000));
         assert!(ServerConfig::from_yaml(&deep).is_err());
+    }
+
+    const BASE: &str = "admin_token: admin-secret\nagent_token: agent-secret\n";
+
+    #[test]
+    fn contract_settings_are_checked() {
+        let ok = format!(
+            "{BASE}checkpoint_root: /shared/ck\nmaster_ports: {{ first: 29400, last: 29500 }}\nqueues:\n  - name: q\n    time_limit: {{ default: \"1h\", max: 86400 }}\n"
+        );
+        let c = ServerConfig::from_yaml(&ok).expect("valid");
+        assert_eq!(c.master_ports.last, 29_500);
+        assert_eq!(
+            c.queues[0].time_limit.max,
+            Some(gangway_core::TimeSpan::Seconds(86_400))
+        );
+        let defaults = ServerConfig::from_yaml(BASE).expect("valid");
+        assert_eq!(
+            defaults.master_ports,
+            gangway_core::agent::PortRange::default()
+        );
+        assert_eq!(defaults.checkpoint_root, None);
+        for (bad, why) in [
+            ("checkpoint_root: relative/path\n", "checkpoint_root"),
+            (
+                "master_ports: { first: 30000, last: 29999 }\n",
+                "master_ports",
+            ),
+            ("master_ports: { first: 80, last: 90 }\n", "master_ports"),
+            (
+                "queues:\n  - name: q\n    time_limit: { max: soon }\n",
+                "queue q: time_limit.max",
+            ),
+            (
+                "queues:\n  - name: q\n    time_limit: { default: 0 }\n",
+                "queue q: time_limit.default",
+            ),
+        ] {
+            let e = ServerConfig::from_yaml(&format!("{BASE}{bad}")).expect_err(bad);
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
     }
 }

@@ -3,9 +3,13 @@
 //! the store (compare-and-swap on the record's revision) before it is applied
 //! in memory and acknowledged.
 
+mod contract;
+
+pub use contract::{ContractConfig, ContractState};
+
 use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, JOB_SEQ};
 use gangway_core::agent::{
-    master_port, Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
+    Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
 };
 use gangway_core::signal_number;
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
@@ -93,6 +97,8 @@ pub(crate) enum Ending {
     Failed(String),
     /// Every rank exited 0.
     Succeeded(String),
+    /// Stopped at its time limit.
+    TimedOut(String),
 }
 
 impl JobEvent {
@@ -122,7 +128,19 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
     rec.started_on.clear();
     rec.exited_on.clear();
     rec.preempted_by = None;
+    let ending = contract::timeout_ending(&rec, ending);
+    if !matches!(ending, Ending::TimedOut(_)) {
+        // The next attempt gets its own port and signal time.
+        rec.master_port = None;
+        rec.signal_at_ms = None;
+        rec.time_limit_hit = None;
+    }
     let after = match ending {
+        Ending::TimedOut(msg) => {
+            rec.state = JobState::Timeout;
+            rec.events.push(JobEvent::new(now, "timeout", msg));
+            AfterEnd::Finish
+        }
         Ending::Requeued(msg) => {
             rec.state = JobState::Pending;
             rec.placement.clear();
@@ -232,6 +250,10 @@ pub struct Control<S: Store> {
     pub(crate) reported_health: HashMap<(String, u32), bool>,
     /// Seconds between cycles when nothing changes (the stall detector's period).
     pub cycle_seconds: u64,
+    /// Job-contract knobs (ports, checkpoint root).
+    pub contract: ContractConfig,
+    /// Job-contract state kept in memory.
+    contract_state: ContractState,
 }
 
 /// What an agent reports about a job on its node.
@@ -338,6 +360,8 @@ impl<S: Store> Control<S> {
             node_failures: HashMap::new(),
             cordon_reasons: HashMap::new(),
             reported_health: HashMap::new(),
+            contract: ContractConfig::default(),
+            contract_state: ContractState::default(),
         };
         c.rebuild()?;
         Ok(c)
@@ -363,6 +387,10 @@ impl<S: Store> Control<S> {
             if !r.placement.is_empty() {
                 if let Some(p) = self.placement_from(&r.placement) {
                     let _ = self.cluster.bind(r.id, p, r.submitted_at);
+                }
+                // The scheduler's measure of lost work survives a restart.
+                if let Some(c) = &r.checkpoint {
+                    let _ = self.cluster.record_checkpoint(r.id, c.written_ms / 1000);
                 }
             }
             // A victim in its grace period stays one: nobody preempts it twice.
@@ -420,9 +448,14 @@ impl<S: Store> Control<S> {
     /// never creates a second job.
     pub fn submit_batch(
         &mut self,
-        batch: Vec<NewJob>,
+        mut batch: Vec<NewJob>,
         now: Time,
     ) -> Vec<Result<JobId, ControlError>> {
+        // The queue's time limits: its default filled in, its maximum enforced.
+        let mut limit_errors: Vec<Option<ControlError>> = batch
+            .iter_mut()
+            .map(|job| self.apply_queue_time_limit(&mut job.spec).err())
+            .collect();
         let mut results: Vec<Option<Result<JobId, ControlError>>> = Vec::with_capacity(batch.len());
         let mut valid = Vec::new();
         // First occurrence in this batch of each new key.
@@ -447,6 +480,10 @@ impl<S: Store> Control<S> {
                     continue;
                 }
                 first_of.insert(key, i);
+            }
+            if let Some(e) = limit_errors[i].take() {
+                results.push(Some(Err(e)));
+                continue;
             }
             match self.cluster.validate(&job.spec) {
                 Ok(_) => {
@@ -626,7 +663,7 @@ impl<S: Store> Control<S> {
                     "scheduled" | "running" => {
                         start.get_or_insert(e.at);
                     }
-                    "cancelled" | "finished" | "failed" | "requeued" | "restarting" => {
+                    "cancelled" | "finished" | "failed" | "requeued" | "restarting" | "timeout" => {
                         if let Some(s) = start.take() {
                             secs += e.at.min(to).saturating_sub(s.max(from));
                         }
@@ -694,10 +731,7 @@ impl<S: Store> Control<S> {
             (Report::Exited(code), JobState::Preempting) => {
                 rec.exited_on.insert(node.to_string(), code);
                 if rec.exited_on.len() == nodes {
-                    let msg = format!(
-                        "checkpointed and stopped on {} (exit code {code}); will resume from its checkpoint",
-                        if nodes == 1 { node.to_string() } else { format!("{nodes} nodes") }
-                    );
+                    let msg = Self::stopped_message(&rec, node, nodes, code);
                     self.end_attempt(rec, Ending::Requeued(msg), now)?;
                 } else {
                     self.write(rec)?;
@@ -705,7 +739,7 @@ impl<S: Store> Control<S> {
             }
             (Report::Exited(code), JobState::Running | JobState::Scheduled) if code != 0 => {
                 self.note_node_failure(node, id, now)?;
-                let msg = format!("exited with code {code} on {node}");
+                let msg = self.failure_message(&mut rec, node, code, now);
                 self.end_attempt(rec, Ending::Failed(msg), now)?;
             }
             (Report::Exited(code), JobState::Running | JobState::Scheduled) => {
@@ -748,6 +782,10 @@ impl<S: Store> Control<S> {
 
     /// What the scheduler's state does when an attempt ends.
     pub(crate) fn apply_ending(&mut self, id: JobId, after: AfterEnd) {
+        if matches!(after, AfterEnd::Finish) {
+            self.queue_cleanup(id);
+        }
+        self.forget_failures(id);
         let _ = match after {
             AfterEnd::Requeue => self.cluster.requeue(id),
             AfterEnd::Restart => self.cluster.cancel(id).map(|_| ()),
@@ -810,6 +848,30 @@ impl<S: Store> Control<S> {
         }
         changed |= self.apply_gpu_health(node, &req.gpus)?;
         for t in &req.tasks {
+            // The contract's parts of the report first: a busy rendezvous
+            // port replaces the report; a checkpoint and a failure go with it.
+            let contract = match t.port_busy {
+                Some(port) => self.port_busy(node, t.job, t.attempt, port, now),
+                None => match &t.checkpoint {
+                    Some(c) => self.note_checkpoint(node, t.job, t.attempt, c, now),
+                    None => Ok(false),
+                },
+            };
+            match contract {
+                Ok(c) => changed |= c,
+                Err(
+                    ControlError::StaleAttempt(..)
+                    | ControlError::NotOnNode(..)
+                    | ControlError::NoSuchJob(_),
+                ) => continue,
+                Err(e) => return Err(e),
+            }
+            if t.port_busy.is_some() {
+                continue;
+            }
+            if let Some(f) = &t.failure {
+                self.stash_failure(node, t.job, t.attempt, f);
+            }
             let report = match t.state {
                 TaskState::Running => Report::Running,
                 TaskState::Exited { exit_code } => Report::Exited(exit_code),
@@ -830,6 +892,7 @@ impl<S: Store> Control<S> {
         }
         let answer = SyncResponse {
             assignments: self.assignments(node),
+            cleanup: self.take_cleanup(node),
         };
         Ok((answer, changed))
     }
@@ -954,7 +1017,7 @@ impl<S: Store> Control<S> {
                 node_rank: node_rank as u32,
                 nnodes: nodes.len() as u32,
                 master_addr,
-                master_port: master_port(id, rec.attempt),
+                master_port: self.port_of(rec),
                 cpu_millis: rec.spec.resources.cpu_millis,
                 memory_mib: rec.spec.resources.memory_mib,
                 checkpoint_signal: signal_number(&rec.spec.checkpoint.signal).unwrap_or(15),
@@ -965,6 +1028,11 @@ impl<S: Store> Control<S> {
                     queue: rec.spec.queue.clone(),
                     ..Default::default()
                 },
+                stop_now: Self::stop_now(rec),
+                checkpoint_root: self.contract.checkpoint_root.clone(),
+                checkpoint_subdir: Self::checkpoint_subdir_of(rec),
+                resume_from: rec.checkpoint.as_ref().map(|c| c.path.clone()),
+                max_restarts: rec.spec.restart.max_restarts,
             });
         }
         out
@@ -1082,7 +1150,13 @@ impl<S: Store> Control<S> {
         self.credit_own_stall(now);
         self.check_nodes(now)?;
         self.resume_restarts(now)?;
+        self.enforce_time_limits(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
+        let mut ports = if d.binds.is_empty() {
+            HashMap::new()
+        } else {
+            self.ports_in_use(now)
+        };
         // Only what `apply` reads; the explanations are not copied.
         let mut applied = Decisions::default();
         // All of the cycle's decisions in one transaction: every record is
@@ -1100,6 +1174,9 @@ impl<S: Store> Control<S> {
             rec.ran_attempt = rec.attempt;
             rec.started_on.clear();
             rec.exited_on.clear();
+            if self.assign_port(&mut rec, &mut ports).is_none() {
+                tracing::warn!("job {}: no free rendezvous port on its rank 0 node", rec.id);
+            }
             rec.events.push(JobEvent {
                 at: now,
                 kind: "scheduled".into(),
@@ -1122,6 +1199,7 @@ impl<S: Store> Control<S> {
             let mut rec = rec.clone();
             rec.state = JobState::Preempting;
             rec.preempted_by = Some(p.by);
+            rec.signal_at_ms = Some(contract::wall_ms());
             rec.events.push(JobEvent {
                 at: now,
                 kind: "preempting".into(),

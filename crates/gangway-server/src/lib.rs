@@ -92,6 +92,7 @@ pub fn open_with_audit(
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
+    control.contract = cfg.contract();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
         tokens: authz::ConfigTokens::new(&cfg),

@@ -202,6 +202,7 @@ impl<S: Store> Control<S> {
         now: Time,
     ) -> Result<Registered, ControlError> {
         check_node_spec(&spec)?;
+        self.check_address(&spec.name, &spec.address)?;
         let name = spec.name.clone();
         if let Registrant::Node(own) = by {
             if *own != name {

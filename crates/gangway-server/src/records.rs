@@ -68,6 +68,62 @@ pub struct JobRecord {
     /// That attempt.
     #[serde(default)]
     pub ran_attempt: u32,
+    /// The last checkpoint the job's ranks reported (kept across attempts:
+    /// a resumed attempt gets its path as `GANGWAY_RESUME_FROM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointRecord>,
+    /// The first rank failure of the latest attempt that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureRecord>,
+    /// The current attempt's rendezvous port on rank 0's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_port: Option<u16>,
+    /// When the checkpoint signal was decided (preemption or time limit),
+    /// milliseconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal_at_ms: Option<u64>,
+    /// When the time limit was reached: the attempt ends as `timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_hit: Option<Time>,
+}
+
+/// A checkpoint reported through `$GANGWAY_CHECKPOINT_DIR/LATEST`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// Training step.
+    pub step: u64,
+    /// Where it is.
+    pub path: String,
+    /// When the rank wrote `LATEST` (ms since the epoch).
+    pub written_ms: u64,
+    /// Attempt that reported it.
+    pub attempt: u32,
+    /// Node that reported it.
+    pub node: String,
+}
+
+/// The first failing rank of an attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// Attempt.
+    pub attempt: u32,
+    /// Node.
+    pub node: String,
+    /// Global rank (`None` when the node did not say which).
+    pub rank: Option<u32>,
+    /// Exit code (128+N for signal N).
+    pub exit_code: i32,
+    /// The signal that killed it.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Killed by the kernel's OOM killer.
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// Last lines of its log.
+    #[serde(default)]
+    pub log_tail: Vec<String>,
+    /// When it was reported.
+    pub at: Time,
 }
 
 impl JobRecord {
@@ -94,6 +150,11 @@ impl JobRecord {
             exited_on: BTreeMap::new(),
             ran_on: Vec::new(),
             ran_attempt: 0,
+            checkpoint: None,
+            failure: None,
+            master_port: None,
+            signal_at_ms: None,
+            time_limit_hit: None,
         }
     }
 

@@ -292,7 +292,10 @@ pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
         for id in left {
             let job = c.get(&format!("/v1/jobs/{id}"))?;
             let state = s(&job, "state");
-            if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+            if matches!(
+                state.as_str(),
+                "succeeded" | "failed" | "cancelled" | "timeout"
+            ) {
                 let last = job
                     .get("events")
                     .and_then(Value::as_array)
@@ -345,6 +348,64 @@ fn with_submit_dir(text: &str) -> Result<Option<String>> {
     Ok(Some(serde_json::to_string(&v)?))
 }
 
+/// Which ranks `gangway logs` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ranks {
+    /// One rank.
+    One(u32),
+    /// The first failing rank of the latest failed attempt.
+    Failed,
+    /// Every rank of the attempt.
+    All,
+}
+
+/// `gangway logs JOB [--rank N | --failed | --all] [--attempt A] [--follow]`.
+pub fn logs_of(c: &Conn, id: u64, which: Ranks, attempt: Option<u32>, follow: bool) -> Result<()> {
+    match which {
+        Ranks::One(rank) => logs(c, id, rank, attempt, follow),
+        Ranks::Failed => {
+            let job = c.get(&format!("/v1/jobs/{id}"))?;
+            let Some(f) = job.get("failure").filter(|f| !f.is_null()) else {
+                anyhow::bail!("job {id} has no failed rank");
+            };
+            let node = s(f, "node");
+            let at = f.get("attempt").and_then(Value::as_u64).unwrap_or(0) as u32;
+            let Some(rank) = f.get("rank").and_then(Value::as_u64) else {
+                anyhow::bail!(
+                    "job {id} attempt {at} failed on {node} (exit code {}), but the node did not say which rank",
+                    s(f, "exit_code")
+                );
+            };
+            println!(
+                "==> job {id} attempt {} rank {rank} on {node}: exit code {} <==",
+                attempt.unwrap_or(at),
+                s(f, "exit_code")
+            );
+            logs(c, id, rank as u32, Some(attempt.unwrap_or(at)), follow)
+        }
+        Ranks::All => {
+            let job = c.get(&format!("/v1/jobs/{id}"))?;
+            let nodes: Vec<String> = job
+                .get("ran_on")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|n| n.as_str().unwrap_or("").to_string())
+                .collect();
+            if nodes.is_empty() {
+                anyhow::bail!("job {id} has not been placed yet: no logs");
+            }
+            for (rank, node) in nodes.iter().enumerate() {
+                println!("==> rank {rank} on {node} <==");
+                if let Err(e) = logs(c, id, rank as u32, attempt, false) {
+                    println!("(no log: {e:#})");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
 /// `gangway logs JOB [--rank N] [--attempt A] [--follow]`: prints a rank's
 /// log; with `--follow`, keeps printing until the job ends.
 pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) -> Result<()> {
@@ -354,7 +415,10 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
     loop {
         let job = c.get(&format!("/v1/jobs/{id}"))?;
         let state = s(&job, "state");
-        let done = matches!(state.as_str(), "succeeded" | "failed" | "cancelled");
+        let done = matches!(
+            state.as_str(),
+            "succeeded" | "failed" | "cancelled" | "timeout"
+        );
         let latest = job
             .get("ran_attempt")
             .and_then(Value::as_u64)
@@ -464,6 +528,7 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
         if let Some(r) = j.get("reason").and_then(Value::as_str) {
             out += &format!("  waiting: {r}\n");
         }
+        out += &contract_lines(j);
         for p in j
             .get("placement")
             .and_then(Value::as_array)
@@ -492,6 +557,66 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
         }
         out
     })
+}
+
+/// What `describe` says about the job contract: time limit, rendezvous,
+/// last checkpoint and the first failing rank with its last log lines.
+fn contract_lines(j: &Value) -> String {
+    let mut out = String::new();
+    if let Some(t) = j.pointer("/spec/time_limit").filter(|t| !t.is_null()) {
+        let text = match t {
+            Value::Number(n) => n
+                .as_u64()
+                .map_or_else(|| n.to_string(), gangway_core::format_time_span),
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        out += &format!("  time limit {text}\n");
+    }
+    if let Some(p) = j.get("master_port").and_then(Value::as_u64) {
+        out += &format!("  rendezvous port {p}\n");
+    }
+    if let Some(c) = j.get("checkpoint").filter(|c| !c.is_null()) {
+        out += &format!(
+            "  last checkpoint: step {} at {} (attempt {}, reported by {})\n",
+            s(c, "step"),
+            s(c, "path"),
+            s(c, "attempt"),
+            s(c, "node")
+        );
+    }
+    if let Some(f) = j.get("failure").filter(|f| !f.is_null()) {
+        let rank = f
+            .get("rank")
+            .and_then(Value::as_u64)
+            .map_or_else(|| "a rank".to_string(), |r| format!("rank {r}"));
+        let mut how = format!("exit code {}", s(f, "exit_code"));
+        if let Some(sig) = f.get("signal").and_then(Value::as_u64) {
+            how += &format!(", signal {sig}");
+        }
+        if f.get("oom_killed") == Some(&Value::Bool(true)) {
+            how += ", OOM-killed";
+        }
+        out += &format!(
+            "  first failure: {rank} on {} in attempt {} ({how})\n",
+            s(f, "node"),
+            s(f, "attempt")
+        );
+        let tail: Vec<&str> = f
+            .get("log_tail")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if !tail.is_empty() {
+            out += "  its last log lines:\n";
+            for l in tail {
+                out += &format!("    | {l}\n");
+            }
+        }
+    }
+    out
 }
 
 /// `gangway cancel ID`.

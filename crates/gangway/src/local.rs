@@ -78,8 +78,10 @@ pub struct AgentArgs {
     #[arg(long)]
     pub node: Option<String>,
     /// Address other nodes reach this one at (MASTER_ADDR for its gangs).
-    #[arg(long, default_value = "127.0.0.1")]
-    pub address: String,
+    /// Default: this machine's address on the route to the server, so a
+    /// loopback address only when the server is on this machine's loopback.
+    #[arg(long)]
+    pub address: Option<String>,
     /// Where the agent serves rank logs (port 0 picks one).
     #[arg(long)]
     pub listen: Option<String>,
@@ -161,6 +163,29 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("label {s:?}: expected key=value"))
 }
 
+/// This machine's address on the route to the first server URL (a UDP
+/// "connect" sends nothing; it only picks the route); loopback when the
+/// server cannot be resolved.
+fn address_towards(server: &str) -> String {
+    use std::net::ToSocketAddrs;
+    let first = server.split(',').next().unwrap_or("").trim();
+    let hostport = first
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let target = hostport.to_socket_addrs().ok().and_then(|mut a| a.next());
+    target
+        .and_then(|t| {
+            let bind = if t.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+            let s = std::net::UdpSocket::bind(bind).ok()?;
+            s.connect(t).ok()?;
+            s.local_addr().ok()
+        })
+        .map_or_else(|| "127.0.0.1".to_string(), |a| a.ip().to_string())
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -177,15 +202,19 @@ impl AgentArgs {
             InventoryArg::Nvml => Inventory::Nvml,
             InventoryArg::Declared => declared,
         };
+        let address = self
+            .address
+            .clone()
+            .unwrap_or_else(|| address_towards(&self.server));
         Ok(AgentConfig {
             server: self.server.clone(),
             join_token: self.join_token.clone(),
             node: self.node.clone().unwrap_or_else(hostname),
-            address: self.address.clone(),
             listen: self
                 .listen
                 .clone()
-                .unwrap_or_else(|| format!("{}:0", self.address)),
+                .unwrap_or_else(|| format!("{address}:0")),
+            address,
             leaf: self.leaf.clone(),
             spine: self.spine.clone(),
             labels: self.labels.iter().cloned().collect(),
@@ -394,6 +423,8 @@ pub fn up(a: &UpArgs) -> Result<()> {
     cfg.default_unix_user = run_as.clone();
     // Its own agents, started right here: nothing to approve.
     cfg.node_approval = gangway_server::config::NodeApproval::Auto;
+    // One machine: one checkpoint root for every agent.
+    cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string());
     let app = gangway_server::open(cfg, &dir.join("server"))?;
     let listen_host = a
         .listen

@@ -62,13 +62,19 @@ enum Command {
     Agent(Box<local::AgentArgs>),
     /// Starts a local cluster: a server and N agents with declared GPUs.
     Up(Box<local::UpArgs>),
-    /// Prints a rank's log.
+    /// Prints a rank's log (rank 0 unless told otherwise).
     Logs {
         /// Job id.
         id: u64,
         /// Rank.
-        #[arg(long, default_value_t = 0)]
-        rank: u32,
+        #[arg(long, conflicts_with_all = ["failed", "all"])]
+        rank: Option<u32>,
+        /// The first rank that failed (its attempt and node).
+        #[arg(long, conflicts_with = "all")]
+        failed: bool,
+        /// Every rank, one after another, each under a header.
+        #[arg(long, conflicts_with = "follow")]
+        all: bool,
         /// Attempt (default: the latest).
         #[arg(long)]
         attempt: Option<u32>,
@@ -314,9 +320,18 @@ fn run() -> Result<()> {
         Command::Logs {
             id,
             rank,
+            failed,
+            all,
             attempt,
             follow,
-        } => client::logs(c, id, rank, attempt, follow),
+        } => {
+            let which = match (failed, all) {
+                (true, _) => client::Ranks::Failed,
+                (_, true) => client::Ranks::All,
+                _ => client::Ranks::One(rank.unwrap_or(0)),
+            };
+            client::logs_of(c, id, which, attempt, follow)
+        }
         Command::Submit { file } => client::submit(c, &file),
         Command::Queue { queue, state, user } => {
             client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())

@@ -71,7 +71,7 @@ fn a_preempted_job_checkpoints_within_its_grace_and_resumes() {
     let ckpt = c
         .dir
         .path()
-        .join(format!("checkpoints/job-{low_id}/rank-0"));
+        .join(format!("checkpoints/admin/job-{low_id}/rank-0"));
     wait_for("progress", 20, || {
         std::fs::read_to_string(&ckpt)
             .ok()

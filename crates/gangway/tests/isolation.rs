@@ -100,6 +100,8 @@ echo "rank $RANK in a container"
         "replicas": 4,
         "resources": { "gpus": 1, "cpu_millis": 500, "memory_mib": 64 },
         "restart": { "max_restarts": 0 },
+        // Kept after success, so the test can look at it.
+        "checkpoint": { "keep": true },
         "run": {
             "image": IMAGE,
             "command": ["sh", "-c", script],
@@ -130,7 +132,10 @@ echo "rank $RANK in a container"
             (64u64 << 20).to_string(),
             "memory limit of the container"
         );
-        let ck = c.dir.path().join(format!("checkpoints/job-{id}/rank-{r}"));
+        let ck = c
+            .dir
+            .path()
+            .join(format!("checkpoints/admin/job-{id}/rank-{r}"));
         assert!(ck.exists(), "checkpoint written through the mount");
     }
     assert!(!data.join("written").exists());

@@ -1,0 +1,780 @@
+//! The server's side of the job contract: rendezvous ports, the checkpoint
+//! handshake (what a reported checkpoint changes, what events say about it),
+//! checkpoint storage and cleanup, naming what failed, time limits and the
+//! rule about loopback addresses.
+
+use super::{Control, ControlError, Ending};
+use crate::records::{CheckpointRecord, FailureRecord, JobEvent, JobRecord};
+use gangway_core::agent::{
+    checkpoint_subdir, CheckpointCleanup, CheckpointReport, PortRange, RankFailure,
+};
+use gangway_core::{format_time_span, JobId, JobSpec, JobState, SpecError, Time, TimeSpan};
+use gangway_sched::Rejection;
+use gangway_store::Store;
+use std::collections::{HashMap, HashSet};
+
+/// The contract's knobs (from the server config).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContractConfig {
+    /// Cluster-wide checkpoint root; `None`: each agent's own.
+    pub checkpoint_root: Option<String>,
+    /// Rendezvous ports.
+    pub master_ports: PortRange,
+}
+
+/// What the contract keeps in memory besides the records.
+#[derive(Debug, Default)]
+pub struct ContractState {
+    /// Ports found held by other processes, per node, with when.
+    pub blocked_ports: HashMap<String, HashMap<u16, Time>>,
+    /// Rank failures reported with an exit, until the exit is applied.
+    pub failures: HashMap<(JobId, u32, String), RankFailure>,
+    /// Checkpoint directories to remove, per node (handed out once).
+    pub cleanup: HashMap<String, Vec<CheckpointCleanup>>,
+}
+
+/// How long a port found busy on a node is avoided there: long enough for a
+/// foreign listener to be noticed and for TIME_WAIT sockets (60 s on Linux)
+/// to go.
+pub const BLOCKED_PORT_SECONDS: u64 = 600;
+
+/// Wall-clock milliseconds since the epoch.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn is_loopback(addr: &str) -> bool {
+    let host = addr.trim();
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn signal_name(n: i32) -> String {
+    match n {
+        1 => "SIGHUP".into(),
+        2 => "SIGINT".into(),
+        3 => "SIGQUIT".into(),
+        6 => "SIGABRT".into(),
+        7 => "SIGBUS".into(),
+        9 => "SIGKILL".into(),
+        10 => "SIGUSR1".into(),
+        11 => "SIGSEGV".into(),
+        12 => "SIGUSR2".into(),
+        13 => "SIGPIPE".into(),
+        15 => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// "checkpoint at step 340 (12 s before the signal)" or "no checkpoint reported".
+pub fn checkpoint_phrase(c: Option<&CheckpointRecord>, signal_at_ms: Option<u64>) -> String {
+    let Some(c) = c else {
+        return "no checkpoint reported".into();
+    };
+    match signal_at_ms {
+        Some(at) if c.written_ms >= at => format!(
+            "checkpoint at step {} ({} s after the signal)",
+            c.step,
+            (c.written_ms - at) / 1000
+        ),
+        Some(at) => format!(
+            "checkpoint at step {} ({} s before the signal)",
+            c.step,
+            (at - c.written_ms).div_ceil(1000)
+        ),
+        None => format!("checkpoint at step {}", c.step),
+    }
+}
+
+/// How a failure reads in events: "rank 5, killed by SIGKILL, OOM-killed".
+pub fn failure_phrase(f: &FailureRecord) -> String {
+    let mut parts = Vec::new();
+    if let Some(r) = f.rank {
+        parts.push(format!("rank {r}"));
+    }
+    if let Some(s) = f.signal {
+        parts.push(format!("killed by {}", signal_name(s)));
+    }
+    if f.oom_killed {
+        parts.push("OOM-killed".into());
+    }
+    parts.join(", ")
+}
+
+impl<S: Store> Control<S> {
+    /// Rendezvous ports held by live jobs, per rank-0 node, plus those found
+    /// taken by other processes.
+    pub(super) fn ports_in_use(&self, now: Time) -> HashMap<String, HashSet<u16>> {
+        let mut used: HashMap<String, HashSet<u16>> = HashMap::new();
+        for (rec, _) in self.jobs.values() {
+            let live = matches!(
+                rec.state,
+                JobState::Scheduled | JobState::Running | JobState::Preempting
+            );
+            if let (true, Some(p), Some(r0)) = (live, rec.master_port, rec.placement.first()) {
+                used.entry(r0.node.clone()).or_default().insert(p);
+            }
+        }
+        for (node, ports) in &self.contract_state.blocked_ports {
+            let recent = ports
+                .iter()
+                .filter(|(_, at)| now.saturating_sub(**at) < BLOCKED_PORT_SECONDS)
+                .map(|(p, _)| *p);
+            used.entry(node.clone()).or_default().extend(recent);
+        }
+        used
+    }
+
+    /// Gives a just-placed attempt its rendezvous port: free among the live
+    /// jobs on rank 0's node (`used` is updated). `None` when the range is
+    /// exhausted there.
+    pub(super) fn assign_port(
+        &self,
+        rec: &mut JobRecord,
+        used: &mut HashMap<String, HashSet<u16>>,
+    ) -> Option<u16> {
+        let node = rec.placement.first()?.node.clone();
+        let taken = used.entry(node).or_default();
+        let port = self
+            .contract
+            .master_ports
+            .pick(rec.id, rec.attempt, &|p| taken.contains(&p))?;
+        taken.insert(port);
+        rec.master_port = Some(port);
+        Some(port)
+    }
+
+    /// The port an assignment carries (records from before ports were
+    /// recorded get one derived from the range).
+    pub(super) fn port_of(&self, rec: &JobRecord) -> u16 {
+        rec.master_port
+            .or_else(|| {
+                self.contract
+                    .master_ports
+                    .pick(rec.id, rec.attempt, &|_| false)
+            })
+            .unwrap_or(self.contract.master_ports.first)
+    }
+
+    /// Checks a report's job, attempt and node; the record when it applies.
+    fn reported(&self, node: &str, id: JobId, attempt: u32) -> Result<JobRecord, ControlError> {
+        let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        if attempt != rec.attempt {
+            return Err(ControlError::StaleAttempt(id, attempt, rec.attempt));
+        }
+        if !rec.placement.iter().any(|r| r.node == node) {
+            return Err(ControlError::NotOnNode(node.to_string(), id));
+        }
+        Ok(rec.clone())
+    }
+
+    /// Rank 0's node could not bind the rendezvous port (a process outside
+    /// Gangway holds it): the port is avoided on that node from now on and
+    /// the gang starts again as a new attempt on a new port, so no rank
+    /// waits for a rendezvous that cannot happen. Returns whether it changed.
+    pub(super) fn port_busy(
+        &mut self,
+        node: &str,
+        id: JobId,
+        attempt: u32,
+        port: u16,
+        now: Time,
+    ) -> Result<bool, ControlError> {
+        let mut rec = self.reported(node, id, attempt)?;
+        let is_master = rec.placement.first().is_some_and(|r| r.node == node);
+        if !is_master || rec.state != JobState::Scheduled || self.port_of(&rec) != port {
+            return Ok(false);
+        }
+        self.contract_state
+            .blocked_ports
+            .entry(node.to_string())
+            .or_default()
+            .insert(port, now);
+        // Forget ports blocked long ago.
+        for ports in self.contract_state.blocked_ports.values_mut() {
+            ports.retain(|_, at| now.saturating_sub(*at) < BLOCKED_PORT_SECONDS);
+        }
+        let mut used = self.ports_in_use(now);
+        // This job's own (old) port is blocked already; its record must not
+        // hold the new one back.
+        rec.master_port = None;
+        rec.attempt += 1;
+        rec.ran_attempt = rec.attempt;
+        rec.started_on.clear();
+        rec.exited_on.clear();
+        let msg = match self.assign_port(&mut rec, &mut used) {
+            Some(p) => format!(
+                "rendezvous port {port} is in use on {node} by another process; moved to port {p} (attempt {})",
+                rec.attempt
+            ),
+            None => format!(
+                "rendezvous port {port} is in use on {node} and every port of {}-{} is taken there",
+                self.contract.master_ports.first, self.contract.master_ports.last
+            ),
+        };
+        tracing::warn!("job {id}: {msg}");
+        rec.events.push(JobEvent::new(now, "rendezvous", msg));
+        self.write(rec)?;
+        Ok(true)
+    }
+
+    /// A checkpoint announced by a job's ranks: kept as the job's last
+    /// checkpoint (and the scheduler's measure of work a preemption loses).
+    /// Returns whether it was new.
+    pub(super) fn note_checkpoint(
+        &mut self,
+        node: &str,
+        id: JobId,
+        attempt: u32,
+        c: &CheckpointReport,
+        now: Time,
+    ) -> Result<bool, ControlError> {
+        let mut rec = self.reported(node, id, attempt)?;
+        let live = matches!(
+            rec.state,
+            JobState::Scheduled | JobState::Running | JobState::Preempting
+        );
+        let same = rec.checkpoint.as_ref().is_some_and(|old| {
+            old.step == c.step && old.path == c.path && old.written_ms == c.written_ms
+        });
+        if !live || same {
+            return Ok(false);
+        }
+        // A LATEST left by an earlier attempt counts only if it is newer.
+        if rec
+            .checkpoint
+            .as_ref()
+            .is_some_and(|old| old.written_ms > c.written_ms)
+        {
+            return Ok(false);
+        }
+        let record = CheckpointRecord {
+            step: c.step,
+            path: c.path.clone(),
+            written_ms: c.written_ms,
+            attempt,
+            node: node.to_string(),
+        };
+        let mut msg = format!("checkpoint at step {} ({})", c.step, c.path);
+        if rec.state == JobState::Preempting {
+            msg = format!(
+                "{}; stopping the gang now",
+                checkpoint_phrase(Some(&record), rec.signal_at_ms)
+            );
+        }
+        rec.checkpoint = Some(record);
+        rec.events.push(JobEvent::new(now, "checkpoint", msg));
+        self.write(rec)?;
+        let _ = self.cluster.record_checkpoint(id, c.written_ms / 1000);
+        Ok(true)
+    }
+
+    /// Whether the gang may stop before its grace ends: it is being
+    /// stopped and reported a checkpoint written after the signal.
+    pub(super) fn stop_now(rec: &JobRecord) -> bool {
+        rec.state == JobState::Preempting
+            && rec
+                .checkpoint
+                .as_ref()
+                .zip(rec.signal_at_ms)
+                .is_some_and(|(c, at)| c.written_ms >= at)
+    }
+
+    /// The job's checkpoint directory under the root.
+    pub(super) fn checkpoint_subdir_of(rec: &JobRecord) -> String {
+        checkpoint_subdir(&rec.user, rec.id, rec.spec.checkpoint.dir.as_deref())
+    }
+
+    /// Keeps a node's report of its first failed rank until the exit it
+    /// comes with is applied.
+    pub(super) fn stash_failure(&mut self, node: &str, id: JobId, attempt: u32, f: &RankFailure) {
+        self.contract_state
+            .failures
+            .insert((id, attempt, node.to_string()), f.clone());
+    }
+
+    /// Drops what nodes reported about failures of a job whose attempt ended.
+    pub(super) fn forget_failures(&mut self, id: JobId) {
+        self.contract_state.failures.retain(|(j, _, _), _| *j != id);
+    }
+
+    /// The event text for a failed attempt, naming the first failing rank,
+    /// its node, its code or signal and its last output; the failure is
+    /// kept in the record for `describe` and `logs --failed`.
+    pub(super) fn failure_message(
+        &mut self,
+        rec: &mut JobRecord,
+        node: &str,
+        code: i32,
+        now: Time,
+    ) -> String {
+        let f = self
+            .contract_state
+            .failures
+            .remove(&(rec.id, rec.attempt, node.to_string()));
+        let record = FailureRecord {
+            attempt: rec.attempt,
+            node: node.to_string(),
+            rank: f.as_ref().map(|f| f.rank),
+            exit_code: f.as_ref().map_or(code, |f| f.exit_code),
+            signal: f
+                .as_ref()
+                .and_then(|f| f.signal)
+                .or_else(|| (code > 128 && code < 128 + 65).then(|| code - 128)),
+            oom_killed: f.as_ref().is_some_and(|f| f.oom_killed),
+            log_tail: f.map(|f| f.log_tail).unwrap_or_default(),
+            at: now,
+        };
+        let mut msg = format!("exited with code {} on {node}", record.exit_code);
+        let detail = failure_phrase(&record);
+        if !detail.is_empty() {
+            msg += &format!(" ({detail})");
+        }
+        if let Some(last) = record.log_tail.iter().rev().find(|l| !l.trim().is_empty()) {
+            msg += &format!("; last output: {:?}", last.trim());
+        }
+        rec.failure = Some(record);
+        msg
+    }
+
+    /// The event text when a stopped gang's last node has exited: what was
+    /// saved, and where the next attempt resumes.
+    pub(super) fn stopped_message(rec: &JobRecord, node: &str, nodes: usize, code: i32) -> String {
+        let place = if nodes == 1 {
+            node.to_string()
+        } else {
+            format!("{nodes} nodes")
+        };
+        let ckpt = checkpoint_phrase(rec.checkpoint.as_ref(), rec.signal_at_ms);
+        let next = match (&rec.checkpoint, rec.time_limit_hit) {
+            (_, Some(_)) => String::new(),
+            (Some(c), None) => format!("; will resume from {}", c.path),
+            (None, None) => "; will start again from the beginning".into(),
+        };
+        let limit = match (rec.time_limit_hit, rec.spec.time_limit_seconds()) {
+            (Some(_), Some(l)) => format!("time limit {} reached; ", format_time_span(l)),
+            (Some(_), None) => "time limit reached; ".into(),
+            _ => String::new(),
+        };
+        format!("{limit}stopped on {place} (exit code {code}); {ckpt}{next}")
+    }
+
+    /// Running gangs past their time limit get their checkpoint signal and
+    /// grace (the Preempting path); their attempt then ends as `timeout`.
+    pub(super) fn enforce_time_limits(&mut self, now: Time) -> Result<(), ControlError> {
+        let mut due = Vec::new();
+        for (rec, _) in self.jobs.values() {
+            if !matches!(rec.state, JobState::Scheduled | JobState::Running)
+                || rec.time_limit_hit.is_some()
+            {
+                continue;
+            }
+            let Some(limit) = rec.spec.time_limit_seconds() else {
+                continue;
+            };
+            let Some(started) = rec
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.kind == "scheduled")
+                .map(|e| e.at)
+            else {
+                continue;
+            };
+            if now >= started.saturating_add(limit) {
+                due.push(rec.id);
+            }
+        }
+        for id in due {
+            let Some((rec, _)) = self.jobs.get(&id) else {
+                continue;
+            };
+            let mut rec = rec.clone();
+            rec.state = JobState::Preempting;
+            rec.time_limit_hit = Some(now);
+            rec.signal_at_ms = Some(wall_ms());
+            let limit = rec.spec.time_limit_seconds().unwrap_or(0);
+            rec.events.push(JobEvent::new(
+                now,
+                "time_limit",
+                format!(
+                    "time limit {} reached; checkpoint signal sent, grace {}s",
+                    format_time_span(limit),
+                    rec.spec.checkpoint.grace_seconds
+                ),
+            ));
+            self.write(rec)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the queue's time limits to a submission: its default when the
+    /// spec sets none, and its maximum (the smallest along the queue's
+    /// ancestors) as a bound.
+    pub(super) fn apply_queue_time_limit(&self, spec: &mut JobSpec) -> Result<(), ControlError> {
+        let Some(q) = self.cluster.queue_index(&spec.queue) else {
+            return Ok(());
+        };
+        let queues = self.cluster.queues();
+        let mut default = None;
+        let mut max: Option<(u64, &str)> = None;
+        for &i in &queues[q as usize].path {
+            let spec_q = &queues[i as usize].spec;
+            let tl = &spec_q.time_limit;
+            if default.is_none() {
+                default = tl.default.as_ref().and_then(|t| t.seconds().ok());
+            }
+            if let Some(m) = tl.max.as_ref().and_then(|t| t.seconds().ok()) {
+                if max.is_none_or(|(x, _)| m < x) {
+                    max = Some((m, &spec_q.name));
+                }
+            }
+        }
+        if spec.time_limit.is_none() {
+            if let Some(d) = default {
+                let d = max.map_or(d, |(m, _)| d.min(m));
+                spec.time_limit = Some(TimeSpan::Seconds(d));
+            }
+        }
+        let Some(asked) = spec.time_limit.as_ref() else {
+            return Ok(());
+        };
+        let Ok(asked) = asked.seconds() else {
+            // Spec validation names the problem.
+            return Ok(());
+        };
+        if let Some((m, name)) = max {
+            if asked > m {
+                return Err(ControlError::Rejected(Rejection::Spec(
+                    SpecError::BadTimeLimit(format!(
+                        "{} exceeds the maximum of queue {name} ({})",
+                        format_time_span(asked),
+                        format_time_span(m)
+                    )),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// After a success, the job's checkpoint directory is removed (unless
+    /// `keep`): by rank 0's node when the root is shared, by every node it
+    /// ran on otherwise.
+    pub(super) fn queue_cleanup(&mut self, id: JobId) {
+        let Some((rec, _)) = self.jobs.get(&id) else {
+            return;
+        };
+        if rec.state != JobState::Succeeded || rec.spec.checkpoint.keep {
+            return;
+        }
+        let item = CheckpointCleanup {
+            job: id,
+            root: self.contract.checkpoint_root.clone(),
+            subdir: Self::checkpoint_subdir_of(rec),
+        };
+        let mut nodes: Vec<String> = Vec::new();
+        for n in &rec.ran_on {
+            if !nodes.contains(n) {
+                nodes.push(n.clone());
+            }
+        }
+        if self.contract.checkpoint_root.is_some() {
+            nodes.truncate(1);
+        }
+        for n in nodes {
+            self.contract_state
+                .cleanup
+                .entry(n)
+                .or_default()
+                .push(item.clone());
+        }
+    }
+
+    /// The cleanups for `node`, once; a directory a live job uses (a
+    /// resubmitted job with the same `checkpoint.dir`) is left alone.
+    pub(super) fn take_cleanup(&mut self, node: &str) -> Vec<CheckpointCleanup> {
+        let Some(items) = self.contract_state.cleanup.remove(node) else {
+            return Vec::new();
+        };
+        let in_use: HashSet<String> = self
+            .jobs
+            .values()
+            .map(|(r, _)| r)
+            .filter(|r| !r.state.is_terminal())
+            .map(Self::checkpoint_subdir_of)
+            .collect();
+        items
+            .into_iter()
+            .filter(|c| !in_use.contains(&c.subdir))
+            .collect()
+    }
+
+    /// A node advertising a loopback address can only be reached from its
+    /// own machine: it may join only a cluster whose nodes all advertise
+    /// loopback (`gangway up`, one machine), and a routable node may not
+    /// join a cluster of loopback ones, so no multi-node gang ever gets a
+    /// loopback `MASTER_ADDR` that other nodes cannot reach.
+    pub(crate) fn check_address(&self, name: &str, address: &str) -> Result<(), ControlError> {
+        let mine = is_loopback(address);
+        for info in self.cluster.nodes() {
+            if info.spec.name == name || info.spec.address.is_empty() {
+                continue;
+            }
+            if is_loopback(&info.spec.address) != mine {
+                return Err(ControlError::BadNode(format!(
+                    "address: node {name} advertises {address:?} but node {} advertises {:?}; \
+                     nodes of one cluster must reach each other (start the agent with \
+                     --address set to an address the other nodes can reach)",
+                    info.spec.name, info.spec.address
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An attempt of a gang in its time-limit grace ends as a timeout, not a requeue.
+pub(super) fn timeout_ending(rec: &JobRecord, ending: Ending) -> Ending {
+    match ending {
+        Ending::Requeued(m) if rec.time_limit_hit.is_some() => Ending::TimedOut(m),
+        e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::Report;
+    use gangway_core::agent::{SyncRequest, TaskReport, TaskState};
+    use gangway_core::{NodeSpec, QueueSpec};
+    use gangway_store::RedbStore;
+
+    fn control(dir: &std::path::Path, queues: &[QueueSpec]) -> Control<RedbStore> {
+        let store = RedbStore::open(&dir.join("s.redb")).expect("store");
+        let mut c = Control::open(store, queues).expect("control");
+        c.contract.master_ports = PortRange {
+            first: 30_000,
+            last: 30_009,
+        };
+        let mut n = NodeSpec::uniform("n", "l", "s", 8, "H100", 80);
+        n.cpu_millis = 64_000;
+        n.memory_mib = 65_536;
+        n.address = "10.0.0.1".into();
+        c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 0)
+            .expect("node");
+        c
+    }
+
+    fn sync_one(c: &mut Control<RedbStore>, t: TaskReport, now: Time) -> bool {
+        let req = SyncRequest {
+            gpus: Vec::new(),
+            tasks: vec![t],
+        };
+        c.sync("n", &req, now).expect("sync").1
+    }
+
+    #[test]
+    fn live_gangs_on_one_node_never_share_a_port_and_a_busy_one_moves() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let ids: Vec<JobId> = (0..8)
+            .map(|i| {
+                c.submit("alice", JobSpec::new(&format!("j{i}"), "q", 1, 1), 10)
+                    .expect("submit")
+            })
+            .collect();
+        c.cycle(11).expect("cycle");
+        let ports: Vec<u16> = ids
+            .iter()
+            .map(|id| c.jobs[id].0.master_port.expect("a port"))
+            .collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 8, "{ports:?}");
+        assert!(ports.iter().all(|p| (30_000..=30_009).contains(p)));
+        // The agent found job 0's port taken by someone else.
+        let (id, port) = (ids[0], ports[0]);
+        let busy = TaskReport {
+            port_busy: Some(port),
+            ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 0 })
+        };
+        assert!(sync_one(&mut c, busy.clone(), 12));
+        let rec = &c.jobs[&id].0;
+        assert_eq!(rec.attempt, 1, "a new attempt");
+        assert_eq!(
+            rec.state,
+            JobState::Scheduled,
+            "not succeeded by the empty exit"
+        );
+        let moved = rec.master_port.expect("port");
+        assert!(!ports.contains(&moved), "{moved} is another live job's");
+        // The report repeated (a lost answer) changes nothing more.
+        assert!(!sync_one(&mut c, busy, 13));
+        // The blocked port is never handed out again on that node, even
+        // though no live job holds it.
+        assert!(c.jobs.values().all(|(r, _)| r.master_port != Some(port)));
+        assert!(c.ports_in_use(13)["n"].contains(&port));
+        assert!(
+            !c.ports_in_use(13 + BLOCKED_PORT_SECONDS)["n"].contains(&port),
+            "avoided for a while, not forever"
+        );
+    }
+
+    #[test]
+    fn a_reported_checkpoint_feeds_the_scheduler_and_ends_the_grace_early() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let id = c
+            .submit("alice", JobSpec::new("j", "q", 1, 8), 10)
+            .expect("submit");
+        c.cycle(11).expect("cycle");
+        c.report("n", id, Some(0), Report::Running, 12)
+            .expect("run");
+        let ck = |step, written_ms| TaskReport {
+            checkpoint: Some(CheckpointReport {
+                step,
+                path: format!("/ck/alice/job-1/step-{step}"),
+                written_ms,
+            }),
+            ..TaskReport::new(id, 0, TaskState::Running)
+        };
+        assert!(sync_one(&mut c, ck(340, 20_000), 30));
+        let Some(gangway_sched::JobStatus::Running(run)) =
+            c.cluster.job(id).map(|j| j.status.clone())
+        else {
+            panic!("running");
+        };
+        assert_eq!(run.last_checkpoint, Some(20), "lost work counts from it");
+        // The same LATEST again is not news; an older one is ignored.
+        assert!(!sync_one(&mut c, ck(340, 20_000), 31));
+        assert!(!sync_one(&mut c, ck(300, 19_000), 31));
+        let a = &c.assignments("n")[0];
+        assert!(!a.stop_now);
+        assert_eq!(a.resume_from.as_deref(), Some("/ck/alice/job-1/step-340"));
+        assert_eq!(a.checkpoint_subdir, "alice/job-1");
+        // Being stopped, with a checkpoint from after the signal: stop now.
+        let mut rec = c.jobs[&id].0.clone();
+        rec.state = JobState::Preempting;
+        rec.signal_at_ms = Some(25_000);
+        c.write(rec).expect("write");
+        assert!(!c.assignments("n")[0].stop_now, "written before the signal");
+        assert!(sync_one(&mut c, ck(341, 25_500), 32));
+        assert!(c.assignments("n")[0].stop_now);
+        let ev = &c.jobs[&id].0.events;
+        assert_eq!(
+            ev.last().map(|e| e.message.as_str()),
+            Some("checkpoint at step 341 (0 s after the signal); stopping the gang now")
+        );
+    }
+
+    #[test]
+    fn queues_give_default_time_limits_and_refuse_more_than_their_maximum() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut parent = QueueSpec::unlimited("org", None);
+        parent.time_limit.max = Some(TimeSpan::Text("2h".into()));
+        let mut team = QueueSpec::unlimited("team", Some("org"));
+        team.time_limit.default = Some(TimeSpan::Text("4h".into()));
+        team.time_limit.max = Some(TimeSpan::Text("8h".into()));
+        let mut c = control(d.path(), &[parent, team]);
+        let mut spec = JobSpec::new("j", "team", 1, 1);
+        c.apply_queue_time_limit(&mut spec).expect("default");
+        assert_eq!(
+            spec.time_limit_seconds(),
+            Some(7200),
+            "the default, bounded by the parent's maximum"
+        );
+        spec.time_limit = Some(TimeSpan::Text("3h".into()));
+        let e = c.apply_queue_time_limit(&mut spec).expect_err("too long");
+        assert_eq!(
+            e.to_string(),
+            "time_limit: 3:00:00 exceeds the maximum of queue org (2:00:00)"
+        );
+        let err = c.submit("alice", spec, 1).expect_err("refused");
+        assert!(err.to_string().starts_with("time_limit:"), "{err}");
+        assert!(c.jobs.is_empty(), "nothing stored");
+    }
+
+    #[test]
+    fn cleanup_skips_a_directory_a_live_job_uses() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let mut spec = JobSpec::new("j", "q", 1, 1);
+        spec.checkpoint.dir = Some("run".into());
+        let a = c.submit("alice", spec.clone(), 10).expect("a");
+        c.cycle(11).expect("cycle");
+        c.report("n", a, Some(0), Report::Running, 12).expect("run");
+        c.report("n", a, Some(0), Report::Exited(0), 13)
+            .expect("done");
+        assert_eq!(c.jobs[&a].0.state, JobState::Succeeded);
+        // Bob's "run" is another directory; alice's new job uses hers.
+        let mut bob = spec.clone();
+        bob.checkpoint.dir = Some("run".into());
+        c.submit("bob", bob, 14).expect("bob");
+        let b = c.submit("alice", spec, 14).expect("b");
+        assert!(
+            c.take_cleanup("n").is_empty(),
+            "alice/run is in use by job {b}"
+        );
+        // Once nobody uses it, the next success cleans it.
+        c.cancel(b, "alice", 15).expect("cancel");
+        c.queue_cleanup(a);
+        let items = c.take_cleanup("n");
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].subdir, "alice/run");
+        assert!(c.take_cleanup("n").is_empty(), "handed out once");
+    }
+
+    fn ck(step: u64, written_ms: u64) -> CheckpointRecord {
+        CheckpointRecord {
+            step,
+            path: "/c".into(),
+            written_ms,
+            attempt: 0,
+            node: "n".into(),
+        }
+    }
+
+    #[test]
+    fn events_say_when_the_checkpoint_was_written_relative_to_the_signal() {
+        assert_eq!(checkpoint_phrase(None, Some(5)), "no checkpoint reported");
+        assert_eq!(
+            checkpoint_phrase(Some(&ck(340, 88_000)), Some(100_000)),
+            "checkpoint at step 340 (12 s before the signal)"
+        );
+        assert_eq!(
+            checkpoint_phrase(Some(&ck(341, 103_400)), Some(100_000)),
+            "checkpoint at step 341 (3 s after the signal)"
+        );
+    }
+
+    #[test]
+    fn failures_name_rank_signal_and_oom() {
+        let mut f = FailureRecord {
+            attempt: 0,
+            node: "n".into(),
+            rank: Some(5),
+            exit_code: 137,
+            signal: Some(9),
+            oom_killed: true,
+            log_tail: vec![],
+            at: 0,
+        };
+        assert_eq!(failure_phrase(&f), "rank 5, killed by SIGKILL, OOM-killed");
+        f.signal = None;
+        f.oom_killed = false;
+        assert_eq!(failure_phrase(&f), "rank 5");
+    }
+
+    #[test]
+    fn loopback_is_recognised() {
+        for a in ["127.0.0.1", "127.3.4.5", "::1", "localhost"] {
+            assert!(is_loopback(a), "{a}");
+        }
+        for a in ["10.0.0.1", "node-a", "192.168.1.2"] {
+            assert!(!is_loopback(a), "{a}");
+        }
+    }
+}
