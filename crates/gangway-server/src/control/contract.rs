@@ -564,7 +564,7 @@ mod tests {
         n.cpu_millis = 64_000;
         n.memory_mib = 65_536;
         n.address = "10.0.0.1".into();
-        c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 0)
+        c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 10)
             .expect("node");
         c
     }
