@@ -202,7 +202,6 @@ impl<S: Store> Control<S> {
         now: Time,
     ) -> Result<Registered, ControlError> {
         check_node_spec(&spec)?;
-        self.check_address(&spec.name, &spec.address)?;
         let name = spec.name.clone();
         if let Registrant::Node(own) = by {
             if *own != name {
@@ -217,6 +216,7 @@ impl<S: Store> Control<S> {
                     "node {name} is already registered: re-registering it needs its own node token (or an admin deletes it first)"
                 )));
             }
+            self.check_address(&name, &spec.address)?;
             self.update_endpoint(&spec, now)?;
             let log_token = self.log_token_of(&name, secret).unwrap_or_default();
             return Ok(Registered {
@@ -230,6 +230,7 @@ impl<S: Store> Control<S> {
                 "node {name} is not registered"
             )));
         }
+        self.check_address(&name, &spec.address)?;
         let approved = auto || *by == Registrant::Admin;
         let mut probe = None;
         if approved {
