@@ -72,6 +72,10 @@ pub struct AgentConfig {
     pub checkpoint_root: PathBuf,
     /// Time between syncs.
     pub sync_interval: Duration,
+    /// How the processes of a rank are tracked (`--proctrack`).
+    pub proctrack: crate::proctrack::ProcTrackKind,
+    /// The directory under the agent's own cgroup that holds rank cgroups.
+    pub cgroup_parent: String,
 }
 
 impl AgentConfig {
@@ -105,6 +109,8 @@ impl AgentConfig {
             checkpoint_root: state_dir.join("checkpoints"),
             state_dir,
             sync_interval: Duration::from_secs(2),
+            proctrack: crate::proctrack::ProcTrackKind::Auto,
+            cgroup_parent: "gangway".into(),
         }
     }
 }

@@ -13,7 +13,9 @@ pub mod discovery;
 pub mod executor;
 pub mod leftovers;
 pub mod logs;
+pub mod proctrack;
 pub mod reconcile;
+pub mod supervisor;
 
 pub use agent::{Agent, AgentError};
 pub use config::{AgentConfig, ExecutorKind, Inventory};

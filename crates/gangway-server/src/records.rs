@@ -24,6 +24,24 @@ pub struct JobEvent {
     pub message: String,
 }
 
+/// Why a gang on its nodes is being stopped (not by preemption, which is
+/// `JobState::Preempting`), and so what it becomes once every node reports
+/// none of its processes left: its GPUs stay booked until then.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "cause")]
+pub enum Stopping {
+    /// Cancelled by a user or admin: ends `Cancelled`.
+    Cancelled {
+        /// Who cancelled it.
+        by: String,
+    },
+    /// A rank failed: the gang restarts (per its policy) or fails.
+    Failed {
+        /// What failed, for the event.
+        message: String,
+    },
+}
+
 /// The durable record of a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -68,6 +86,9 @@ pub struct JobRecord {
     /// That attempt.
     #[serde(default)]
     pub ran_attempt: u32,
+    /// While its ranks are being stopped: why, and what it becomes then.
+    #[serde(default)]
+    pub stopping: Option<Stopping>,
 }
 
 impl JobRecord {
@@ -94,6 +115,7 @@ impl JobRecord {
             exited_on: BTreeMap::new(),
             ran_on: Vec::new(),
             ran_attempt: 0,
+            stopping: None,
         }
     }
 

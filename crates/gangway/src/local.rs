@@ -117,6 +117,13 @@ pub struct AgentArgs {
     /// Allocatable memory in MiB (default: the machine's).
     #[arg(long, default_value_t = 0)]
     pub memory_mib: u64,
+    /// How every process of a rank is tracked: auto, cgroup-v2, cgroup-v1
+    /// or subreaper.
+    #[arg(long, default_value = "auto")]
+    pub proctrack: gangway_agent::proctrack::ProcTrackKind,
+    /// Directory under the agent's own cgroup for the ranks' cgroups.
+    #[arg(long, default_value = "gangway")]
+    pub cgroup_parent: String,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -164,6 +171,8 @@ impl AgentArgs {
                 .unwrap_or_else(|| self.state_dir.join("checkpoints")),
             state_dir: self.state_dir.clone(),
             sync_interval: Duration::from_millis(self.sync_ms.max(50)),
+            proctrack: self.proctrack,
+            cgroup_parent: self.cgroup_parent.clone(),
         }
     }
 }
