@@ -227,7 +227,10 @@ impl Agent {
     /// Only what the server no longer wants is then stopped by the plan.
     async fn adopt_leftovers(&mut self) {
         let track = self.executor.track().clone();
-        for r in crate::leftovers::recorded(&self.cfg.state_dir) {
+        let records = crate::leftovers::recorded(&self.cfg.state_dir);
+        let keep: Vec<_> = records.iter().map(|r| r.container.clone()).collect();
+        track.sweep(&keep);
+        for r in records {
             let k = r.key();
             if r.supervisor_alive() {
                 track.adopt(&r.container, r.pid);

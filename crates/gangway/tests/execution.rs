@@ -330,3 +330,64 @@ fn a_restarted_agent_adopts_its_running_ranks_and_the_job_finishes_normally() {
     assert_eq!(j["restarts"], 0);
     assert_eq!(pids(&c.out, Some(1)), vec![], "no second attempt ran");
 }
+
+/// Docker ranks: a restarted agent adopts its containers by label (the same
+/// containers keep running) and the job still finishes as attempt 0.
+#[test]
+fn a_restarted_agent_adopts_its_containers() {
+    if let Err(why) = busybox_image() {
+        let required =
+            std::env::var_os("GANGWAY_REQUIRE_DOCKER").is_some_and(|v| !v.is_empty() && v != "0");
+        assert!(!required, "GANGWAY_REQUIRE_DOCKER is set but {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let node = format!("dock-adopt-{}", std::process::id());
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent(&node, 2, &[], &["--executor", "docker"]);
+    c.wait_nodes(1);
+    let out = c.out.display().to_string();
+    let spec = json!({
+        "name": "docker-steady",
+        "queue": "default",
+        "replicas": 2,
+        "resources": { "gpus": 1 },
+        "run": {
+            "image": IMAGE,
+            "command": ["sh", "-c", "touch \"$OUT/up-$RANK\"; while [ ! -e \"$OUT/stop\" ]; do sleep 0.2; done; echo done"],
+            "env": { "OUT": out },
+            "mounts": [{ "source": out, "target": out }]
+        }
+    });
+    let id = c.submit(&spec);
+    c.wait_job(id, "run", 60, |j| state(j) == "running");
+    let containers = || {
+        let o = std::process::Command::new("docker")
+            .args(["ps", "-q", "--no-trunc", "--filter"])
+            .arg(format!("label=gangway.node={node}"))
+            .output()
+            .expect("docker ps");
+        let mut ids: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let first = wait_for("two containers", 30, || {
+        let ids = containers();
+        (ids.len() == 2).then_some(ids)
+    });
+    kill_agent(&mut c, &node);
+    c.agent(&node, 2, &[], &["--executor", "docker"]);
+    c.wait_nodes(1);
+    let seen = || c.node(&node)["last_heartbeat"].as_u64().unwrap_or(0);
+    let t0 = seen();
+    wait_for("fresh heartbeats", 20, || (seen() > t0 + 1).then_some(()));
+    assert_eq!(containers(), first, "the same containers run on");
+    assert_eq!(c.job(id)["attempt"], 0);
+    std::fs::write(c.out.join("stop"), "").expect("stop");
+    let j = c.wait_job(id, "succeed", 60, |j| state(j) == "succeeded");
+    assert_eq!(j["attempt"], 0, "never restarted: {:?}", events(&j));
+    assert!(containers().is_empty(), "removed once exited");
+}

@@ -135,6 +135,12 @@ impl ProcTrack for CgroupV1 {
             .unwrap_or(0)
     }
 
+    fn sweep(&self, keep: &[Container]) {
+        for (_, p) in &self.parents {
+            super::sweep_dir(p, keep);
+        }
+    }
+
     fn destroy(&self, c: &Container) {
         for d in &c.cgroups {
             remove_cgroup(d);

@@ -113,6 +113,10 @@ impl ProcTrack for CgroupV2 {
             .unwrap_or(0)
     }
 
+    fn sweep(&self, keep: &[Container]) {
+        super::sweep_dir(&self.parent, keep);
+    }
+
     fn destroy(&self, c: &Container) {
         for d in &c.cgroups {
             remove_cgroup(d);

@@ -162,6 +162,10 @@ pub trait ProcTrack: Send + Sync {
     }
     /// Removes the (empty) container.
     fn destroy(&self, c: &Container);
+    /// Removes empty rank containers left by agents that died before they
+    /// could (not `keep`, untouched for a minute, so a container another
+    /// agent has just created is never taken).
+    fn sweep(&self, _keep: &[Container]) {}
 }
 
 /// A tracker shared by the executor and the agent.
@@ -295,6 +299,25 @@ pub(crate) fn cgroup_pids(dir: &Path) -> Vec<i32> {
 /// Writes a control file, naming it in the error.
 pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), ProcTrackError> {
     std::fs::write(path, value).map_err(|e| ProcTrackError::Io(path.display().to_string(), e))
+}
+
+/// Removes the empty, idle children of `parent` that are not in `keep`.
+pub(crate) fn sweep_dir(parent: &Path, keep: &[Container]) {
+    let kept: Vec<&PathBuf> = keep.iter().flat_map(|c| c.cgroups.iter()).collect();
+    for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let dir = e.path();
+        let idle = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(60));
+        let empty =
+            std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+        if idle && empty && e.path().is_dir() && !kept.contains(&&dir) {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
 }
 
 /// Removes a cgroup directory, retrying briefly while the kernel finishes
