@@ -217,6 +217,12 @@ fn a_lost_node_goes_not_ready_and_its_gang_moves_to_the_remaining_nodes() {
             wait_for("old rank stopped", 10, || (!alive(pid)).then_some(()));
         }
     }
+    // Running means started; a loaded machine may take a moment to run the script.
+    wait_for(
+        "both ranks of attempt 1 wrote their environment",
+        20,
+        || (c.envs(1).len() == 2).then_some(()),
+    );
     check_gang_env(&c.envs(1), 2, 2, 4);
 }
 
