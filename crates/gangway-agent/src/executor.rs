@@ -206,6 +206,22 @@ impl Executor {
             Rank::Process { container, .. } => self.track.signal(container, sig),
             Rank::Container(name) => {
                 if let Some(d) = &self.docker {
+                    // `docker kill` signals only the container's PID 1; a
+                    // checkpoint signal goes to every process of the rank, as
+                    // for process ranks (SIGKILL of PID 1 ends them all).
+                    if sig != libc::SIGKILL {
+                        let init = d
+                            .inspect_container(name, None)
+                            .await
+                            .ok()
+                            .and_then(|i| i.state?.pid)
+                            .and_then(|p| i32::try_from(p).ok())
+                            .filter(|p| *p > 1);
+                        if let Some(init) = init {
+                            signal_pid_namespace(init, sig);
+                            return;
+                        }
+                    }
                     let opts = KillContainerOptionsBuilder::default()
                         .signal(&sig.to_string())
                         .build();
@@ -312,6 +328,23 @@ impl Executor {
             k.attempt,
             k.rank
         )
+    }
+}
+
+/// Sends `sig` to every process in the PID namespace of `init` (a
+/// container's first process as the host sees it).
+fn signal_pid_namespace(init: i32, sig: i32) {
+    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let Some(want) = ns(init) else {
+        return;
+    };
+    for p in crate::proctrack::all_procs() {
+        if !p.zombie && ns(p.pid).as_ref() == Some(&want) {
+            // SAFETY: kill(2) on a process of the rank's container.
+            unsafe {
+                libc::kill(p.pid, sig);
+            }
+        }
     }
 }
 

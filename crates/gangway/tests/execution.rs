@@ -391,3 +391,47 @@ fn a_restarted_agent_adopts_its_containers() {
     assert_eq!(j["attempt"], 0, "never restarted: {:?}", events(&j));
     assert!(containers().is_empty(), "removed once exited");
 }
+
+/// Docker ranks: the checkpoint signal reaches every process of the
+/// container, not only its PID 1 (which, as a namespace's init without a
+/// handler, ignores it); the rest is killed at the end of the grace.
+#[test]
+fn a_cancelled_container_rank_signals_every_process_in_it() {
+    if let Err(why) = busybox_image() {
+        let required =
+            std::env::var_os("GANGWAY_REQUIRE_DOCKER").is_some_and(|v| !v.is_empty() && v != "0");
+        assert!(!required, "GANGWAY_REQUIRE_DOCKER is set but {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let node = format!("dock-signal-{}", std::process::id());
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent(&node, 1, &[], &["--executor", "docker"]);
+    c.wait_nodes(1);
+    let out = c.out.display().to_string();
+    let worker = r#"trap 'touch "$OUT/worker-got-term"; exit 0' TERM; touch "$OUT/worker-up"; while :; do sleep 0.1; done"#;
+    let spec = json!({
+        "name": "docker-signal",
+        "queue": "default",
+        "replicas": 1,
+        "resources": { "gpus": 1 },
+        "checkpoint": { "grace_seconds": 3 },
+        "run": {
+            "image": IMAGE,
+            "command": ["sh", "-c", format!("sh -c '{}' & while :; do sleep 1; done", worker.replace('\'', "'\\''"))],
+            "env": { "OUT": out },
+            "mounts": [{ "source": out, "target": out }]
+        }
+    });
+    let id = c.submit(&spec);
+    c.wait_job(id, "run", 60, |j| state(j) == "running");
+    wait_for("worker up", 30, || {
+        c.out.join("worker-up").exists().then_some(())
+    });
+    c.post(&format!("/v1/jobs/{id}/cancel"));
+    c.wait_job(id, "cancelled", 40, |j| state(j) == "cancelled");
+    assert!(
+        c.out.join("worker-got-term").exists(),
+        "the worker got the checkpoint signal"
+    );
+}
