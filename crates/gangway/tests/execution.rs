@@ -88,6 +88,28 @@ fn allocated(c: &Cluster, node: &str) -> usize {
     })
 }
 
+/// `--proctrack cgroup-v2` where this host has a writable unified cgroup
+/// hierarchy (the test then runs the agent with it), else the default.
+fn cgroup_v2_flag() -> Vec<&'static str> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let Some(dir) = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(2) == Some(&"cgroup2"))
+        .and_then(|f| f.get(1).map(|d| d.to_string()))
+    else {
+        eprintln!("no cgroup2 mount: the agent picks its process tracking");
+        return vec![];
+    };
+    let probe = Path::new(&dir).join(format!("gangway-probe-{}", std::process::id()));
+    if std::fs::create_dir(&probe).is_err() {
+        eprintln!("cgroup2 at {dir} is not writable: the agent picks its process tracking");
+        return vec![];
+    }
+    let _ = std::fs::remove_dir(&probe);
+    vec!["--proctrack", "cgroup-v2"]
+}
+
 /// Waits until `n` workers of the attempt run.
 fn wait_workers(c: &Cluster, attempt: u32, n: usize) -> Vec<u32> {
     wait_for("workers running", 30, || {
@@ -141,7 +163,7 @@ fn cancel_kills_setsid_workers_and_frees_the_gpus_only_when_they_are_gone() {
 #[test]
 fn a_gang_restart_kills_every_worker_of_the_old_attempt_first() {
     let mut c = Cluster::start("127.0.0.1");
-    c.agent("node-a", 4, &[], &[]);
+    c.agent("node-a", 4, &[], &cgroup_v2_flag());
     c.wait_nodes(1);
     let id = c.submit(&launcher_job(&c, "restart", 2, 2, 2));
     c.wait_job(id, "run", 30, |j| state(j) == "running");
@@ -183,7 +205,8 @@ fn a_gang_restart_kills_every_worker_of_the_old_attempt_first() {
 #[test]
 fn grace_expiry_kills_the_escapees_of_a_preempted_gang() {
     let mut c = Cluster::start("127.0.0.1");
-    c.agent("node-a", 4, &[], &[]);
+    // The fallback: the agent as child subreaper, following /proc.
+    c.agent("node-a", 4, &[], &["--proctrack", "subreaper"]);
     c.wait_nodes(1);
     let mut low = launcher_job(&c, "victim", 1, 4, 2);
     low["priority"] = json!("low");
