@@ -186,6 +186,12 @@ pub fn detect(kind: ProcTrackKind, parent: &str) -> Result<SharedTrack, ProcTrac
                 }
             }
             if let Ok(t) = cgroup_v1::CgroupV1::new(parent) {
+                // The v2 parent made while probing is not used (empty: removable).
+                if let Some(dir) = mount_point(None)
+                    .map(|m| m.join(own_cgroup(None).unwrap_or_default().trim_start_matches('/')))
+                {
+                    let _ = std::fs::remove_dir(dir.join(parent));
+                }
                 return Ok(Arc::new(t));
             }
             if let Ok(t) = cgroup_v2::CgroupV2::new(parent) {
