@@ -479,7 +479,10 @@ impl Agent {
             self.drain_exits();
             changed |= self.poll_ranks();
             self.enforce_grace().await;
-            let due = last_sync.is_none_or(|t| t.elapsed() >= self.cfg.sync_interval);
+            let due = match last_sync {
+                None => true,
+                Some(t) => t.elapsed() >= self.cfg.sync_interval,
+            };
             if changed || due {
                 changed = false;
                 last_sync = Some(Instant::now());
@@ -535,11 +538,15 @@ impl Agent {
         self.kill_all().await;
     }
 
+    /// The next grace deadline still ahead (past ones are re-killed at
+    /// each look, every [`POLL`], not in a busy loop).
     fn next_deadline(&self) -> Option<Instant> {
+        let now = Instant::now();
         self.tasks
             .values()
             .filter(|t| t.view().alive())
             .filter_map(|t| t.kill_at)
+            .filter(|d| *d > now)
             .min()
     }
 
