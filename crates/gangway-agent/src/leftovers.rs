@@ -150,9 +150,14 @@ mod tests {
         let _ = child.wait();
         assert!(!found[0].supervisor_alive(), "gone once killed");
         // A recycled pid is not the supervisor: its start time differs.
+        let me = std::process::id() as i32;
+        let my_start = proc_info(me).expect("self").start;
         let mut other = found[0].clone();
-        other.pid = std::process::id() as i32;
+        other.pid = me;
+        other.start = my_start + 1;
         assert!(!other.supervisor_alive());
+        other.start = my_start;
+        assert!(other.supervisor_alive(), "the same pid and start time is");
         forget(dir.path(), k);
         assert!(recorded(dir.path()).is_empty(), "records cleared");
     }
