@@ -1281,4 +1281,76 @@ mod tests {
             "only the half hour inside the range"
         );
     }
+
+    fn one_node_running_job(grace: u64) -> (tempfile::TempDir, Control<RedbStore>, JobId) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
+            .expect("control");
+        c.register_node(NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80))
+            .expect("node");
+        let mut spec = JobSpec::new("j", "q", 2, 2);
+        spec.checkpoint.grace_seconds = grace;
+        let id = c.submit("alice", spec, 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        c.report("n", id, Some(0), Report::Running, 2)
+            .expect("running");
+        assert_eq!(c.jobs[&id].0.state, JobState::Running);
+        (dir, c, id)
+    }
+
+    /// GPUs the scheduler sees free on node n.
+    fn free_gpus(c: &Control<RedbStore>) -> u32 {
+        let n = c.cluster.node_index("n").expect("node");
+        4 - c.cluster.capacity().alloc[n as usize].count_ones()
+    }
+
+    #[test]
+    fn a_cancelled_gang_keeps_its_gpus_until_its_node_reports_nothing_left() {
+        let (_d, mut c, id) = one_node_running_job(60);
+        c.cancel(id, "alice", 3).expect("cancel");
+        // Told to stop with a short grace; its GPUs stay booked.
+        let a = c.assignments("n");
+        assert_eq!(
+            (a.len(), a[0].stop, a[0].grace_seconds),
+            (1, true, SHORT_GRACE_SECONDS)
+        );
+        assert_eq!(free_gpus(&c), 0);
+        assert_eq!(c.cycle(4).expect("cycle").binds.len(), 0);
+        // A rank exiting early changes nothing; only "nothing left" does.
+        c.report("n", id, Some(0), Report::Failing(143), 5)
+            .expect("failing");
+        assert_eq!(free_gpus(&c), 0);
+        assert_eq!(c.cancel(id, "alice", 6).ok(), Some(()), "idempotent");
+        c.report("n", id, Some(0), Report::Exited(143), 7)
+            .expect("exited");
+        let rec = &c.jobs[&id].0;
+        assert_eq!(rec.state, JobState::Cancelled);
+        assert!(rec
+            .events
+            .iter()
+            .any(|e| e.kind == "cancelled" && e.message.starts_with("cancelled by alice")));
+        assert_eq!(free_gpus(&c), 4);
+    }
+
+    #[test]
+    fn a_failing_rank_stops_the_gang_and_the_restart_waits_for_it() {
+        let (_d, mut c, id) = one_node_running_job(3);
+        c.report("n", id, Some(0), Report::Failing(1), 3)
+            .expect("failing");
+        let rec = &c.jobs[&id].0;
+        assert_eq!((rec.state, rec.attempt), (JobState::Running, 0));
+        let a = c.assignments("n");
+        assert_eq!((a[0].stop, a[0].grace_seconds), (true, 3));
+        assert_eq!(free_gpus(&c), 0);
+        c.report("n", id, Some(0), Report::Exited(1), 6)
+            .expect("exited");
+        let rec = &c.jobs[&id].0;
+        assert_eq!((rec.state, rec.attempt), (JobState::Restarting, 1));
+        assert!(rec
+            .events
+            .iter()
+            .any(|e| e.kind == "restarting" && e.message.starts_with("exited with code 1 on n")));
+        assert_eq!(free_gpus(&c), 4);
+    }
 }
