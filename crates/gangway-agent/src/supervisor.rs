@@ -43,6 +43,9 @@ impl Supervisor {
             return Err(std::io::Error::last_os_error());
         }
         if pid == 0 {
+            // The command leads its own process group, as it would without
+            // a supervisor (`kill -- -PID` still reaches what it did not move).
+            libc::setpgid(0, 0);
             return Ok(());
         }
         // The supervisor. Signals meant for the rank do not end it (SIGKILL
