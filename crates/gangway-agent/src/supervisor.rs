@@ -48,8 +48,10 @@ impl Supervisor {
             libc::setpgid(0, 0);
             return Ok(());
         }
-        // The supervisor. Signals meant for the rank do not end it (SIGKILL
+        // The supervisor (named so in `ps -o comm`; its command line is the
+        // agent's). Signals meant for the rank do not end it (SIGKILL
         // does; then the agent knows, or reports the rank killed).
+        libc::prctl(libc::PR_SET_NAME, c"gangway-rank".as_ptr(), 0, 0, 0);
         for sig in 1..32 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP && sig != libc::SIGCHLD {
                 libc::signal(sig, libc::SIG_IGN);
