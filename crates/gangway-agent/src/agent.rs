@@ -120,7 +120,8 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
-    /// Stops the agent: its ranks are killed, then it returns.
+    /// Stops the agent: its ranks are killed (unless the agent was
+    /// configured to leave them for its successor), then it returns.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
@@ -535,7 +536,15 @@ impl Agent {
                 _ = stop.changed() => {}
             }
         }
-        self.kill_all().await;
+        if self.cfg.leave_ranks_on_exit {
+            tracing::info!(
+                "node {}: leaving {} tasks running for the next agent to adopt",
+                self.cfg.node,
+                self.tasks.len()
+            );
+        } else {
+            self.kill_all().await;
+        }
     }
 
     /// The next grace deadline still ahead (past ones are re-killed at

@@ -76,6 +76,9 @@ pub struct AgentConfig {
     pub proctrack: crate::proctrack::ProcTrackKind,
     /// The directory under the agent's own cgroup that holds rank cgroups.
     pub cgroup_parent: String,
+    /// On a clean stop, leave the ranks running for the next agent to adopt
+    /// (an upgrade or restart) instead of killing them.
+    pub leave_ranks_on_exit: bool,
 }
 
 impl AgentConfig {
@@ -111,6 +114,7 @@ impl AgentConfig {
             sync_interval: Duration::from_secs(2),
             proctrack: crate::proctrack::ProcTrackKind::Auto,
             cgroup_parent: "gangway".into(),
+            leave_ranks_on_exit: false,
         }
     }
 }

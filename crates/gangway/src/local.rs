@@ -124,6 +124,10 @@ pub struct AgentArgs {
     /// Directory under the agent's own cgroup for the ranks' cgroups.
     #[arg(long, default_value = "gangway")]
     pub cgroup_parent: String,
+    /// On SIGTERM or Ctrl-C, leave the ranks running for the next agent to
+    /// adopt (upgrades, restarts) instead of killing them.
+    #[arg(long)]
+    pub leave_ranks_on_exit: bool,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -173,6 +177,7 @@ impl AgentArgs {
             sync_interval: Duration::from_millis(self.sync_ms.max(50)),
             proctrack: self.proctrack,
             cgroup_parent: self.cgroup_parent.clone(),
+            leave_ranks_on_exit: self.leave_ranks_on_exit,
         }
     }
 }

@@ -304,11 +304,13 @@ fn kill_agent(c: &mut Cluster, node: &str) {
     let _ = agent.wait();
 }
 
-/// Node-a tracks with cgroups (auto), node-b as child subreaper: both adopt.
+/// Node-a tracks with cgroups (auto) and is stopped cleanly with
+/// `--leave-ranks-on-exit`; node-b tracks as child subreaper and is killed:
+/// both adopt.
 #[test]
 fn a_restarted_agent_adopts_its_running_ranks_and_the_job_finishes_normally() {
     let mut c = Cluster::start("127.0.0.1");
-    c.agent("node-a", 4, &[], &[]);
+    c.agent("node-a", 4, &[], &["--leave-ranks-on-exit"]);
     c.agent("node-b", 4, &[], &["--proctrack", "subreaper"]);
     c.wait_nodes(2);
     let id = c.submit(&c.rank_job("steady", 8, 1));
@@ -317,14 +319,19 @@ fn a_restarted_agent_adopts_its_running_ranks_and_the_job_finishes_normally() {
         let p = pids(&c.out, Some(0));
         (p.len() == 8).then_some(p)
     });
-    // Both agents die and come back while the gang runs.
-    kill_agent(&mut c, "node-a");
+    // Both agents go and come back while the gang runs: node-a stopped
+    // cleanly for an upgrade (SIGTERM with --leave-ranks-on-exit), node-b killed.
+    let mut a = c.agents.remove("node-a").expect("agent");
+    let _ = std::process::Command::new("kill")
+        .arg(a.id().to_string())
+        .status();
+    let _ = a.wait();
     kill_agent(&mut c, "node-b");
     assert!(
         first.iter().all(|(_, p)| alive(*p)),
         "ranks run on, orphaned"
     );
-    c.agent("node-a", 4, &[], &[]);
+    c.agent("node-a", 4, &[], &["--leave-ranks-on-exit"]);
     c.agent("node-b", 4, &[], &["--proctrack", "subreaper"]);
     c.wait_nodes(2);
     // Several syncs later the same processes run, still attempt 0.
