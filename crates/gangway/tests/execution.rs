@@ -465,3 +465,29 @@ fn a_cancelled_container_rank_signals_every_process_in_it() {
         "the worker got the checkpoint signal"
     );
 }
+
+/// A job cancelled while its node's agent is down: the restarted agent
+/// (child subreaper, so the workers' re-parenting to init is the hard case)
+/// adopts the launcher and its `setsid` workers, then stops all of them.
+#[test]
+fn a_job_cancelled_while_its_agent_was_down_is_stopped_whole_after_adoption() {
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 4, &[], &["--proctrack", "subreaper"]);
+    c.wait_nodes(1);
+    let id = c.submit(&launcher_job(&c, "orphaned", 1, 4, 2));
+    c.wait_job(id, "run", 30, |j| state(j) == "running");
+    let w = wait_workers(&c, 0, 2);
+    kill_agent(&mut c, "node-a");
+    c.post(&format!("/v1/jobs/{id}/cancel"));
+    assert_eq!(allocated(&c, "node-a"), 4, "booked while its workers run");
+    c.agent("node-a", 4, &[], &["--proctrack", "subreaper"]);
+    let j = c.wait_job(id, "cancelled", 40, |j| state(j) == "cancelled");
+    assert!(w.iter().all(|p| !alive(*p)), "an adopted worker survived");
+    assert_no_heartbeat(&c.out, 0);
+    assert_eq!(allocated(&c, "node-a"), 0);
+    assert!(
+        !events(&j).iter().any(|(_, m)| m.contains("lost")),
+        "the node came back in time: {:?}",
+        events(&j)
+    );
+}
