@@ -9,6 +9,7 @@ use gangway_core::agent::{node_env, rank_env, Assignment, SyncRequest, SyncRespo
 use gangway_core::NodeSpec;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -24,6 +25,9 @@ pub enum AgentError {
     /// The executor could not be set up.
     #[error(transparent)]
     Executor(#[from] ExecutorError),
+    /// Process tracking could not be set up (`--proctrack`).
+    #[error(transparent)]
+    ProcTrack(#[from] crate::proctrack::ProcTrackError),
     /// Local I/O (state dir, log listener).
     #[error("agent: {0}")]
     Io(#[from] std::io::Error),
@@ -40,14 +44,17 @@ pub enum AgentError {
 /// One rank as the agent tracks it.
 struct RankRun {
     handle: Rank,
-    exit: Option<i32>,
+    /// Exit code of its main process (the supervisor's), when known.
+    main_exit: Option<i32>,
+    /// Its exit code once no process of it is left.
+    done: Option<i32>,
+    /// Where its supervisor writes the command's exit code.
+    exit_file: PathBuf,
 }
 
 /// One job attempt on this node.
 struct Task {
     ranks: BTreeMap<u32, RankRun>,
-    signal: i32,
-    grace: Duration,
     stop_sent: bool,
     kill_at: Option<Instant>,
     /// The job's checkpoint directory (the handshake's `LATEST` is read there).
@@ -61,11 +68,42 @@ struct Task {
 impl Task {
     fn view(&self) -> TaskView {
         TaskView {
-            exits: self.ranks.values().map(|r| r.exit).collect(),
+            exits: self.ranks.values().map(|r| r.done).collect(),
+            failed: self
+                .ranks
+                .values()
+                .filter_map(|r| r.main_exit.or(r.done))
+                .find(|c| *c != 0),
             stop_sent: self.stop_sent,
         }
     }
+
+    fn new(stop_sent: bool) -> Self {
+        Task {
+            ranks: BTreeMap::new(),
+            stop_sent,
+            kill_at: None,
+            ckpt: None,
+            first_failure: None,
+            port_busy: None,
+        }
+    }
 }
+
+/// A short stable tag of the state directory: two agents on one machine
+/// (tests, `gangway up`) never share a rank container name.
+fn state_tag(dir: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut h: u32 = 0x811c_9dc5;
+    for b in path.as_os_str().as_encoded_bytes() {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}
+
+/// How long a stopping rank's processes get between two looks.
+const POLL: Duration = Duration::from_millis(100);
 
 /// A running agent.
 pub struct Agent {
@@ -92,7 +130,8 @@ pub struct AgentHandle {
 }
 
 impl AgentHandle {
-    /// Stops the agent: its ranks are killed, then it returns.
+    /// Stops the agent: its ranks are killed (unless the agent was
+    /// configured to leave them for its successor), then it returns.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
@@ -133,10 +172,13 @@ impl Agent {
         std::fs::create_dir_all(&cfg.checkpoint_root)?;
         crate::sandbox::protect_state_dir(&cfg.state_dir)?;
         let discovery = discover(&cfg.inventory)?;
+        let track = crate::proctrack::detect(cfg.proctrack, &cfg.cgroup_parent)?;
         let executor = Executor::new(
             cfg.executor == ExecutorKind::Docker,
             cfg.gpu_runtime,
             &cfg.node,
+            track,
+            &state_tag(&cfg.state_dir),
         )
         .await?;
         let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
@@ -161,11 +203,12 @@ impl Agent {
             }
         });
         tracing::info!(
-            "agent {}: {} GPUs ({}), {:?} executor, logs on {agent_url}",
+            "agent {}: {} GPUs ({}), {:?} executor, {:?} process tracking, logs on {agent_url}",
             cfg.node,
             discovery.gpus.len(),
             discovery.source,
-            cfg.executor
+            cfg.executor,
+            executor.track().kind()
         );
         let (exits_tx, exits_rx) = unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
@@ -193,41 +236,76 @@ impl Agent {
         })
     }
 
-    /// Ranks left running by an earlier run of this agent (it crashed or was
-    /// killed) cannot be waited on or trusted: they are killed, and their
-    /// attempts reported as exited with 137 so the server restarts the whole
-    /// gang instead of letting a second copy run beside them.
+    /// Ranks left by an earlier run of this agent (it crashed, was killed or
+    /// upgraded) are adopted, not killed: found again through their
+    /// container (cgroup, or the subreaper's marker) and supervisor identity,
+    /// they stay in the task table and are reported as before; ranks that
+    /// ended meanwhile are reported with the code their supervisor wrote.
+    /// Only what the server no longer wants is then stopped by the plan.
     async fn adopt_leftovers(&mut self) {
-        let mut found = crate::leftovers::kill_processes(&self.cfg.state_dir);
-        found.extend(self.executor.kill_leftover_containers().await);
-        for k in found {
-            tracing::warn!(
-                "job {} attempt {} rank {}: left running by an earlier agent; killed",
+        let track = self.executor.track().clone();
+        let records = crate::leftovers::recorded(&self.cfg.state_dir);
+        let keep: Vec<_> = records.iter().map(|r| r.container.clone()).collect();
+        track.sweep(&keep);
+        for r in records {
+            let k = r.key();
+            if r.supervisor_alive() {
+                track.adopt(&r.container, r.pid);
+            }
+            let exit_file = crate::leftovers::exit_file(&self.cfg.state_dir, k);
+            let handle = Rank::Process {
+                pid: r.pid,
+                container: r.container.clone(),
+            };
+            let left = !track.is_empty(&r.container);
+            tracing::info!(
+                "job {} attempt {} rank {}: left by an earlier agent; {}",
                 k.job,
                 k.attempt,
-                k.rank
+                k.rank,
+                if left {
+                    "still running, adopted"
+                } else {
+                    "ended meanwhile"
+                }
             );
             let t = self
                 .tasks
                 .entry((k.job, k.attempt))
-                .or_insert_with(|| Task {
-                    ranks: BTreeMap::new(),
-                    signal: libc::SIGTERM,
-                    grace: Duration::ZERO,
-                    stop_sent: false,
-                    kill_at: None,
-                    ckpt: None,
-                    first_failure: None,
-                    port_busy: None,
-                });
+                .or_insert_with(|| Task::new(false));
             t.ranks.insert(
                 k.rank,
                 RankRun {
-                    handle: Rank::NotStarted,
-                    exit: Some(128 + libc::SIGKILL),
+                    handle,
+                    main_exit: None,
+                    done: None,
+                    exit_file,
                 },
             );
         }
+        for (k, _signal, _grace, exit) in self
+            .executor
+            .adopt_containers(&self.cfg.state_dir.join("logs"), self.exits_tx.clone())
+            .await
+        {
+            let t = self
+                .tasks
+                .entry((k.job, k.attempt))
+                .or_insert_with(|| Task::new(false));
+            t.ranks.insert(
+                k.rank,
+                RankRun {
+                    handle: exit.map_or_else(
+                        || Rank::Container(self.executor.docker_name(k)),
+                        |_| Rank::NotStarted,
+                    ),
+                    main_exit: exit,
+                    done: exit,
+                    exit_file: PathBuf::new(),
+                },
+            );
+        }
+        self.poll_ranks();
     }
 
     /// The server replica in use: `--server` may list several, comma-separated.
@@ -343,27 +421,80 @@ impl Agent {
         }
     }
 
+    /// The main process of a rank exited (or a container or an unstarted
+    /// rank ended, which leaves nothing behind).
     fn record_exit(&mut self, k: RankKey, code: i32) {
-        crate::leftovers::forget(&self.cfg.state_dir, k);
         if let Some(r) = self
             .tasks
             .get_mut(&(k.job, k.attempt))
             .and_then(|t| t.ranks.get_mut(&k.rank))
         {
-            r.exit.get_or_insert(code);
+            r.main_exit.get_or_insert(code);
+            if !matches!(r.handle, Rank::Process { .. }) {
+                r.done.get_or_insert(code);
+            }
         }
         if code != 0 {
             if let Some(t) = self.tasks.get_mut(&(k.job, k.attempt)) {
                 t.first_failure.get_or_insert(k.rank);
             }
         }
+        self.poll_ranks();
+    }
+
+    /// Marks done every process rank none of whose processes is left: its
+    /// code is the one its supervisor wrote (the command's), else its main
+    /// process's, else 137 (killed: a supervisor gets only SIGKILL).
+    /// Returns whether any rank became done.
+    fn poll_ranks(&mut self) -> bool {
+        let mut changed = false;
+        let mut finished = Vec::new();
+        for ((job, attempt), t) in &mut self.tasks {
+            for (rank, r) in &mut t.ranks {
+                if r.done.is_some() || !matches!(r.handle, Rank::Process { .. }) {
+                    continue;
+                }
+                if self.executor.alive(&r.handle) {
+                    continue;
+                }
+                let code = crate::supervisor::read_exit(&r.exit_file)
+                    .or(r.main_exit)
+                    .unwrap_or(128 + libc::SIGKILL);
+                r.main_exit.get_or_insert(code);
+                r.done = Some(code);
+                self.executor.release(&r.handle);
+                finished.push(RankKey {
+                    job: *job,
+                    attempt: *attempt,
+                    rank: *rank,
+                });
+                changed = true;
+            }
+        }
+        for k in finished {
+            crate::leftovers::forget(&self.cfg.state_dir, k);
+        }
+        changed
+    }
+
+    /// Whether a rank's processes must be watched closely: its main process
+    /// ended but others remain, it was adopted, or a stop is under way.
+    fn watching(&self) -> bool {
+        self.tasks.values().any(|t| {
+            t.view().alive()
+                && (t.stop_sent
+                    || t.ranks.values().any(|r| {
+                        r.done.is_none() && (r.main_exit.is_some() || r.exit_file.exists())
+                    }))
+        })
     }
 
     /// What the agent tells the server about one task: its state, the
     /// checkpoint its ranks announced, its first failed rank, a busy port.
     fn task_report(&self, (job, attempt): TaskKey, t: &Task) -> TaskReport {
         let failure = t.first_failure.and_then(|rank| {
-            let code = t.ranks.get(&rank)?.exit?;
+            let r = t.ranks.get(&rank)?;
+            let code = r.main_exit.or(r.done)?;
             let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
             Some(crate::checkpoint::rank_failure(rank, code, &log))
         });
@@ -403,71 +534,103 @@ impl Agent {
 
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut failing_since: Option<Instant> = None;
+        let mut last_sync: Option<Instant> = None;
+        let mut changed = true;
         loop {
             if *stop.borrow() {
                 break;
             }
             self.drain_exits();
+            changed |= self.poll_ranks();
             self.enforce_grace().await;
-            let mut acted = false;
-            match self.sync().await {
-                Ok(resp) => {
-                    if failing_since.take().is_some() {
-                        tracing::info!("node {}: server reachable again", self.cfg.node);
+            let due = match last_sync {
+                None => true,
+                Some(t) => t.elapsed() >= self.cfg.sync_interval,
+            };
+            if changed || due {
+                changed = false;
+                last_sync = Some(Instant::now());
+                match self.sync().await {
+                    Ok(resp) => {
+                        if failing_since.take().is_some() {
+                            tracing::info!("node {}: server reachable again", self.cfg.node);
+                        }
+                        for c in &resp.cleanup {
+                            crate::checkpoint::remove_dir(
+                                &self.cfg.checkpoint_root,
+                                c.root.as_deref(),
+                                &c.subdir,
+                            );
+                        }
+                        // Report what was just started or stopped without waiting a period.
+                        changed = self.reconcile(resp.assignments).await;
                     }
-                    for c in &resp.cleanup {
-                        crate::checkpoint::remove_dir(
-                            &self.cfg.checkpoint_root,
-                            c.root.as_deref(),
-                            &c.subdir,
-                        );
+                    Err(SyncError::Unregistered(msg)) => {
+                        tracing::warn!("node {}: {msg}; registering again", self.cfg.node);
+                        if self.register(stop.clone()).await.is_err() {
+                            break;
+                        }
+                        changed = true;
+                        continue;
                     }
-                    acted = self.reconcile(resp.assignments).await;
-                }
-                Err(SyncError::Unregistered(msg)) => {
-                    tracing::warn!("node {}: {msg}; registering again", self.cfg.node);
-                    if self.register(stop.clone()).await.is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                Err(SyncError::Other(msg)) => {
-                    // Unreachable server: ranks keep running (a partition may
-                    // heal); the server decides what happens to them. Another
-                    // replica, if there are several, is tried next.
-                    self.next_server();
-                    if failing_since.is_none() {
-                        tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
-                        failing_since = Some(Instant::now());
+                    Err(SyncError::Other(msg)) => {
+                        // Unreachable server: ranks keep running (a partition may
+                        // heal); the server decides what happens to them. Another
+                        // replica, if there are several, is tried next.
+                        self.next_server();
+                        if failing_since.is_none() {
+                            tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
+                            failing_since = Some(Instant::now());
+                        }
                     }
                 }
             }
-            if acted {
-                // Report what was just started or stopped without waiting a period.
+            if changed {
                 continue;
             }
-            let wait = self.next_deadline().map_or(self.cfg.sync_interval, |d| {
-                d.saturating_duration_since(Instant::now())
-                    .min(self.cfg.sync_interval)
+            let mut wait = last_sync.map_or(Duration::ZERO, |t| {
+                self.cfg.sync_interval.saturating_sub(t.elapsed())
             });
+            if let Some(d) = self.next_deadline() {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            }
+            if self.watching() {
+                wait = wait.min(POLL);
+            }
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                Some((k, code)) = self.exits_rx.recv() => self.record_exit(k, code),
+                Some((k, code)) = self.exits_rx.recv() => {
+                    self.record_exit(k, code);
+                    changed = true;
+                }
                 _ = stop.changed() => {}
             }
         }
-        self.kill_all().await;
+        if self.cfg.leave_ranks_on_exit {
+            tracing::info!(
+                "node {}: leaving {} tasks running for the next agent to adopt",
+                self.cfg.node,
+                self.tasks.len()
+            );
+        } else {
+            self.kill_all().await;
+        }
     }
 
+    /// The next grace deadline still ahead (past ones are re-killed at
+    /// each look, every [`POLL`], not in a busy loop).
     fn next_deadline(&self) -> Option<Instant> {
+        let now = Instant::now();
         self.tasks
             .values()
             .filter(|t| t.view().alive())
             .filter_map(|t| t.kill_at)
+            .filter(|d| *d > now)
             .min()
     }
 
-    /// Ranks still running when their grace period ends are killed.
+    /// Every process still left of a task whose grace period is over is
+    /// killed (again at each look, until none is left).
     async fn enforce_grace(&mut self) {
         let now = Instant::now();
         let due: Vec<TaskKey> = self
@@ -477,41 +640,46 @@ impl Agent {
             .map(|(k, _)| *k)
             .collect();
         for k in due {
-            tracing::info!("job {} attempt {}: grace period over; killing", k.0, k.1);
+            tracing::info!(
+                "job {} attempt {}: grace period over; killing what is left",
+                k.0,
+                k.1
+            );
             self.signal_task(k, libc::SIGKILL).await;
-            if let Some(t) = self.tasks.get_mut(&k) {
-                t.kill_at = None;
-            }
         }
     }
 
+    /// Signals every process of every rank of a task that has any left,
+    /// including ranks whose main process already exited.
     async fn signal_task(&self, k: TaskKey, sig: i32) {
         if let Some(t) = self.tasks.get(&k) {
-            for r in t.ranks.values().filter(|r| r.exit.is_none()) {
+            for r in t.ranks.values().filter(|r| r.done.is_none()) {
                 self.executor.signal(&r.handle, sig).await;
             }
         }
     }
 
-    /// Kills a task's ranks and waits (bounded) until they are gone, so
-    /// their GPUs are free before anything else starts on them.
+    /// Kills every process of a task and waits (bounded) until none is
+    /// left, so its GPUs are free before anything else starts on them.
     async fn kill_and_reap(&mut self, k: TaskKey) {
-        self.signal_task(k, libc::SIGKILL).await;
         let deadline = Instant::now() + Duration::from_secs(15);
         while self.tasks.get(&k).is_some_and(|t| t.view().alive()) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if Instant::now() >= deadline {
                 tracing::error!(
-                    "job {} attempt {}: ranks survived SIGKILL for 15s",
+                    "job {} attempt {}: processes survived SIGKILL for 15s",
                     k.0,
                     k.1
                 );
                 break;
             }
-            match tokio::time::timeout(left, self.exits_rx.recv()).await {
-                Ok(Some((rk, code))) => self.record_exit(rk, code),
-                _ => break,
+            self.signal_task(k, libc::SIGKILL).await;
+            if let Ok(Some((rk, code))) =
+                tokio::time::timeout(Duration::from_millis(20), self.exits_rx.recv()).await
+            {
+                self.record_exit(rk, code);
             }
+            self.drain_exits();
+            self.poll_ranks();
         }
     }
 
@@ -529,7 +697,11 @@ impl Agent {
             if let Some(t) = self.tasks.get_mut(&(a.job, a.attempt)) {
                 if t.stop_sent && t.view().alive() {
                     let now = Instant::now();
-                    if t.kill_at.is_none_or(|d| d > now) {
+                    let later = match t.kill_at {
+                        Some(d) => d > now,
+                        None => true,
+                    };
+                    if later {
                         tracing::info!(
                             "job {} attempt {}: checkpoint reported; stopping without the rest of the grace",
                             a.job,
@@ -558,16 +730,20 @@ impl Agent {
                 Action::Forget(k) => {
                     self.tasks.remove(&k);
                 }
-                Action::Checkpoint(k) => {
-                    let Some((sig, grace)) = self.tasks.get(&k).map(|t| (t.signal, t.grace)) else {
-                        continue;
-                    };
+                Action::Checkpoint {
+                    key: k,
+                    signal: sig,
+                    grace_seconds,
+                } => {
+                    let grace = Duration::from_secs(grace_seconds);
                     tracing::info!(
-                        "job {} attempt {}: preempted; signal {sig}, {}s to checkpoint",
+                        "job {} attempt {}: stopping; signal {sig} to every process, {}s to checkpoint",
                         k.0,
                         k.1,
                         grace.as_secs()
                     );
+                    // The whole gang on this node gets the signal at once and
+                    // shares one deadline, however early some ranks exit.
                     self.signal_task(k, sig).await;
                     if let Some(t) = self.tasks.get_mut(&k) {
                         t.stop_sent = true;
@@ -582,16 +758,7 @@ impl Agent {
 
     async fn start_task(&mut self, a: Assignment) {
         let key = (a.job, a.attempt);
-        let mut task = Task {
-            ranks: BTreeMap::new(),
-            signal: a.checkpoint_signal,
-            grace: Duration::from_secs(a.grace_seconds),
-            stop_sent: a.stop,
-            kill_at: None,
-            ckpt: None,
-            first_failure: None,
-            port_busy: None,
-        };
+        let mut task = Task::new(a.stop);
         if a.stop {
             // Preempted before it started here: nothing to checkpoint.
             self.tasks.insert(key, task);
@@ -618,7 +785,9 @@ impl Agent {
                     r.rank,
                     RankRun {
                         handle: Rank::NotStarted,
-                        exit: Some(125),
+                        main_exit: Some(125),
+                        done: Some(125),
+                        exit_file: PathBuf::new(),
                     },
                 );
                 task.first_failure.get_or_insert(r.rank);
@@ -671,7 +840,7 @@ impl Agent {
                 &ckpt.display().to_string(),
                 resume_from.as_deref(),
             );
-            let key = RankKey {
+            let rk = RankKey {
                 job: a.job,
                 attempt: a.attempt,
                 rank: r.rank,
@@ -681,34 +850,54 @@ impl Agent {
                 Ok(sb) => sb.clone(),
                 Err(e) => {
                     // The rank fails with the reason in its log (`gangway logs`).
-                    crate::sandbox::refuse(&log, key, e, &self.exits_tx);
+                    crate::sandbox::refuse(&log, rk, e, &self.exits_tx);
                     task.ranks.insert(
                         r.rank,
                         RankRun {
                             handle: Rank::NotStarted,
-                            exit: None,
+                            main_exit: None,
+                            done: None,
+                            exit_file: PathBuf::new(),
                         },
                     );
                     continue;
                 }
             };
+            let exit_file = crate::leftovers::exit_file(&self.cfg.state_dir, rk);
             let launch = Launch {
-                key,
+                key: rk,
+                exit_file: exit_file.clone(),
                 run: a.run.clone(),
                 env,
                 gpus: r.gpus.clone(),
                 cpu_millis: a.cpu_millis,
                 memory_mib: a.memory_mib,
                 log,
+                signal: a.checkpoint_signal,
+                grace_seconds: a.grace_seconds,
                 checkpoint_dir: ckpt.clone(),
                 sandbox,
             };
-            let key = launch.key;
             let handle = self.executor.start(launch, self.exits_tx.clone()).await;
-            if let Rank::Process(pid) = handle {
-                crate::leftovers::record(&self.cfg.state_dir, key, pid);
+            if let Rank::Process { pid, container } = &handle {
+                crate::leftovers::record(
+                    &self.cfg.state_dir,
+                    rk,
+                    *pid,
+                    container,
+                    a.checkpoint_signal,
+                    a.grace_seconds,
+                );
             }
-            task.ranks.insert(r.rank, RankRun { handle, exit: None });
+            task.ranks.insert(
+                r.rank,
+                RankRun {
+                    handle,
+                    main_exit: None,
+                    done: None,
+                    exit_file,
+                },
+            );
         }
         self.tasks.insert(key, task);
     }

@@ -78,6 +78,13 @@ pub struct AgentConfig {
     /// Serve the log endpoint over TLS with this configuration (`--tls-cert`,
     /// `--tls-key`); the server then reaches it at `https://`.
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// How the processes of a rank are tracked (`--proctrack`).
+    pub proctrack: crate::proctrack::ProcTrackKind,
+    /// The directory under the agent's own cgroup that holds rank cgroups.
+    pub cgroup_parent: String,
+    /// On a clean stop, leave the ranks running for the next agent to adopt
+    /// (an upgrade or restart) instead of killing them.
+    pub leave_ranks_on_exit: bool,
 }
 
 impl AgentConfig {
@@ -113,6 +120,9 @@ impl AgentConfig {
             sync_interval: Duration::from_secs(2),
             pass_env: Vec::new(),
             tls: None,
+            proctrack: crate::proctrack::ProcTrackKind::Auto,
+            cgroup_parent: "gangway".into(),
+            leave_ranks_on_exit: false,
         }
     }
 }

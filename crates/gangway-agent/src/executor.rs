@@ -1,8 +1,10 @@
-//! Executors start one rank each: a process group, or a Docker container
-//! running the job's image. A rank that cannot start "exits" with the shell's
+//! Executors start one rank each: a process tree in its own container of
+//! the [`crate::proctrack`] tracker (behind a small [`crate::supervisor`]),
+//! or a Docker container running the job's image. A rank that cannot start "exits" with the shell's
 //! code for it (127: no command; 125: the container could not be created)
 //! and the reason goes to its log, so the gang's restart policy applies.
 
+use crate::proctrack::{Container, Limits, SharedTrack, RANK_ID_VAR};
 use bollard::models::{ContainerCreateBody, DeviceRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, KillContainerOptionsBuilder, LogsOptionsBuilder,
@@ -52,13 +54,25 @@ pub struct Launch {
     pub checkpoint_dir: PathBuf,
     /// Its account, base environment and checked mounts.
     pub sandbox: crate::sandbox::RankSandbox,
+    /// Where the rank's supervisor writes its exit code.
+    pub exit_file: PathBuf,
+    /// The job's checkpoint signal (kept with the rank for re-adoption).
+    pub signal: i32,
+    /// Its grace period in seconds (likewise).
+    pub grace_seconds: u64,
 }
 
 /// A started rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rank {
-    /// A process group (its leader's pid).
-    Process(i32),
+    /// A process tree: its supervisor's pid and the container that holds
+    /// every process of the rank.
+    Process {
+        /// The supervisor (the executor's child).
+        pid: i32,
+        /// Every process of the rank.
+        container: Container,
+    },
     /// A container by name.
     Container(String),
     /// Never started (its exit was already announced).
@@ -71,6 +85,10 @@ pub struct Executor {
     docker: Option<Docker>,
     gpu_runtime: bool,
     node: String,
+    track: SharedTrack,
+    /// Tells this agent's containers from those of another agent on the
+    /// same machine (tests run several).
+    tag: String,
 }
 
 /// Why the executor could not be set up.
@@ -99,8 +117,16 @@ fn exit_code(s: std::process::ExitStatus) -> i32 {
 }
 
 impl Executor {
-    /// Processes only, or Docker as well (connecting to the local engine).
-    pub async fn new(docker: bool, gpu_runtime: bool, node: &str) -> Result<Self, ExecutorError> {
+    /// Processes only, or Docker as well (connecting to the local engine);
+    /// process ranks are tracked by `track`, in containers named after the
+    /// node, `tag` and the rank.
+    pub async fn new(
+        docker: bool,
+        gpu_runtime: bool,
+        node: &str,
+        track: SharedTrack,
+        tag: &str,
+    ) -> Result<Self, ExecutorError> {
         let docker = if docker {
             Some(
                 Docker::connect_with_local_defaults()?
@@ -114,7 +140,44 @@ impl Executor {
             docker,
             gpu_runtime,
             node: node.to_string(),
+            track,
+            tag: tag.to_string(),
         })
+    }
+
+    /// The process tracker.
+    pub fn track(&self) -> &SharedTrack {
+        &self.track
+    }
+
+    /// The container name of a process rank.
+    pub fn container_name(&self, k: RankKey) -> String {
+        format!(
+            "{}-{}-j{}-a{}-r{}",
+            self.node
+                .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
+            self.tag,
+            k.job,
+            k.attempt,
+            k.rank
+        )
+    }
+
+    /// Whether any process of the rank is left (a container rank ends with
+    /// its container, announced on the exit channel).
+    pub fn alive(&self, rank: &Rank) -> bool {
+        match rank {
+            Rank::Process { container, .. } => !self.track.is_empty(container),
+            Rank::Container(_) => true,
+            Rank::NotStarted => false,
+        }
+    }
+
+    /// Cleans up after a rank none of whose processes is left.
+    pub fn release(&self, rank: &Rank) {
+        if let Rank::Process { container, .. } = rank {
+            self.track.destroy(container);
+        }
     }
 
     /// Starts a rank; its exit (or failure to start) is sent on `exits`.
@@ -147,21 +210,32 @@ impl Executor {
                 let _ = exits.send((l.key, 125));
                 Rank::NotStarted
             }
-            (None, _) => start_process(l, exits),
+            (None, _) => self.start_process(l, exits),
         }
     }
 
     /// Sends a signal (POSIX number) to every process of the rank.
     pub async fn signal(&self, rank: &Rank, sig: i32) {
         match rank {
-            Rank::Process(pgid) => {
-                // SAFETY: kill(2) on a process group we created; no memory is shared.
-                unsafe {
-                    libc::kill(-pgid, sig);
-                }
-            }
+            Rank::Process { container, .. } => self.track.signal(container, sig),
             Rank::Container(name) => {
                 if let Some(d) = &self.docker {
+                    // `docker kill` signals only the container's PID 1; a
+                    // checkpoint signal goes to every process of the rank, as
+                    // for process ranks (SIGKILL of PID 1 ends them all).
+                    if sig != libc::SIGKILL {
+                        let init = d
+                            .inspect_container(name, None)
+                            .await
+                            .ok()
+                            .and_then(|i| i.state?.pid)
+                            .and_then(|p| i32::try_from(p).ok())
+                            .filter(|p| *p > 1);
+                        if let Some(init) = init {
+                            signal_pid_namespace(init, sig);
+                            return;
+                        }
+                    }
                     let opts = KillContainerOptionsBuilder::default()
                         .signal(&sig.to_string())
                         .build();
@@ -176,7 +250,7 @@ impl Executor {
 
     async fn start_container(&self, d: Docker, l: Launch, exits: ExitSender) -> Rank {
         let k = l.key;
-        let name = container_name(&self.node, k);
+        let name = self.docker_name(k);
         // A leftover of an earlier agent run with the same name goes first.
         let rm = RemoveContainerOptionsBuilder::default().force(true).build();
         let _ = d.remove_container(&name, Some(rm)).await;
@@ -225,6 +299,8 @@ impl Executor {
             ("gangway.attempt", k.attempt.to_string()),
             ("gangway.rank", k.rank.to_string()),
             ("gangway.node", self.node.clone()),
+            ("gangway.signal", l.signal.to_string()),
+            ("gangway.grace", l.grace_seconds.to_string()),
         ]
         .into_iter()
         .map(|(a, b)| (a.to_string(), b))
@@ -257,29 +333,75 @@ impl Executor {
             let _ = exits.send((k, 125));
             return Rank::NotStarted;
         }
-        let (d2, n2, log) = (d.clone(), name.clone(), l.log.clone());
-        tokio::spawn(async move {
-            let logs = tokio::spawn(copy_logs(d2.clone(), n2.clone(), log));
-            let code = match d2.wait_container(&n2, None).next().await {
-                Some(Ok(r)) => r.status_code as i32,
-                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
-                    code as i32
-                }
-                _ => 255,
-            };
-            let _ = logs.await;
-            let rm = RemoveContainerOptionsBuilder::default().force(true).build();
-            let _ = d2.remove_container(&n2, Some(rm)).await;
-            let _ = exits.send((k, code));
-        });
+        watch_container(d, name.clone(), k, l.log, exits, None);
         Rank::Container(name)
+    }
+
+    /// The container name of a Docker rank.
+    pub fn docker_name(&self, k: RankKey) -> String {
+        format!(
+            "gangway-{}-j{}-a{}-r{}",
+            self.node
+                .replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "-"),
+            k.job,
+            k.attempt,
+            k.rank
+        )
     }
 }
 
+/// Sends `sig` to every process in the PID namespace of `init` (a
+/// container's first process as the host sees it).
+fn signal_pid_namespace(init: i32, sig: i32) {
+    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let Some(want) = ns(init) else {
+        return;
+    };
+    for p in crate::proctrack::all_procs() {
+        if !p.zombie && ns(p.pid).as_ref() == Some(&want) {
+            // SAFETY: kill(2) on a process of the rank's container.
+            unsafe {
+                libc::kill(p.pid, sig);
+            }
+        }
+    }
+}
+
+/// Waits for a rank's container in the background: copies its log (from
+/// `since`, Unix seconds, when re-adopted), removes it once it exited and
+/// announces its exit code. The container's processes all end with it.
+fn watch_container(
+    d: Docker,
+    name: String,
+    k: RankKey,
+    log: PathBuf,
+    exits: ExitSender,
+    since: Option<i32>,
+) {
+    tokio::spawn(async move {
+        let logs = tokio::spawn(copy_logs(d.clone(), name.clone(), log, since));
+        let code = match d.wait_container(&name, None).next().await {
+            Some(Ok(r)) => r.status_code as i32,
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code as i32,
+            _ => 255,
+        };
+        let _ = logs.await;
+        let rm = RemoveContainerOptionsBuilder::default().force(true).build();
+        let _ = d.remove_container(&name, Some(rm)).await;
+        let _ = exits.send((k, code));
+    });
+}
+
 impl Executor {
-    /// Kills and removes containers this node's agent started before it
-    /// restarted; returns their ranks.
-    pub async fn kill_leftover_containers(&self) -> Vec<RankKey> {
+    /// Adopts the containers this node's agent started before it restarted:
+    /// running ones are watched again (their exit announced on `exits`),
+    /// exited ones are removed with their exit code. Returns each rank with
+    /// its checkpoint signal, grace period and, if it already ended, its code.
+    pub async fn adopt_containers(
+        &self,
+        logs: &Path,
+        exits: ExitSender,
+    ) -> Vec<(RankKey, i32, u64, Option<i32>)> {
         let Some(d) = &self.docker else {
             return Vec::new();
         };
@@ -295,30 +417,62 @@ impl Executor {
         let Ok(list) = d.list_containers(Some(opts)).await else {
             return Vec::new();
         };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| i32::try_from(t.as_secs()).unwrap_or(i32::MAX));
         let mut out = Vec::new();
         for c in list {
             let labels = c.labels.unwrap_or_default();
             let num = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
-            if let (Some(job), Some(attempt), Some(rank), Some(id)) = (
+            let (Some(job), Some(attempt), Some(rank), Some(id)) = (
                 num("gangway.job"),
                 num("gangway.attempt"),
                 num("gangway.rank"),
                 c.id,
-            ) {
+            ) else {
+                continue;
+            };
+            let (Ok(attempt), Ok(rank)) = (u32::try_from(attempt), u32::try_from(rank)) else {
+                continue;
+            };
+            let k = RankKey {
+                job: JobId(job),
+                attempt,
+                rank,
+            };
+            let signal = num("gangway.signal")
+                .and_then(|s| i32::try_from(s).ok())
+                .unwrap_or(libc::SIGTERM);
+            let grace = num("gangway.grace").unwrap_or(0);
+            let running = c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING);
+            if running {
+                let log = crate::logs::log_path(logs, job, attempt, rank);
+                watch_container(
+                    d.clone(),
+                    self.docker_name(k),
+                    k,
+                    log,
+                    exits.clone(),
+                    Some(now),
+                );
+                out.push((k, signal, grace, None));
+            } else {
+                let code = d
+                    .inspect_container(&id, None)
+                    .await
+                    .ok()
+                    .and_then(|i| i.state?.exit_code)
+                    .map_or(255, |c| c as i32);
                 let rm = RemoveContainerOptionsBuilder::default().force(true).build();
                 let _ = d.remove_container(&id, Some(rm)).await;
-                out.push(RankKey {
-                    job: JobId(job),
-                    attempt: attempt as u32,
-                    rank: rank as u32,
-                });
+                out.push((k, signal, grace, Some(code)));
             }
         }
         out
     }
 }
 
-async fn copy_logs(d: Docker, name: String, log: PathBuf) {
+async fn copy_logs(d: Docker, name: String, log: PathBuf, since: Option<i32>) {
     let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -330,6 +484,7 @@ async fn copy_logs(d: Docker, name: String, log: PathBuf) {
         .follow(true)
         .stdout(true)
         .stderr(true)
+        .since(since.unwrap_or(0))
         .build();
     let mut s = d.logs(&name, Some(opts));
     while let Some(Ok(chunk)) = s.next().await {
@@ -337,56 +492,93 @@ async fn copy_logs(d: Docker, name: String, log: PathBuf) {
     }
 }
 
-fn start_process(l: Launch, exits: ExitSender) -> Rank {
-    let k = l.key;
-    let log = match std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&l.log)
-    {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!("rank log {}: {e}", l.log.display());
+impl Executor {
+    fn start_process(&self, l: Launch, exits: ExitSender) -> Rank {
+        let k = l.key;
+        let log = match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&l.log)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!("rank log {}: {e}", l.log.display());
+                let _ = exits.send((k, 125));
+                return Rank::NotStarted;
+            }
+        };
+        let (out, err) = match log.try_clone() {
+            Ok(e) => (log, e),
+            Err(_) => {
+                let _ = exits.send((k, 125));
+                return Rank::NotStarted;
+            }
+        };
+        let name = self.container_name(k);
+        let limits = Limits {
+            cpu_millis: l.cpu_millis,
+            memory_mib: l.memory_mib,
+        };
+        let container = match self.track.create(&name, limits) {
+            Ok(c) => c,
+            Err(e) => {
+                note(&l.log, &format!("cannot create the rank's container: {e}"));
+                let _ = exits.send((k, 125));
+                return Rank::NotStarted;
+            }
+        };
+        let join = self.track.join(&container);
+        let exit_file = l.exit_file.clone();
+        let _ = std::fs::remove_file(&exit_file);
+        let Some(sup) = crate::supervisor::Supervisor::new(&exit_file) else {
+            note(&l.log, "bad exit file path");
             let _ = exits.send((k, 125));
             return Rank::NotStarted;
-        }
-    };
-    let (out, err) = match log.try_clone() {
-        Ok(e) => (log, e),
-        Err(_) => {
-            let _ = exits.send((k, 125));
-            return Rank::NotStarted;
-        }
-    };
-    let mut cmd = tokio::process::Command::new(&l.run.command[0]);
-    cmd.args(&l.run.command[1..])
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
-    // Never the agent's environment: the minimal base, then the job's and Gangway's.
-    cmd.envs(&l.sandbox.base_env);
-    cmd.envs(crate::sandbox::job_env(&l.env, l.sandbox.loader_env));
-    let workdir = l.run.workdir.as_deref().map(Path::new);
-    if let Err(e) = crate::identity::drop_privileges(&mut cmd, &l.sandbox.account, workdir) {
-        note(&l.log, &format!("cannot prepare the rank's identity: {e}"));
-        let _ = exits.send((k, 126));
-        return Rank::NotStarted;
-    }
-    match cmd.spawn() {
-        Ok(mut child) => {
-            let pid = child.id().map_or(0, |p| p as i32);
-            tokio::spawn(async move {
-                let code = child.wait().await.map_or(255, exit_code);
-                let _ = exits.send((k, code));
+        };
+        let mut cmd = tokio::process::Command::new(&l.run.command[0]);
+        cmd.args(&l.run.command[1..])
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        // Never the agent's environment: the minimal base, then the job's and Gangway's.
+        cmd.envs(&l.sandbox.base_env);
+        cmd.envs(crate::sandbox::job_env(&l.env, l.sandbox.loader_env));
+        cmd.env(RANK_ID_VAR, &container.name);
+        // SAFETY: both hooks only make async-signal-safe calls (open, write,
+        // fork, waitpid, _exit); the paths were built before the fork. They
+        // run first, as root: joining the cgroup and the supervisor's exit
+        // file need it; the identity hook below then drops to the account.
+        unsafe {
+            cmd.pre_exec(move || {
+                join.join()?;
+                sup.fork()
             });
-            Rank::Process(pid)
         }
-        Err(e) => {
-            note(&l.log, &format!("cannot start {:?}: {e}", l.run.command[0]));
-            let _ = exits.send((k, 127));
-            Rank::NotStarted
+        let workdir = l.run.workdir.as_deref().map(Path::new);
+        if let Err(e) = crate::identity::drop_privileges(&mut cmd, &l.sandbox.account, workdir) {
+            note(&l.log, &format!("cannot prepare the rank's identity: {e}"));
+            self.track.destroy(&container);
+            let _ = exits.send((k, 126));
+            return Rank::NotStarted;
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pid = child.id().map_or(0, |p| p as i32);
+                self.track.adopt(&container, pid);
+                tokio::spawn(async move {
+                    let code = child.wait().await.map_or(255, exit_code);
+                    let _ = exits.send((k, code));
+                });
+                Rank::Process { pid, container }
+            }
+            Err(e) => {
+                note(&l.log, &format!("cannot start {:?}: {e}", l.run.command[0]));
+                self.track.destroy(&container);
+                let _ = exits.send((k, 127));
+                Rank::NotStarted
+            }
         }
     }
 }

@@ -1,9 +1,12 @@
 //! A record of the process ranks an agent started, so that after the agent
-//! crashes and restarts it can find and kill what its predecessor left.
-//! One file per rank, `<state_dir>/ranks/<job>-<attempt>-<rank>`, holding the
-//! process group id and its start time (so a recycled pid is never killed).
+//! crashes or restarts it finds them again and adopts them instead of
+//! killing them. One JSON file per rank, `<state_dir>/ranks/<job>-<attempt>-<rank>`,
+//! holding the supervisor's pid and start time (so a recycled pid is never
+//! taken for it), the rank's container and its exit-code file; the
+//! supervisor writes `<job>-<attempt>-<rank>.exit` when the rank's command ends.
 
 use crate::executor::RankKey;
+use crate::proctrack::{proc_info, Container};
 use gangway_core::JobId;
 use std::path::{Path, PathBuf};
 
@@ -15,31 +18,84 @@ fn file(state_dir: &Path, k: RankKey) -> PathBuf {
     dir(state_dir).join(format!("{}-{}-{}", k.job, k.attempt, k.rank))
 }
 
-/// The kernel's start time of a process (field 22 of /proc/PID/stat).
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit(')').next()?;
-    // Fields after the command: state is field 3, start time field 22.
-    after.split_whitespace().nth(19)?.parse().ok()
+/// Where the supervisor of a rank writes its exit code.
+pub fn exit_file(state_dir: &Path, k: RankKey) -> PathBuf {
+    dir(state_dir).join(format!("{}-{}-{}.exit", k.job, k.attempt, k.rank))
 }
 
-/// Records a started rank.
-pub fn record(state_dir: &Path, k: RankKey, pid: i32) {
+/// What is recorded of a started rank.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RankRecord {
+    /// Job.
+    pub job: JobId,
+    /// Attempt.
+    pub attempt: u32,
+    /// Rank.
+    pub rank: u32,
+    /// The supervisor's pid.
+    pub pid: i32,
+    /// Its start time (clock ticks since boot).
+    pub start: u64,
+    /// Every process of the rank.
+    pub container: Container,
+    /// The checkpoint signal of its job.
+    pub signal: i32,
+    /// Its grace period in seconds.
+    pub grace_seconds: u64,
+}
+
+impl RankRecord {
+    /// The rank's key.
+    pub fn key(&self) -> RankKey {
+        RankKey {
+            job: self.job,
+            attempt: self.attempt,
+            rank: self.rank,
+        }
+    }
+
+    /// Whether the recorded supervisor is still the same live process.
+    pub fn supervisor_alive(&self) -> bool {
+        self.pid > 1 && proc_info(self.pid).is_some_and(|p| p.start == self.start && !p.zombie)
+    }
+}
+
+/// Records a started rank (supervisor `pid`).
+pub fn record(
+    state_dir: &Path,
+    k: RankKey,
+    pid: i32,
+    container: &Container,
+    signal: i32,
+    grace_seconds: u64,
+) {
     let _ = std::fs::create_dir_all(dir(state_dir));
-    let start = start_time(pid).unwrap_or(0);
-    if let Err(e) = std::fs::write(file(state_dir, k), format!("{pid} {start}\n")) {
+    let rec = RankRecord {
+        job: k.job,
+        attempt: k.attempt,
+        rank: k.rank,
+        pid,
+        start: proc_info(pid).map_or(0, |p| p.start),
+        container: container.clone(),
+        signal,
+        grace_seconds,
+    };
+    let path = file(state_dir, k);
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_vec(&rec).unwrap_or_default();
+    if let Err(e) = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)) {
         tracing::warn!("cannot record rank {k:?}: {e}");
     }
 }
 
-/// Forgets a rank that exited.
+/// Forgets a rank none of whose processes is left.
 pub fn forget(state_dir: &Path, k: RankKey) {
     let _ = std::fs::remove_file(file(state_dir, k));
+    let _ = std::fs::remove_file(exit_file(state_dir, k));
 }
 
-/// Kills every recorded rank that still runs and clears the records;
-/// returns the ranks that were recorded.
-pub fn kill_processes(state_dir: &Path) -> Vec<RankKey> {
+/// Every rank recorded by an earlier run of the agent.
+pub fn recorded(state_dir: &Path) -> Vec<RankRecord> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir(state_dir))
         .into_iter()
@@ -47,33 +103,21 @@ pub fn kill_processes(state_dir: &Path) -> Vec<RankKey> {
         .flatten()
     {
         let name = e.file_name().to_string_lossy().to_string();
-        let parts: Vec<&str> = name.split('-').collect();
-        let key = match parts.as_slice() {
-            [j, a, r] => match (j.parse(), a.parse(), r.parse()) {
-                (Ok(j), Ok(a), Ok(r)) => RankKey {
-                    job: JobId(j),
-                    attempt: a,
-                    rank: r,
-                },
-                _ => continue,
-            },
-            _ => continue,
-        };
-        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let mut it = text.split_whitespace();
-        let pid: Option<i32> = it.next().and_then(|p| p.parse().ok());
-        let start: Option<u64> = it.next().and_then(|s| s.parse().ok());
-        if let (Some(pid), Some(start)) = (pid, start) {
-            if pid > 1 && start_time(pid) == Some(start) {
-                // SAFETY: kill(2) on the process group this agent's predecessor created.
-                unsafe {
-                    libc::kill(-pid, libc::SIGKILL);
-                }
+        if name.contains('.') {
+            continue;
+        }
+        match std::fs::read(e.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<RankRecord>(&b).ok())
+        {
+            Some(r) => out.push(r),
+            None => {
+                tracing::warn!("unreadable rank record {}; ignored", e.path().display());
+                let _ = std::fs::remove_file(e.path());
             }
         }
-        let _ = std::fs::remove_file(e.path());
-        out.push(key);
     }
+    out.sort_by_key(|r| r.key());
     out
 }
 
@@ -82,12 +126,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_recorded_rank_is_killed_and_reported_once() {
-        use std::os::unix::process::CommandExt;
+    fn a_recorded_rank_is_found_again_with_its_supervisor_identity() {
         let dir = tempfile::tempdir().expect("tmp");
         let mut child = std::process::Command::new("sleep")
             .arg("30")
-            .process_group(0)
             .spawn()
             .expect("sleep");
         let k = RankKey {
@@ -95,10 +137,28 @@ mod tests {
             attempt: 1,
             rank: 2,
         };
-        record(dir.path(), k, child.id() as i32);
-        assert_eq!(kill_processes(dir.path()), vec![k]);
-        let status = child.wait().expect("wait");
-        assert!(!status.success(), "killed");
-        assert!(kill_processes(dir.path()).is_empty(), "records cleared");
+        let c = Container {
+            name: "c".into(),
+            cgroups: vec![],
+        };
+        record(dir.path(), k, child.id() as i32, &c, 15, 30);
+        let found = recorded(dir.path());
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].key(), k);
+        assert!(found[0].supervisor_alive());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!found[0].supervisor_alive(), "gone once killed");
+        // A recycled pid is not the supervisor: its start time differs.
+        let me = std::process::id() as i32;
+        let my_start = proc_info(me).expect("self").start;
+        let mut other = found[0].clone();
+        other.pid = me;
+        other.start = my_start + 1;
+        assert!(!other.supervisor_alive());
+        other.start = my_start;
+        assert!(other.supervisor_alive(), "the same pid and start time is");
+        forget(dir.path(), k);
+        assert!(recorded(dir.path()).is_empty(), "records cleared");
     }
 }

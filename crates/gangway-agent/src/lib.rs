@@ -17,8 +17,10 @@ pub mod identity;
 pub mod leftovers;
 pub mod logs;
 pub mod mounts;
+pub mod proctrack;
 pub mod reconcile;
 pub mod sandbox;
+pub mod supervisor;
 pub mod tls;
 
 pub use agent::{Agent, AgentError};

@@ -11,42 +11,64 @@ pub type TaskKey = (JobId, u32);
 /// What the agent knows of one local task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskView {
-    /// Exit code per rank, `None` while it runs.
+    /// Per rank: its exit code once no process of it is left, `None` while
+    /// any runs (its main process may have exited already).
     pub exits: Vec<Option<i32>>,
+    /// The first non-zero exit code of a rank's main process, even while
+    /// other processes of the rank or the task still run.
+    pub failed: Option<i32>,
     /// The checkpoint signal was sent.
     pub stop_sent: bool,
 }
 
 impl TaskView {
-    /// Whether any rank still runs.
+    /// Whether any process of any rank is left.
     pub fn alive(&self) -> bool {
         self.exits.iter().any(Option::is_none)
     }
 
-    /// What to report: a non-zero exit of any rank at once (the gang must
-    /// stop), 0 once every rank exited 0, else running.
+    /// What to report. `Exited` only once no process of the task is left
+    /// (its GPUs are free then), with the first non-zero code or 0; before
+    /// that `Failing` when a rank's main process exited non-zero (the gang
+    /// must stop), else `Running`. A rank that ends early never makes the
+    /// task look stopped while others still save.
     pub fn state(&self) -> TaskState {
-        if let Some(code) = self.exits.iter().flatten().find(|c| **c != 0) {
-            return TaskState::Exited { exit_code: *code };
-        }
         if self.alive() {
-            TaskState::Running
-        } else {
-            TaskState::Exited { exit_code: 0 }
+            return match self.failed {
+                Some(exit_code) => TaskState::Failing { exit_code },
+                None => TaskState::Running,
+            };
         }
+        let code = self
+            .exits
+            .iter()
+            .flatten()
+            .copied()
+            .find(|c| *c != 0)
+            .or(self.failed)
+            .unwrap_or(0);
+        TaskState::Exited { exit_code: code }
     }
 }
 
 /// One step of reconciliation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Kill every rank of a task that must not run (another attempt, a
-    /// cancelled or failed gang, a job moved elsewhere).
+    /// Kill every process of a task that must not run at all (another
+    /// attempt, a job the server ended or moved elsewhere).
     Kill(TaskKey),
     /// Forget a finished task the server no longer lists.
     Forget(TaskKey),
-    /// Send the checkpoint signal and start the grace period.
-    Checkpoint(TaskKey),
+    /// Send the checkpoint signal to every process of every rank and start
+    /// the gang's grace period (preemption, cancel, a failed rank elsewhere).
+    Checkpoint {
+        /// The task.
+        key: TaskKey,
+        /// Signal (POSIX number).
+        signal: i32,
+        /// Seconds until the rest is killed.
+        grace_seconds: u64,
+    },
     /// Start the ranks of an assignment (or, when it is already being
     /// stopped, record it as stopped without starting it).
     Start(Box<Assignment>),
@@ -69,7 +91,11 @@ pub fn plan(desired: &[Assignment], local: &BTreeMap<TaskKey, TaskView>) -> Vec<
     }
     for (k, a) in &wanted {
         match local.get(k) {
-            Some(t) if a.stop && t.alive() && !t.stop_sent => out.push(Action::Checkpoint(*k)),
+            Some(t) if a.stop && t.alive() && !t.stop_sent => out.push(Action::Checkpoint {
+                key: *k,
+                signal: a.checkpoint_signal,
+                grace_seconds: a.grace_seconds,
+            }),
             Some(_) => {}
             None => out.push(Action::Start(Box::new((*a).clone()))),
         }
@@ -115,7 +141,11 @@ mod tests {
     }
 
     fn view(exits: Vec<Option<i32>>, stop_sent: bool) -> TaskView {
-        TaskView { exits, stop_sent }
+        TaskView {
+            exits,
+            failed: None,
+            stop_sent,
+        }
     }
 
     #[test]
@@ -138,7 +168,11 @@ mod tests {
             acts,
             vec![
                 Action::Forget((JobId(2), 0)),
-                Action::Checkpoint((JobId(1), 0))
+                Action::Checkpoint {
+                    key: (JobId(1), 0),
+                    signal: 15,
+                    grace_seconds: 5
+                }
             ]
         );
         // After acting on it, re-running the plan changes nothing: signalled once.
@@ -149,10 +183,22 @@ mod tests {
     }
 
     #[test]
-    fn reports_fail_fast_and_succeed_only_when_all_ranks_exit_zero() {
+    fn a_task_is_exited_only_when_no_process_is_left() {
         assert_eq!(view(vec![None, Some(0)], false).state(), TaskState::Running);
+        // Rank 1's main process failed; rank 0 still runs: failing, not exited.
+        let mut v = view(vec![None, Some(3)], false);
+        v.failed = Some(3);
+        assert_eq!(v.state(), TaskState::Failing { exit_code: 3 });
+        // Main process exited non-zero, but its children live on: failing.
+        let mut v = view(vec![None], false);
+        v.failed = Some(1);
+        assert_eq!(v.state(), TaskState::Failing { exit_code: 1 });
+        // During a stop, a rank dying at once on the signal does not end the task.
+        let mut v = view(vec![None, Some(143)], true);
+        v.failed = Some(143);
+        assert_eq!(v.state(), TaskState::Failing { exit_code: 143 });
         assert_eq!(
-            view(vec![None, Some(3)], false).state(),
+            view(vec![Some(0), Some(3)], false).state(),
             TaskState::Exited { exit_code: 3 }
         );
         assert_eq!(

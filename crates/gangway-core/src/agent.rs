@@ -25,7 +25,15 @@ pub struct GpuHealth {
 pub enum TaskState {
     /// Every rank of the attempt on this node has started.
     Running,
-    /// A rank exited non-zero (the code), or all exited and this is 0.
+    /// A rank's main process exited non-zero (the code) while processes of
+    /// the attempt still run here: the gang must be stopped, but its GPUs
+    /// are not free yet.
+    Failing {
+        /// Exit code; 128+N for a rank killed by signal N.
+        exit_code: i32,
+    },
+    /// No process of the attempt is left on this node: the first non-zero
+    /// exit code of its ranks, or 0 when all exited 0.
     Exited {
         /// Exit code; 128+N for a rank killed by signal N.
         exit_code: i32,

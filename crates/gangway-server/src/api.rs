@@ -689,16 +689,17 @@ async fn agent_report(
     let report = match (r.state.as_str(), r.exit_code) {
         ("running", _) => crate::control::Report::Running,
         ("exited", Some(code)) => crate::control::Report::Exited(code),
-        ("exited", None) => {
+        ("failing", Some(code)) => crate::control::Report::Failing(code),
+        (s @ ("exited" | "failing"), None) => {
             return Err(ApiError(
                 StatusCode::BAD_REQUEST,
-                "exit_code: required when state is exited".into(),
+                format!("exit_code: required when state is {s}"),
             ))
         }
         (other, _) => {
             return Err(ApiError(
                 StatusCode::BAD_REQUEST,
-                format!("state: expected running or exited, got {other:?}"),
+                format!("state: expected running, failing or exited, got {other:?}"),
             ))
         }
     };

@@ -7,7 +7,7 @@ mod contract;
 
 pub use contract::{ContractConfig, ContractState};
 
-use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, JOB_SEQ};
+use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, Stopping, JOB_SEQ};
 use gangway_core::agent::{
     Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
 };
@@ -99,6 +99,8 @@ pub(crate) enum Ending {
     Succeeded(String),
     /// Stopped at its time limit.
     TimedOut(String),
+    /// Cancelled, and none of its processes is left.
+    Cancelled(String),
 }
 
 impl JobEvent {
@@ -128,6 +130,7 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
     rec.started_on.clear();
     rec.exited_on.clear();
     rec.preempted_by = None;
+    rec.stopping = None;
     let ending = contract::timeout_ending(&rec, ending);
     if !matches!(ending, Ending::TimedOut(_)) {
         // The next attempt gets its own port and signal time.
@@ -180,6 +183,11 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
         Ending::Succeeded(msg) => {
             rec.state = JobState::Succeeded;
             rec.events.push(JobEvent::new(now, "finished", msg));
+            AfterEnd::Finish
+        }
+        Ending::Cancelled(msg) => {
+            rec.state = JobState::Cancelled;
+            rec.events.push(JobEvent::new(now, "cancelled", msg));
             AfterEnd::Finish
         }
     };
@@ -261,9 +269,17 @@ pub struct Control<S: Store> {
 pub enum Report {
     /// All its ranks on this node started.
     Running,
-    /// Its ranks on this node exited with this code.
+    /// A rank's main process exited with this (non-zero) code; processes
+    /// of the job still run on the node.
+    Failing(i32),
+    /// No process of its ranks is left on this node; the first non-zero
+    /// exit code, or 0.
     Exited(i32),
 }
+
+/// The grace a gang gets when it is stopped by a cancel or a failed rank:
+/// the checkpoint signal first, but not the whole preemption grace.
+pub const SHORT_GRACE_SECONDS: u64 = 10;
 
 /// A random 256-bit token in hex (node tokens; `gangway up`'s tokens).
 pub fn fresh_token() -> String {
@@ -632,6 +648,29 @@ impl<S: Store> Control<S> {
             return Err(ControlError::Finished(id, rec.state));
         }
         let mut rec = rec.clone();
+        let on_nodes = matches!(
+            rec.state,
+            JobState::Scheduled | JobState::Running | JobState::Preempting
+        ) && !rec.placement.is_empty();
+        if on_nodes {
+            // Its ranks get the checkpoint signal and a short grace; the
+            // GPUs stay booked until every node reports them gone.
+            if matches!(rec.stopping, Some(Stopping::Cancelled { .. })) {
+                return Ok(());
+            }
+            let grace = rec.spec.checkpoint.grace_seconds.min(SHORT_GRACE_SECONDS);
+            rec.stopping = Some(Stopping::Cancelled { by: by.to_string() });
+            rec.events.push(JobEvent::new(
+                now,
+                "cancelling",
+                format!(
+                    "cancel requested by {by}: ranks get signal {} and {grace}s to stop",
+                    rec.spec.checkpoint.signal
+                ),
+            ));
+            self.write(rec)?;
+            return Ok(());
+        }
         rec.state = JobState::Cancelled;
         rec.events.push(JobEvent {
             at: now,
@@ -712,8 +751,14 @@ impl<S: Store> Control<S> {
         }
         let mut rec = rec.clone();
         let nodes = rec.nodes().len();
-        match (report, rec.state) {
-            (Report::Running, JobState::Scheduled) => {
+        let live = matches!(
+            rec.state,
+            JobState::Scheduled | JobState::Running | JobState::Preempting
+        );
+        // Being stopped already: a preemption, a cancel or a failed rank.
+        let stopping = rec.stopping.is_some() || rec.state == JobState::Preempting;
+        match report {
+            Report::Running if rec.state == JobState::Scheduled => {
                 if rec.started_on.insert(node.to_string()) {
                     if rec.started_on.len() == nodes {
                         rec.state = JobState::Running;
@@ -727,42 +772,77 @@ impl<S: Store> Control<S> {
                     self.write(rec)?;
                 }
             }
-            (Report::Running, JobState::Running | JobState::Preempting) => return Ok(rec.state),
-            (Report::Exited(code), JobState::Preempting) => {
-                rec.exited_on.insert(node.to_string(), code);
-                if rec.exited_on.len() == nodes {
-                    let msg = Self::stopped_message(&rec, node, nodes, code);
-                    self.end_attempt(rec, Ending::Requeued(msg), now)?;
-                } else {
-                    self.write(rec)?;
-                }
+            Report::Running if live => return Ok(rec.state),
+            Report::Running => return Err(ControlError::BadReport(id, rec.state, "running")),
+            Report::Failing(_) | Report::Exited(_) if !live => {
+                return Err(ControlError::BadReport(id, rec.state, "an exit"))
             }
-            (Report::Exited(code), JobState::Running | JobState::Scheduled) if code != 0 => {
+            Report::Failing(_) if stopping => return Ok(rec.state),
+            Report::Failing(code) => {
+                // The whole gang stops together (signal, short grace); the
+                // outcome is decided once no process of it is left anywhere.
                 self.note_node_failure(node, id, now)?;
-                let msg = self.failure_message(&mut rec, node, code, now);
-                self.end_attempt(rec, Ending::Failed(msg), now)?;
+                self.begin_failed_stop(&mut rec, code, node, now);
+                self.write(rec)?;
             }
-            (Report::Exited(code), JobState::Running | JobState::Scheduled) => {
-                self.node_failures.remove(node);
-                rec.exited_on.insert(node.to_string(), code);
-                if rec.exited_on.len() == nodes {
-                    let msg = if nodes == 1 {
-                        format!("exited with code {code} on {node}")
+            Report::Exited(code) => {
+                if !stopping {
+                    if code == 0 {
+                        self.node_failures.remove(node);
                     } else {
-                        format!("all ranks exited with code 0 on {nodes} nodes")
-                    };
-                    self.end_attempt(rec, Ending::Succeeded(msg), now)?;
-                } else {
+                        self.note_node_failure(node, id, now)?;
+                        self.begin_failed_stop(&mut rec, code, node, now);
+                    }
+                }
+                rec.exited_on.insert(node.to_string(), code);
+                if rec.exited_on.len() < nodes {
                     self.write(rec)?;
+                } else {
+                    let where_ = if nodes == 1 {
+                        node.to_string()
+                    } else {
+                        format!("{nodes} nodes")
+                    };
+                    let ending = match (&rec.stopping, rec.state) {
+                        (Some(Stopping::Cancelled { by }), _) => Ending::Cancelled(format!(
+                            "cancelled by {by}; no process left on {where_}"
+                        )),
+                        (Some(Stopping::Failed { message }), _) => Ending::Failed(message.clone()),
+                        (None, JobState::Preempting) => {
+                            Ending::Requeued(Self::stopped_message(&rec, node, nodes, code))
+                        }
+                        (None, _) if nodes == 1 => {
+                            Ending::Succeeded(format!("exited with code {code} on {node}"))
+                        }
+                        (None, _) => Ending::Succeeded(format!(
+                            "all ranks exited with code 0 on {nodes} nodes"
+                        )),
+                    };
+                    self.end_attempt(rec, ending, now)?;
                 }
             }
-            (Report::Running, s) => return Err(ControlError::BadReport(id, s, "running")),
-            (Report::Exited(_), s) => return Err(ControlError::BadReport(id, s, "an exit")),
         }
         Ok(self
             .jobs
             .get(&id)
             .map_or(JobState::Pending, |(r, _)| r.state))
+    }
+
+    /// A rank failed: every node of the gang is told to stop it (checkpoint
+    /// signal, short grace); its GPUs stay booked until all processes are gone.
+    fn begin_failed_stop(&mut self, rec: &mut JobRecord, code: i32, node: &str, now: Time) {
+        // Names the failing rank, its signal and last output where the node said.
+        let message = self.failure_message(rec, node, code, now);
+        let grace = rec.spec.checkpoint.grace_seconds.min(SHORT_GRACE_SECONDS);
+        rec.events.push(JobEvent::new(
+            now,
+            "stopping",
+            format!(
+                "{message}: the gang gets signal {} and {grace}s to stop",
+                rec.spec.checkpoint.signal
+            ),
+        ));
+        rec.stopping = Some(Stopping::Failed { message });
     }
 
     /// Ends the job's current attempt: requeue (preempted), restart after a
@@ -874,6 +954,7 @@ impl<S: Store> Control<S> {
             }
             let report = match t.state {
                 TaskState::Running => Report::Running,
+                TaskState::Failing { exit_code } => Report::Failing(exit_code),
                 TaskState::Exited { exit_code } => Report::Exited(exit_code),
             };
             let before = self.jobs.get(&t.job).map(|(r, _)| r.state);
@@ -1021,8 +1102,12 @@ impl<S: Store> Control<S> {
                 cpu_millis: rec.spec.resources.cpu_millis,
                 memory_mib: rec.spec.resources.memory_mib,
                 checkpoint_signal: signal_number(&rec.spec.checkpoint.signal).unwrap_or(15),
-                grace_seconds: rec.spec.checkpoint.grace_seconds,
-                stop: rec.state == JobState::Preempting,
+                grace_seconds: if rec.state == JobState::Preempting {
+                    rec.spec.checkpoint.grace_seconds
+                } else {
+                    rec.spec.checkpoint.grace_seconds.min(SHORT_GRACE_SECONDS)
+                },
+                stop: rec.state == JobState::Preempting || rec.stopping.is_some(),
                 // Who runs it and the queue's node policy: see `admission::stamp`.
                 rules: gangway_core::agent::RankRules {
                     queue: rec.spec.queue.clone(),
@@ -1087,10 +1172,23 @@ impl<S: Store> Control<S> {
             let Some((rec, _)) = self.jobs.get(&id) else {
                 continue;
             };
-            let ending = match rec.state {
-                JobState::Preempting => Ending::Requeued(msg),
-                JobState::Scheduled | JobState::Running => Ending::Failed(msg),
-                _ => continue,
+            let ending = match (&rec.stopping, rec.state) {
+                (_, s)
+                    if !matches!(
+                        s,
+                        JobState::Scheduled | JobState::Running | JobState::Preempting
+                    ) =>
+                {
+                    continue
+                }
+                (Some(Stopping::Cancelled { by }), _) => {
+                    Ending::Cancelled(format!("cancelled by {by}; {msg}"))
+                }
+                (Some(Stopping::Failed { message }), _) => {
+                    Ending::Failed(format!("{message}; {msg}"))
+                }
+                (None, JobState::Preempting) => Ending::Requeued(msg),
+                (None, _) => Ending::Failed(msg),
             };
             let (rec, after) = ended(rec.clone(), ending, now);
             afters.push((id, after));
@@ -1196,6 +1294,11 @@ impl<S: Store> Control<S> {
             let Some((rec, _)) = self.jobs.get(&p.job) else {
                 continue;
             };
+            // Already being stopped (cancel, failed rank): its GPUs come free
+            // when its processes are gone; the preemptor waits for that.
+            if rec.stopping.is_some() {
+                continue;
+            }
             let mut rec = rec.clone();
             rec.state = JobState::Preempting;
             rec.preempted_by = Some(p.by);
@@ -1269,5 +1372,83 @@ mod tests {
             (q["q"] - 1.0).abs() < 1e-9,
             "only the half hour inside the range"
         );
+    }
+
+    fn one_node_running_job(grace: u64) -> (tempfile::TempDir, Control<RedbStore>, JobId) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
+            .expect("control");
+        c.register_node(
+            NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            0,
+        )
+        .expect("node");
+        let mut spec = JobSpec::new("j", "q", 2, 2);
+        spec.checkpoint.grace_seconds = grace;
+        let id = c.submit("alice", spec, 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        c.report("n", id, Some(0), Report::Running, 2)
+            .expect("running");
+        assert_eq!(c.jobs[&id].0.state, JobState::Running);
+        (dir, c, id)
+    }
+
+    /// GPUs the scheduler sees free on node n.
+    fn free_gpus(c: &Control<RedbStore>) -> u32 {
+        let n = c.cluster.node_index("n").expect("node");
+        4 - c.cluster.capacity().alloc[n as usize].count_ones()
+    }
+
+    #[test]
+    fn a_cancelled_gang_keeps_its_gpus_until_its_node_reports_nothing_left() {
+        let (_d, mut c, id) = one_node_running_job(60);
+        c.cancel(id, "alice", 3).expect("cancel");
+        // Told to stop with a short grace; its GPUs stay booked.
+        let a = c.assignments("n");
+        assert_eq!(
+            (a.len(), a[0].stop, a[0].grace_seconds),
+            (1, true, SHORT_GRACE_SECONDS)
+        );
+        assert_eq!(free_gpus(&c), 0);
+        assert_eq!(c.cycle(4).expect("cycle").binds.len(), 0);
+        // A rank exiting early changes nothing; only "nothing left" does.
+        c.report("n", id, Some(0), Report::Failing(143), 5)
+            .expect("failing");
+        assert_eq!(free_gpus(&c), 0);
+        assert_eq!(c.cancel(id, "alice", 6).ok(), Some(()), "idempotent");
+        c.report("n", id, Some(0), Report::Exited(143), 7)
+            .expect("exited");
+        let rec = &c.jobs[&id].0;
+        assert_eq!(rec.state, JobState::Cancelled);
+        assert!(rec
+            .events
+            .iter()
+            .any(|e| e.kind == "cancelled" && e.message.starts_with("cancelled by alice")));
+        assert_eq!(free_gpus(&c), 4);
+    }
+
+    #[test]
+    fn a_failing_rank_stops_the_gang_and_the_restart_waits_for_it() {
+        let (_d, mut c, id) = one_node_running_job(3);
+        c.report("n", id, Some(0), Report::Failing(1), 3)
+            .expect("failing");
+        let rec = &c.jobs[&id].0;
+        assert_eq!((rec.state, rec.attempt), (JobState::Running, 0));
+        let a = c.assignments("n");
+        assert_eq!((a[0].stop, a[0].grace_seconds), (true, 3));
+        assert_eq!(free_gpus(&c), 0);
+        c.report("n", id, Some(0), Report::Exited(1), 6)
+            .expect("exited");
+        let rec = &c.jobs[&id].0;
+        assert_eq!((rec.state, rec.attempt), (JobState::Restarting, 1));
+        assert!(rec
+            .events
+            .iter()
+            .any(|e| e.kind == "restarting" && e.message.starts_with("exited with code 1 on n")));
+        assert_eq!(free_gpus(&c), 4);
     }
 }

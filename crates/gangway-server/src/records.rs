@@ -24,6 +24,24 @@ pub struct JobEvent {
     pub message: String,
 }
 
+/// Why a gang on its nodes is being stopped (not by preemption, which is
+/// `JobState::Preempting`), and so what it becomes once every node reports
+/// none of its processes left: its GPUs stay booked until then.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "cause")]
+pub enum Stopping {
+    /// Cancelled by a user or admin: ends `Cancelled`.
+    Cancelled {
+        /// Who cancelled it.
+        by: String,
+    },
+    /// A rank failed: the gang restarts (per its policy) or fails.
+    Failed {
+        /// What failed, for the event.
+        message: String,
+    },
+}
+
 /// The durable record of a job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -85,6 +103,9 @@ pub struct JobRecord {
     /// When the time limit was reached: the attempt ends as `timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_hit: Option<Time>,
+    /// While its ranks are being stopped: why, and what it becomes then.
+    #[serde(default)]
+    pub stopping: Option<Stopping>,
 }
 
 /// A checkpoint reported through `$GANGWAY_CHECKPOINT_DIR/LATEST`.
@@ -155,6 +176,7 @@ impl JobRecord {
             master_port: None,
             signal_at_ms: None,
             time_limit_hit: None,
+            stopping: None,
         }
     }
 

@@ -688,9 +688,22 @@ fn sync_answers_assignments_and_refuses_reports_about_an_old_attempt() {
         s.get(&format!("/v1/jobs/{id}"), "alice-token").1["state"],
         "running"
     );
-    // One rank fails: the whole gang restarts as attempt 1 ...
+    // One rank fails: the whole gang is stopped first (node-b's rank gets
+    // the checkpoint signal with a short grace; the GPUs stay booked) ...
     let failed = format!("{{\"job\":{id},\"attempt\":0,\"state\":\"exited\",\"exit_code\":2}}");
     sync("node-a", &ta, &failed);
+    let (_, b) = sync("node-b", &tb, &running);
+    assert_eq!(b["assignments"][0]["stop"], json!(true), "{b}");
+    assert_eq!(b["assignments"][0]["attempt"], json!(0));
+    assert!(b["assignments"][0]["grace_seconds"].as_u64() <= Some(10));
+    let v = s.get(&format!("/v1/jobs/{id}"), "alice-token").1;
+    assert_eq!(
+        (v["state"].as_str(), v["attempt"].as_u64()),
+        (Some("running"), Some(0))
+    );
+    // ... and restarts as attempt 1 once node-b reports no process left ...
+    let stopped = format!("{{\"job\":{id},\"attempt\":0,\"state\":\"exited\",\"exit_code\":143}}");
+    sync("node-b", &tb, &stopped);
     let v = s.wait_job(id, |j| j["state"] == "scheduled" && j["attempt"] == 1);
     assert_eq!(v["restarts"], 1);
     // ... and node-b's late report about attempt 0 changes nothing, while

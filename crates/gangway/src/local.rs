@@ -126,6 +126,17 @@ pub struct AgentArgs {
     pub pass_env: Vec<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// How every process of a rank is tracked: auto, cgroup-v2, cgroup-v1
+    /// or subreaper.
+    #[arg(long, default_value = "auto")]
+    pub proctrack: gangway_agent::proctrack::ProcTrackKind,
+    /// Directory under the agent's own cgroup for the ranks' cgroups.
+    #[arg(long, default_value = "gangway")]
+    pub cgroup_parent: String,
+    /// On SIGTERM or Ctrl-C, leave the ranks running for the next agent to
+    /// adopt (upgrades, restarts) instead of killing them.
+    #[arg(long)]
+    pub leave_ranks_on_exit: bool,
 }
 
 /// TLS of a listener and the CA its peers' certificates are checked against.
@@ -229,6 +240,9 @@ impl AgentArgs {
                 .unwrap_or_else(|| self.state_dir.join("checkpoints")),
             state_dir: self.state_dir.clone(),
             sync_interval: Duration::from_millis(self.sync_ms.max(50)),
+            proctrack: self.proctrack,
+            cgroup_parent: self.cgroup_parent.clone(),
+            leave_ranks_on_exit: self.leave_ranks_on_exit,
             pass_env: self.pass_env.clone(),
             tls: self.tls.apply()?,
         })

@@ -7,9 +7,7 @@ mod agents;
 
 use agents::*;
 use serde_json::json;
-use std::process::{Command, Stdio};
-
-const IMAGE: &str = "gangway-test-busybox:1";
+use std::process::Command;
 
 fn required(var: &str) -> bool {
     std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
@@ -18,48 +16,6 @@ fn required(var: &str) -> bool {
 fn skip_or_fail(var: &str, why: &str) {
     assert!(!required(var), "{var} is set but {why}");
     eprintln!("skipped: {why} (set {var}=1 to make this a failure)");
-}
-
-/// Builds a registry-free image from Debian's static busybox: `docker import`
-/// of a root filesystem with /bin/busybox and its applets as links.
-fn busybox_image() -> Result<(), String> {
-    let ok = |c: &mut Command| {
-        c.stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ok(Command::new("docker").arg("version")) {
-        return Err("docker is not reachable".into());
-    }
-    if ok(Command::new("docker").args(["image", "inspect", IMAGE])) {
-        return Ok(());
-    }
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .ok_or("no static busybox (apt-get install busybox-static)")?;
-    let root = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let bin = root.path().join("bin");
-    std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
-    std::fs::copy(busybox, bin.join("busybox")).map_err(|e| e.to_string())?;
-    for applet in [
-        "sh", "env", "cat", "echo", "sleep", "mv", "touch", "ls", "nc", "id", "true",
-    ] {
-        std::os::unix::fs::symlink("busybox", bin.join(applet)).map_err(|e| e.to_string())?;
-    }
-    for d in ["tmp", "proc", "sys", "dev", "etc"] {
-        std::fs::create_dir_all(root.path().join(d)).map_err(|e| e.to_string())?;
-    }
-    let cmd = format!(
-        "tar -C {} -c . | docker import - {IMAGE}",
-        root.path().display()
-    );
-    if ok(Command::new("sh").args(["-c", &cmd])) {
-        Ok(())
-    } else {
-        Err("docker import of the busybox rootfs failed".into())
-    }
 }
 
 #[test]

@@ -7,6 +7,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+/// A registry-free test image (see [`busybox_image`]).
+pub const IMAGE: &str = "gangway-test-busybox:1";
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gangway");
@@ -456,4 +459,46 @@ pub fn events(j: &Value) -> Vec<(String, String)> {
 
 pub fn state(j: &Value) -> &str {
     j["state"].as_str().unwrap_or("")
+}
+
+/// Builds a registry-free image from Debian's static busybox: `docker import`
+/// of a root filesystem with /bin/busybox and its applets as links.
+pub fn busybox_image() -> Result<(), String> {
+    let ok = |c: &mut Command| {
+        c.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ok(Command::new("docker").arg("version")) {
+        return Err("docker is not reachable".into());
+    }
+    if ok(Command::new("docker").args(["image", "inspect", IMAGE])) {
+        return Ok(());
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .ok_or("no static busybox (apt-get install busybox-static)")?;
+    let root = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
+    std::fs::copy(busybox, bin.join("busybox")).map_err(|e| e.to_string())?;
+    for applet in [
+        "sh", "env", "cat", "echo", "sleep", "mv", "touch", "ls", "nc", "id", "true",
+    ] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).map_err(|e| e.to_string())?;
+    }
+    for d in ["tmp", "proc", "sys", "dev", "etc"] {
+        std::fs::create_dir_all(root.path().join(d)).map_err(|e| e.to_string())?;
+    }
+    let cmd = format!(
+        "tar -C {} -c . | docker import - {IMAGE}",
+        root.path().display()
+    );
+    if ok(Command::new("sh").args(["-c", &cmd])) {
+        Ok(())
+    } else {
+        Err("docker import of the busybox rootfs failed".into())
+    }
 }
