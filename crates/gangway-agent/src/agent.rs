@@ -462,6 +462,10 @@ impl Agent {
                     .unwrap_or(128 + libc::SIGKILL);
                 r.main_exit.get_or_insert(code);
                 r.done = Some(code);
+                if code != 0 {
+                    // Found here before its exit came through the channel.
+                    t.first_failure.get_or_insert(*rank);
+                }
                 self.executor.release(&r.handle);
                 finished.push(RankKey {
                     job: *job,

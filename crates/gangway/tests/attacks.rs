@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 fn config() -> String {
     server_config(
-        "users:\n  - { name: alice, token: alice-token, queues: [default] }\n  - { name: bob, token: bob-token, queues: [default] }\n  - { name: mallory, token: mallory-token, queues: [default], limits: { requests_per_second: 1000, burst: 1000 } }\nmax_grace_seconds: 30\ngrace_kill_margin_seconds: 1\n",
+        "users:\n  - { name: alice, token: alice-token, queues: [default], unix_user: nobody }\n  - { name: bob, token: bob-token, queues: [default], unix_user: nobody }\n  - { name: mallory, token: mallory-token, queues: [default], unix_user: nobody, limits: { requests_per_second: 1000, burst: 1000 } }\nmax_grace_seconds: 30\ngrace_kill_margin_seconds: 1\n",
     )
 }
 
@@ -289,7 +289,9 @@ fn gangway_up_keeps_its_admin_token_in_a_private_directory() {
     let _ = up.wait();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(cli_mode, 0o600, "{}", cli.display());
-    assert_eq!(dir_mode, 0o700, "{}", dir.display());
+    // Traversable (ranks run as another account reach their checkpoints),
+    // never listable or readable by others; the token file itself is 0600.
+    assert_eq!(dir_mode, 0o711, "{}", dir.display());
     assert_ne!(
         dir.file_name().and_then(|n| n.to_str()),
         Some(pid_name.as_str()),

@@ -270,7 +270,10 @@ fn one_slow_saver_keeps_its_gangs_grace_while_the_others_die_at_once() {
     let j = c.wait_job(low_id, "be requeued", 40, |j| {
         events(j).iter().any(|(k, _)| k == "requeued")
     });
-    let ckpt = c.dir.path().join(format!("checkpoints/job-{low_id}/ckpt"));
+    let ckpt = c
+        .dir
+        .path()
+        .join(format!("checkpoints/admin/job-{low_id}/ckpt"));
     let saved = std::fs::read_to_string(&ckpt).expect("rank 0 finished its 5 s save");
     assert_eq!(saved.trim(), "saved by attempt 0");
     let ev = events(&j);
@@ -373,7 +376,15 @@ fn a_restarted_agent_adopts_its_containers() {
         return;
     }
     let node = format!("dock-adopt-{}", std::process::id());
-    let mut c = Cluster::start("127.0.0.1");
+    // The rank writes to the test's output directory: a mount the queue must allow.
+    let tmp = std::env::temp_dir();
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config(&format!(
+            "    node:\n      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
+            tmp.display()
+        )),
+    );
     c.agent(&node, 2, &[], &["--executor", "docker"]);
     c.wait_nodes(1);
     let out = c.out.display().to_string();
@@ -435,7 +446,15 @@ fn a_cancelled_container_rank_signals_every_process_in_it() {
         return;
     }
     let node = format!("dock-signal-{}", std::process::id());
-    let mut c = Cluster::start("127.0.0.1");
+    // The rank writes to the test's output directory: a mount the queue must allow.
+    let tmp = std::env::temp_dir();
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config(&format!(
+            "    node:\n      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
+            tmp.display()
+        )),
+    );
     c.agent(&node, 1, &[], &["--executor", "docker"]);
     c.wait_nodes(1);
     let out = c.out.display().to_string();

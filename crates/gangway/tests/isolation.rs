@@ -37,7 +37,8 @@ fn a_gang_runs_in_docker_containers_with_its_gpus_mounts_and_limits() {
     c.agent("dock-a", 2, &[], &["--executor", "docker"]);
     c.agent("dock-b", 2, &[], &["--executor", "docker"]);
     c.wait_nodes(2);
-    let data = c.dir.path().join("data");
+    // Not "data": that is the server's (private) data directory.
+    let data = c.dir.path().join("dataset");
     std::fs::create_dir_all(&data).expect("data dir");
     std::fs::write(data.join("input"), "tokens\n").expect("input");
     let out = c.out.display().to_string();

@@ -198,6 +198,8 @@ if ls "$LOGS" > "$OUT/logs" 2>/dev/null; then echo listed > "$OUT/logs-rc"; else
     let mut spec = job("default", script, &c.out);
     // Other jobs' logs live here: the rank must not get in.
     spec["run"]["env"]["LOGS"] = json!(c.dir.path().join("sec-a/logs").display().to_string());
+    // Kept after success, so the test can look at its owner and mode.
+    spec["checkpoint"] = json!({ "keep": true });
     let id = submit_as(&c, ALICE, &spec).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(
@@ -327,6 +329,10 @@ if tr '\0' '\n' < /proc/$PPID/environ > "$OUT/parent-environ" 2>/dev/null; then 
                 "LOCAL_WORLD_SIZE",
                 "NODE_RANK",
                 "GROUP_RANK",
+                "GROUP_WORLD_SIZE",
+                "ROLE_RANK",
+                "ROLE_WORLD_SIZE",
+                "ROLE_NAME",
                 "NNODES",
             ]
             .contains(k)
