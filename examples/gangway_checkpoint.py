@@ -45,7 +45,9 @@ def checkpoint_dir():
 def _atomic_write(path, write):
     """Calls ``write(tmp_path)``, flushes it to disk, then renames it to ``path``."""
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    # Not a dot-file: torch.save names its zip archive after the file's stem,
+    # which a leading dot leaves empty ("invalid file name").
+    fd, tmp = tempfile.mkstemp(prefix="incomplete-", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
         write(tmp)
