@@ -261,6 +261,9 @@ pub struct Job {
     pub gang: Gang,
     /// Its run time predicted from completed jobs, when it declares none.
     pub prediction: Option<crate::predict::Prediction>,
+    /// Order inside its queue and priority level, lowest first (then submit
+    /// time): 0 unless a policy ranks jobs within queues ([`ClusterState::set_rank`]).
+    pub rank: i64,
 }
 
 impl Job {
@@ -490,8 +493,9 @@ impl Default for StateConfig {
     }
 }
 
-/// Pending jobs of one priority level, per queue, oldest first.
-pub type PendingLevel = BTreeMap<QueueId, BTreeMap<(Time, JobId), Gang>>;
+/// Pending jobs of one priority level, per queue, by rank within the queue
+/// (0 unless the caller sets one), then oldest first.
+pub type PendingLevel = BTreeMap<QueueId, BTreeMap<(i64, Time, JobId), Gang>>;
 
 /// The scheduler's whole view of the cluster.
 #[derive(Clone, Debug, Default)]
@@ -690,6 +694,51 @@ impl ClusterState {
         self.capacity.demand.push(Resources::ZERO);
         self.capacity.recompute_demand(&self.queues);
         Ok(id)
+    }
+
+    /// Checks that the queue tree promises no more than it has: at every
+    /// queue, the children's nominal quotas add up to at most its own, and the
+    /// top-level queues' add up to at most the cluster (healthy, schedulable
+    /// capacity). A tree that guarantees more than exists breaks guarantees
+    /// silently; callers that know the whole cluster (the simulator, a config
+    /// check) call this once nodes and queues are in.
+    pub fn check_quota_tree(&self) -> Result<(), StateError> {
+        for res in Resource::ALL {
+            let sum = |kids: &mut dyn Iterator<Item = &QueueInfo>| -> u64 {
+                kids.filter_map(|q| q.spec.quota.nominal.get(res)).sum()
+            };
+            for q in &self.queues {
+                let Some(nom) = q.spec.quota.nominal.get(res) else {
+                    continue;
+                };
+                let kids = sum(&mut q.children.iter().map(|c| &self.queues[*c as usize]));
+                if kids > nom {
+                    return Err(StateError::BadQueue {
+                        queue: q.spec.name.clone(),
+                        problem: format!(
+                            "its children's nominal quotas add up to {kids} {res} but its own nominal is {nom}"
+                        ),
+                    });
+                }
+            }
+            let top = sum(&mut self.queues.iter().filter(|q| q.parent.is_none()));
+            let have = self.total.get(res);
+            if top > have {
+                return Err(StateError::BadQueue {
+                    queue: self
+                        .queues
+                        .iter()
+                        .filter(|q| q.parent.is_none() && q.spec.quota.nominal.get(res).is_some())
+                        .map(|q| q.spec.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    problem: format!(
+                        "top-level nominal quotas add up to {top} {res} but the cluster has {have}"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Registers a node.
@@ -1144,6 +1193,7 @@ impl ClusterState {
             preemptions: 0,
             last_preempted: None,
             prediction,
+            rank: 0,
         };
         self.push_pending(&job);
         self.jobs.insert(id, job);
@@ -1156,7 +1206,7 @@ impl ClusterState {
             .or_default()
             .entry(job.queue)
             .or_default()
-            .insert((job.submitted, job.id), job.gang);
+            .insert((job.rank, job.submitted, job.id), job.gang);
         self.pending_count += 1;
     }
 
@@ -1164,7 +1214,7 @@ impl ClusterState {
         let key = Reverse(job.priority);
         if let Some(level) = self.pending.get_mut(&key) {
             if let Some(set) = level.get_mut(&job.queue) {
-                if set.remove(&(job.submitted, job.id)).is_some() {
+                if set.remove(&(job.rank, job.submitted, job.id)).is_some() {
                     self.pending_count -= 1;
                 }
                 if set.is_empty() {
@@ -1333,6 +1383,29 @@ impl ClusterState {
                 j.priority = priority;
                 j.gang.priority = priority;
             }
+        }
+        Ok(())
+    }
+
+    /// Changes a job's rank inside its queue (lower goes first). Fair share
+    /// and quotas between queues are unaffected: a policy may order a queue's
+    /// own jobs (by attained service, predicted remaining work, aging) without
+    /// taking anything from other queues.
+    pub fn set_rank(&mut self, id: JobId, rank: i64) -> Result<(), StateError> {
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
+        if job.rank == rank {
+            return Ok(());
+        }
+        let pending = job.status == JobStatus::Pending;
+        let job = job.clone();
+        if pending {
+            self.pop_pending(&job);
+        }
+        let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+        j.rank = rank;
+        let j = j.clone();
+        if pending {
+            self.push_pending(&j);
         }
         Ok(())
     }

@@ -33,6 +33,12 @@ pub struct TraceJob {
     pub priority: PriorityClass,
     /// Required GPU model, if the trace names one.
     pub gpu_model: Option<String>,
+    /// Submitting user, if the trace names one (run-time prediction keys on it).
+    pub user: String,
+    /// The job's kind (model or application name), if the trace names one.
+    pub app: Option<String>,
+    /// The user's time limit (Slurm `--time`), seconds, if the trace has one.
+    pub time_limit: Option<u64>,
 }
 
 /// What a loader did with the rows of its file.
@@ -273,6 +279,9 @@ pub fn parse_philly(path: &str, text: &str) -> Result<Trace, TraceError> {
                 queue: format!("vc_{c}"),
                 priority: PriorityClass::Normal,
                 gpu_model: None,
+                user: String::new(),
+                app: None,
+                time_limit: None,
             },
         ));
     }
@@ -298,6 +307,7 @@ pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceE
         t.col("duration")?,
         t.col("job_type")?,
     );
+    let model = t.col("model_name").unwrap_or(usize::MAX);
     let mut report = LoadReport::new(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
@@ -331,6 +341,9 @@ pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceE
             queue: field(row, user).unwrap_or("default").to_string(),
             priority,
             gpu_model: None,
+            user: field(row, user).unwrap_or("").to_string(),
+            app: field(row, model).map(str::to_string),
+            time_limit: None,
         });
     }
     Ok(finish(name, jobs, report))
@@ -370,6 +383,9 @@ pub fn parse_tiresias(path: &str, text: &str) -> Result<Trace, TraceError> {
             queue: "default".into(),
             priority: PriorityClass::Normal,
             gpu_model: None,
+            user: String::new(),
+            app: None,
+            time_limit: None,
         });
     }
     Ok(finish("tiresias-60", jobs, report))
@@ -441,6 +457,9 @@ pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
             queue: field(row, qos).unwrap_or("default").to_ascii_lowercase(),
             priority,
             gpu_model: model,
+            user: String::new(),
+            app: None,
+            time_limit: None,
         });
     }
     Ok(finish("openb", jobs, report))

@@ -15,7 +15,7 @@ pub struct SimArgs {
     /// Without a traces folder, philly falls back to the embedded excerpt.
     #[arg(long, default_value = "philly")]
     trace: String,
-    /// Policies to compare, comma-separated: gangway, fifo, priority, capacity, tiresias, srtf.
+    /// Policies to compare, comma-separated: gangway, fifo, priority, slurm, capacity, tiresias, qssf, srtf.
     #[arg(long, value_delimiter = ',', default_value = "gangway,fifo,tiresias")]
     policy: Vec<Policy>,
     /// Folder of the shared traces.
@@ -28,12 +28,28 @@ pub struct SimArgs {
     /// Where to write summary.json, summary.csv and the SVG plots.
     #[arg(long, default_value = "report")]
     out: PathBuf,
-    /// Seconds between a job's checkpoints (work since the last is lost when preempted).
-    #[arg(long, default_value_t = 1800)]
+    /// Seconds between a job's checkpoints (work since the last is lost when
+    /// preempted); the same for every policy of the run.
+    #[arg(long, default_value_t = 300)]
     checkpoint_interval: u64,
-    /// Grace period after the checkpoint signal.
+    /// Grace period after the checkpoint signal (GPU time lost per preemption).
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// Seconds a preempted job spends restoring its checkpoint on restart.
+    #[arg(long, default_value_t = 0)]
+    restart_overhead: u64,
+    /// Tiresias' attained-service thresholds in GPU-seconds, comma-separated
+    /// (default: the paper's 3250,7200).
+    #[arg(long, value_delimiter = ',', default_value = "3250,7200")]
+    las_thresholds: Vec<u64>,
+    /// Node-partition mode: each queue runs on its own nodes (in proportion to
+    /// its nominal quota), for every policy.
+    #[arg(long)]
+    partition: bool,
+    /// Scale the cluster's node counts (node shape and quotas kept, quotas
+    /// scaled), e.g. 0.5 for a contended replay.
+    #[arg(long)]
+    scale: Option<f64>,
     /// Jobs declare their run time to the scheduler (an oracle estimate).
     #[arg(long)]
     declare_runtimes: bool,
@@ -66,9 +82,26 @@ pub fn run(a: &SimArgs) -> Result<()> {
         Some(c) => ClusterSpec::builtin(c, &a.traces)?,
         None => ClusterSpec::builtin(&trace_name, &a.traces)?,
     };
+    let mut cluster = cluster;
+    if let Some(f) = a.scale {
+        anyhow::ensure!(
+            f > 0.0 && f.is_finite(),
+            "--scale must be a positive number"
+        );
+        cluster = cluster.scaled(f);
+    }
+    if a.partition {
+        let mut queues: Vec<String> = trace.jobs.iter().map(|j| j.queue.clone()).collect();
+        queues.sort();
+        queues.dedup();
+        cluster = cluster.partitioned(&queues);
+    }
     let opts = SimOptions {
-        checkpoint_interval: a.checkpoint_interval,
+        checkpoint_interval: a.checkpoint_interval.max(1),
         grace_seconds: a.grace,
+        restart_overhead_seconds: a.restart_overhead,
+        las_thresholds: a.las_thresholds.clone(),
+        partition: a.partition,
         declare_runtimes: a.declare_runtimes,
         node_mtbf_hours: a.node_mtbf_hours,
         limit: a.limit,
