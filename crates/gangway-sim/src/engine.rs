@@ -65,6 +65,9 @@ pub enum SimError {
     /// Cluster.
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// A simulation thread panicked (a bug, reported rather than hidden).
+    #[error("a simulation thread panicked")]
+    Panicked,
     /// A decision the state refused: a bug in the core, reported rather than hidden.
     #[error("at t={at}: decision refused: {source}")]
     State {

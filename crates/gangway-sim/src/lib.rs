@@ -8,6 +8,7 @@ pub mod engine;
 pub mod metrics;
 pub mod policy;
 pub mod report;
+pub mod scorecard;
 pub mod trace;
 
 pub use cluster::ClusterSpec;

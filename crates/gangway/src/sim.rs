@@ -11,12 +11,15 @@ use std::time::Instant;
 /// Options of `gangway sim`.
 #[derive(Args, Clone)]
 pub struct SimArgs {
-    /// Trace: philly, philly-excerpt (embedded), chronus-mix1, chronus-mix2, chronus-slo, tiresias-60, openb.
+    /// Trace: philly, philly-excerpt (embedded), chronus-mix1, chronus-mix2, chronus-slo, tiresias-60, openb;
+    /// or a file of your own: `.swf` (Parallel Workloads Archive) or CSV with
+    /// columns submit_time,run_time,gpus,user,queue[,name,time_limit] (needs --cluster).
     /// Without a traces folder, philly falls back to the embedded excerpt.
     #[arg(long, default_value = "philly")]
     trace: String,
     /// Policies to compare, comma-separated: gangway, fifo, priority, slurm, capacity, tiresias, qssf, srtf.
-    #[arg(long, value_delimiter = ',', default_value = "gangway,fifo,tiresias")]
+    /// Default: gangway,fifo,tiresias; for the scorecard, every scorecard policy.
+    #[arg(long, value_delimiter = ',')]
     policy: Vec<Policy>,
     /// Folder of the shared traces.
     #[arg(long, env = "GANGWAY_TRACES", default_value = "../shared/traces")]
@@ -62,9 +65,116 @@ pub struct SimArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Run the scorecard: every trace of the traces folder at its published
+    /// size and at a contended size (offered load about 90 %), every policy of
+    /// the scorecard (or those given with --policy), one table; writes
+    /// scorecard.md and scorecard.json to --out. --limit cuts every trace.
+    #[arg(long)]
+    scorecard: bool,
+    /// Traces of the scorecard, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "tiresias-60,chronus-mix1,chronus-mix2,chronus-slo,philly,openb"
+    )]
+    scorecard_traces: Vec<String>,
+    /// For SWF traces: processors per GPU (processors ÷ this, rounded up, are GPUs).
+    #[arg(long, default_value_t = 1)]
+    procs_per_gpu: u32,
+    /// Threads for the scorecard's runs (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn options(a: &SimArgs) -> SimOptions {
+    SimOptions {
+        checkpoint_interval: a.checkpoint_interval.max(1),
+        grace_seconds: a.grace,
+        restart_overhead_seconds: a.restart_overhead,
+        las_thresholds: a.las_thresholds.clone(),
+        partition: a.partition,
+        declare_runtimes: a.declare_runtimes,
+        node_mtbf_hours: a.node_mtbf_hours,
+        limit: a.limit,
+        ..SimOptions::default()
+    }
+}
+
+fn scorecard(a: &SimArgs) -> Result<()> {
+    use gangway_sim::scorecard::{self, Scorecard};
+    let policies: Vec<Policy> = if a.policy.is_empty() {
+        gangway_sim::policy::SCORECARD.to_vec()
+    } else {
+        a.policy.clone()
+    };
+    let opts = options(a);
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let t0 = Instant::now();
+    let mut rows = Vec::new();
+    let mut loads = Vec::new();
+    for name in &a.scorecard_traces {
+        let trace = match load(&a.traces, name) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("skipping {name}: {e}");
+                continue;
+            }
+        };
+        loads.push(trace.report.clone());
+        let published = ClusterSpec::builtin(name, &a.traces)?;
+        let contended = scorecard::contended(&published, &trace, a.limit);
+        let mut groups = vec![("published", published.clone())];
+        if contended != published {
+            groups.insert(0, ("contended", contended));
+        } else {
+            groups[0].0 = "published (contended as is)";
+        }
+        for (size, cluster) in groups {
+            let t = Instant::now();
+            let r = scorecard::run_group(&trace, &cluster, size, &policies, &opts, threads)?;
+            if !a.quiet {
+                eprintln!(
+                    "{name} {size} ({} GPUs): {} policies in {:.1}s",
+                    cluster.gpus(),
+                    r.len(),
+                    t.elapsed().as_secs_f64()
+                );
+            }
+            rows.extend(r);
+        }
+    }
+    let s = Scorecard {
+        settings: format!(
+            "every policy on the same cluster and quotas (idle quota lent to all); checkpoint every {} s, {} s grace, {} s restart overhead per preemption; Tiresias thresholds {:?} GPU-s; run times unknown to the scheduler (predicted from completed jobs) except for srtf (oracle){}{}",
+            opts.checkpoint_interval,
+            opts.grace_seconds,
+            opts.restart_overhead_seconds,
+            opts.las_thresholds,
+            if opts.partition { "; node partitions per queue" } else { "" },
+            a.limit.map_or(String::new(), |l| format!("; first {l} jobs of each trace")),
+        ),
+        loads,
+        rows,
+        wall_seconds: t0.elapsed().as_secs_f64(),
+    };
+    let md = scorecard::markdown(&s);
+    print!("{md}");
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let p = a.out.join("scorecard.md");
+    std::fs::write(&p, &md).with_context(|| format!("writing {}", p.display()))?;
+    let j = a.out.join("scorecard.json");
+    std::fs::write(&j, serde_json::to_string_pretty(&s)?)
+        .with_context(|| format!("writing {}", j.display()))?;
+    println!("wrote {}, {}", p.display(), j.display());
+    Ok(())
 }
 
 pub fn run(a: &SimArgs) -> Result<()> {
+    if a.scorecard {
+        return scorecard(a);
+    }
     let mut trace_name = a.trace.clone();
     if trace_name == "philly" && !a.traces.join("philly-pollux/philly_jobs.csv.gz").exists() {
         eprintln!(
@@ -73,13 +183,21 @@ pub fn run(a: &SimArgs) -> Result<()> {
         );
         trace_name = "philly-excerpt".into();
     }
-    let trace =
-        load(&a.traces, &trace_name).with_context(|| format!("loading trace {trace_name}"))?;
+    let own_file = std::path::Path::new(&trace_name).is_file();
+    let trace = if own_file {
+        gangway_sim::trace::load_file(trace_name.as_ref(), a.procs_per_gpu)
+    } else {
+        load(&a.traces, &trace_name)
+    }
+    .with_context(|| format!("loading trace {trace_name}"))?;
     let cluster = match &a.cluster {
         Some(c) if c.ends_with(".yaml") || c.ends_with(".yml") => {
             ClusterSpec::from_file(c.as_ref())?
         }
         Some(c) => ClusterSpec::builtin(c, &a.traces)?,
+        None if own_file => anyhow::bail!(
+            "--cluster is required with a trace file (a YAML description or a built-in name)"
+        ),
         None => ClusterSpec::builtin(&trace_name, &a.traces)?,
     };
     let mut cluster = cluster;
@@ -96,20 +214,15 @@ pub fn run(a: &SimArgs) -> Result<()> {
         queues.dedup();
         cluster = cluster.partitioned(&queues);
     }
-    let opts = SimOptions {
-        checkpoint_interval: a.checkpoint_interval.max(1),
-        grace_seconds: a.grace,
-        restart_overhead_seconds: a.restart_overhead,
-        las_thresholds: a.las_thresholds.clone(),
-        partition: a.partition,
-        declare_runtimes: a.declare_runtimes,
-        node_mtbf_hours: a.node_mtbf_hours,
-        limit: a.limit,
-        ..SimOptions::default()
-    };
+    let opts = options(a);
     let mut results = Vec::new();
     let mut walls = Vec::new();
-    for &p in &a.policy {
+    let policies = if a.policy.is_empty() {
+        vec![Policy::Gangway, Policy::Fifo, Policy::Tiresias]
+    } else {
+        a.policy.clone()
+    };
+    for &p in &policies {
         let engine = Engine::new(&trace, &cluster, p, opts.clone())?;
         let bar = if a.quiet {
             ProgressBar::hidden()
