@@ -783,3 +783,69 @@ fn cpu_only_jobs_prefer_nodes_without_gpus_and_wait_for_cpu() {
     d.cycle();
     assert!(d.is_running(c), "{}", d.reason(c));
 }
+
+#[test]
+fn predicted_run_times_open_backfill_windows_only_with_history() {
+    // Issue 14, defect 3: no fixed 4 h guess. A job without a declared run time
+    // backfills around a reservation only when completed jobs like it predict
+    // that it ends in time.
+    let run = |history: bool| -> bool {
+        let mut s = cluster(1, 4, 1);
+        queue(&mut s, QueueSpec::unlimited("q", None));
+        let mut like = JobSpec::new("train", "q", 1, 1);
+        like.user = "alice".into();
+        if history {
+            for _ in 0..5 {
+                s.learn_runtime(&like, 100);
+            }
+        }
+        let mut d = Driver::new(s);
+        let a = d.submit(job("q", 1, 2, Some(1000)), None);
+        d.cycle();
+        assert!(d.is_running(a));
+        let b = d.submit(job("q", 1, 4, Some(100)), None);
+        let out = d.cycle().clone();
+        assert!(out
+            .reservations
+            .iter()
+            .any(|r| r.job == b && r.start_at == 1000));
+        let c = d.submit(like.clone(), Some(100));
+        let pred = d.state.job(c).and_then(|j| j.prediction);
+        assert_eq!(pred.is_some(), history);
+        if let Some(p) = pred {
+            assert_eq!(p.median(), 100);
+            assert!(p.quantile(0.9) > 100 && p.quantile(0.9) < 1000);
+        }
+        d.cycle();
+        d.is_running(c)
+    };
+    assert!(
+        run(true),
+        "predicted to end before the reservation: backfilled"
+    );
+    assert!(
+        !run(false),
+        "unknown run time: may not take the reserved GPUs"
+    );
+}
+
+#[test]
+fn a_job_past_its_estimate_is_not_expected_to_end_now() {
+    // The reservation behind an overrunning job starts later than now: the
+    // overrun job is expected to run as long again (Lindy) when nothing else is known.
+    let mut s = cluster(1, 4, 1);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    let a = d.submit(job("q", 1, 4, Some(100)), Some(10_000));
+    d.cycle();
+    d.advance(1000);
+    let b = d.submit(job("q", 1, 4, Some(100)), None);
+    let out = d.cycle().clone();
+    let r = out
+        .reservations
+        .iter()
+        .find(|r| r.job == b)
+        .expect("reserved");
+    assert!(d.is_running(a));
+    assert!(r.start_at >= 1900, "reservation at {}", r.start_at);
+}
