@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod engine;
+pub mod fgd;
 pub mod metrics;
 pub mod policy;
 pub mod report;

@@ -119,3 +119,21 @@ fn a_quota_tree_that_promises_too_much_is_refused_with_a_reason() {
         .expect_err("root > cluster");
     assert!(err.to_string().contains("but the cluster has 960"), "{err}");
 }
+
+#[test]
+fn fgd_fill_is_deterministic_and_reaches_the_requested_load() {
+    use gangway_sim::fgd::{fill, Fit};
+    let t = gangway_sim::trace::parse_openb("pods.csv", include_str!("data/openb_pods.csv"))
+        .expect("pods");
+    let c = ClusterSpec::from_node_table("openb", include_str!("data/openb_nodes.csv"), false);
+    for fit in [Fit::Gangway, Fit::BestFit, Fit::RandomFit] {
+        let a = fill(&t, &c, fit, 7).expect("whole-GPU pods");
+        let b = fill(&t, &c, fit, 7).expect("whole-GPU pods");
+        assert_eq!(a.allocation_ratio, b.allocation_ratio, "{fit:?}");
+        assert!(
+            a.arrived_ratio >= 1.0,
+            "pods arrive until they ask for every GPU"
+        );
+        assert!(a.allocation_ratio > 0.0 && a.allocation_ratio <= 1.0);
+    }
+}

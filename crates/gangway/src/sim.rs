@@ -78,6 +78,12 @@ pub struct SimArgs {
         default_value = "tiresias-60,chronus-mix1,chronus-mix2,chronus-slo,philly,openb"
     )]
     scorecard_traces: Vec<String>,
+    /// FGD's fragmentation protocol instead of a replay: whole-GPU pods of the
+    /// trace arrive (sampled, never leaving) until they ask for every GPU;
+    /// prints the GPU allocation ratio under gangway, best-fit and random-fit
+    /// (10 seeds each).
+    #[arg(long)]
+    fgd: bool,
     /// For SWF traces: processors per GPU (processors ÷ this, rounded up, are GPUs).
     #[arg(long, default_value_t = 1)]
     procs_per_gpu: u32,
@@ -171,9 +177,56 @@ fn scorecard(a: &SimArgs) -> Result<()> {
     Ok(())
 }
 
+fn fgd(a: &SimArgs) -> Result<()> {
+    use gangway_sim::fgd::{fill, Fit};
+    let trace = load(&a.traces, &a.trace).with_context(|| format!("loading trace {}", a.trace))?;
+    let cluster = match &a.cluster {
+        Some(c) if c.ends_with(".yaml") || c.ends_with(".yml") => {
+            ClusterSpec::from_file(c.as_ref())?
+        }
+        Some(c) => ClusterSpec::builtin(c, &a.traces)?,
+        None => ClusterSpec::builtin(&a.trace, &a.traces)?,
+    };
+    println!(
+        "FGD fill on {} ({} GPUs), {} whole-GPU pods sampled from {} ({} rows skipped: {:?})",
+        cluster.name,
+        cluster.gpus(),
+        trace.jobs.iter().filter(|j| j.gpus > 0).count(),
+        trace.name,
+        trace.report.skipped_total(),
+        trace.report.skipped
+    );
+    println!(
+        "| placement | GPU allocation ratio (mean of 10 seeds) | min | max | failed pods (mean) |"
+    );
+    println!("|---|---|---|---|---|");
+    for fit in [Fit::Gangway, Fit::BestFit, Fit::RandomFit] {
+        let rs: Vec<_> = (1..=10u64)
+            .filter_map(|seed| fill(&trace, &cluster, fit, seed))
+            .collect();
+        anyhow::ensure!(!rs.is_empty(), "no whole-GPU pods to place");
+        let v: Vec<f64> = rs.iter().map(|r| r.allocation_ratio).collect();
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(0.0, f64::max);
+        let failed = rs.iter().map(|r| r.failed as f64).sum::<f64>() / rs.len() as f64;
+        println!(
+            "| {} | {:.1} % | {:.1} % | {:.1} % | {failed:.0} |",
+            serde_json::to_string(&fit)?.trim_matches('"'),
+            mean * 100.0,
+            min * 100.0,
+            max * 100.0
+        );
+    }
+    Ok(())
+}
+
 pub fn run(a: &SimArgs) -> Result<()> {
     if a.scorecard {
         return scorecard(a);
+    }
+    if a.fgd {
+        return fgd(a);
     }
     let mut trace_name = a.trace.clone();
     if trace_name == "philly" && !a.traces.join("philly-pollux/philly_jobs.csv.gz").exists() {
