@@ -137,3 +137,23 @@ fn fgd_fill_is_deterministic_and_reaches_the_requested_load() {
         assert!(a.allocation_ratio > 0.0 && a.allocation_ratio <= 1.0);
     }
 }
+
+#[test]
+fn the_runtime_predictor_persists_as_json() {
+    use gangway_sched::predict::{JobKey, RuntimePredictor};
+    let mut p = RuntimePredictor::new();
+    let key = JobKey {
+        user: "alice",
+        name: "resnet",
+        queue: "vision",
+        gpus: 8,
+    };
+    for s in [3000, 3600, 4200] {
+        p.observe(&key, s);
+    }
+    let json = serde_json::to_string(&p).expect("serialises");
+    let back: RuntimePredictor = serde_json::from_str(&json).expect("parses");
+    assert_eq!(back, p);
+    assert_eq!(back.predict(&key), p.predict(&key));
+    assert_eq!(back.samples(), 3);
+}
