@@ -255,3 +255,108 @@ pub fn markdown(s: &Scorecard) -> String {
     let _ = writeln!(out, "\nWall clock: {:.1} s.", s.wall_seconds);
     out
 }
+
+/// Plots each policy's average JCT ÷ the best non-oracle baseline's, one
+/// group of bars per trace and size (`scorecard.svg`): below 1 beats every
+/// baseline.
+pub fn plot(path: &std::path::Path, s: &Scorecard) -> Result<(), String> {
+    use plotters::prelude::*;
+    let mut groups: Vec<(String, String)> = Vec::new();
+    for r in &s.rows {
+        let g = (r.trace.clone(), r.size.clone());
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    let mut policies: Vec<String> = Vec::new();
+    for r in &s.rows {
+        if !policies.contains(&r.policy) {
+            policies.push(r.policy.clone());
+        }
+    }
+    let ratio = |r: &Row| {
+        if r.ratio_to_best_baseline.is_finite() {
+            r.ratio_to_best_baseline
+        } else {
+            1.0
+        }
+    };
+    let top = s.rows.iter().map(ratio).fold(1.5f64, f64::max).min(8.0);
+    let width = 160 + 120 * groups.len() as u32;
+    let root = SVGBackend::new(path, (width, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("avg JCT ÷ best non-oracle baseline", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(60)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0f64..groups.len() as f64, 0.0f64..top)
+        .map_err(|e| e.to_string())?;
+    let labels = groups.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups.len().max(1) * 2)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.01 && i < labels.len() {
+                format!(
+                    "{} {}",
+                    labels[i].0,
+                    labels[i].1.split(' ').next().unwrap_or("")
+                )
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("ratio")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let colors = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    let w = 0.8 / policies.len().max(1) as f64;
+    for (k, p) in policies.iter().enumerate() {
+        let c = colors[k % colors.len()];
+        let bars: Vec<Rectangle<(f64, f64)>> = s
+            .rows
+            .iter()
+            .filter(|r| &r.policy == p)
+            .filter_map(|r| {
+                let g = groups
+                    .iter()
+                    .position(|g| g.0 == r.trace && g.1 == r.size)?;
+                let x0 = g as f64 + 0.1 + k as f64 * w;
+                Some(Rectangle::new(
+                    [(x0, 0.0), (x0 + w * 0.9, ratio(r).min(top))],
+                    c.filled(),
+                ))
+            })
+            .collect();
+        chart
+            .draw_series(bars)
+            .map_err(|e| e.to_string())?
+            .label(p.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+    }
+    chart
+        .draw_series(LineSeries::new(
+            vec![(0.0, 1.0), (groups.len() as f64, 1.0)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}

@@ -53,14 +53,24 @@ fn scorecard_cut_runs_every_policy_on_the_same_jobs() {
         .map(|r| r.ratio_to_best_baseline)
         .fold(f64::INFINITY, f64::min);
     assert!((best - 1.0).abs() < 1e-9);
-    let md = markdown(&Scorecard {
+    let sc = Scorecard {
         settings: "test".into(),
         loads: vec![t.report.clone()],
         rows,
         wall_seconds: 0.0,
-    });
+    };
+    let md = markdown(&sc);
     assert!(md.contains("| tiresias-60 | contended |"));
     assert!(md.contains("srtf (oracle)"));
+    let svg = std::env::temp_dir().join(format!("gangway-scorecard-{}.svg", std::process::id()));
+    gangway_sim::scorecard::plot(&svg, &sc).expect("plots");
+    let text = std::fs::read_to_string(&svg).expect("written");
+    let _ = std::fs::remove_file(&svg);
+    assert!(
+        text.contains("<svg") && text.contains("gangway"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
 }
 
 #[test]

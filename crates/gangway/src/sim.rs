@@ -173,7 +173,9 @@ fn scorecard(a: &SimArgs) -> Result<()> {
     let j = a.out.join("scorecard.json");
     std::fs::write(&j, serde_json::to_string_pretty(&s)?)
         .with_context(|| format!("writing {}", j.display()))?;
-    println!("wrote {}, {}", p.display(), j.display());
+    let svg = a.out.join("scorecard.svg");
+    scorecard::plot(&svg, &s).map_err(|e| anyhow::anyhow!("plotting {}: {e}", svg.display()))?;
+    println!("wrote {}, {}, {}", p.display(), j.display(), svg.display());
     Ok(())
 }
 
