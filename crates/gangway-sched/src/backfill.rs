@@ -11,7 +11,20 @@ use crate::placement;
 use crate::preempt::{release_into, release_placement};
 use crate::state::{ClusterState, Gang};
 use crate::{Reservation, Session};
-use gangway_core::TopologyConstraint;
+use gangway_core::{JobId, Time, TopologyConstraint};
+
+/// Merges two ascending sequences into one.
+fn merge<T: Ord + Copy>(
+    a: impl Iterator<Item = T>,
+    b: impl Iterator<Item = T>,
+) -> impl Iterator<Item = T> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x <= y => a.next(),
+        (Some(_), None) => a.next(),
+        _ => b.next(),
+    })
+}
 
 /// A released job: either running in the state or bound earlier in this cycle.
 enum Released<'a> {
@@ -33,10 +46,9 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Rese
     let leaf_only = job.topology == TopologyConstraint::Leaf;
     let nodes = state.nodes();
     let class_ok = |n: usize| {
-        nodes[n]
-            .class
-            .map_or(per.gpus == 0, |c| req.class_mask & (1 << c) != 0)
-            && nodes[n].schedulable()
+        nodes[n].class.map_or(per.gpus == 0, |c| {
+            per.gpus == 0 || req.class_mask & (1 << c) != 0
+        }) && nodes[n].schedulable()
     };
     // Light counters: free GPUs, CPU and memory per node.
     let mut g: Vec<u64> = s
@@ -77,7 +89,23 @@ pub(crate) fn reserve(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<Rese
     let r = u64::from(replicas);
     let mut bound: Vec<(u64, usize)> = s.bound.iter().map(|(t, _, i)| (*t, *i)).collect();
     bound.sort_unstable();
-    let mut running = state.running_by_end().peekable();
+    // Jobs past their estimated end are re-estimated from the time they have
+    // run; the others end when estimated at their start.
+    let floor = state.config.unknown_runtime_floor_seconds;
+    let mut overdue: Vec<(Time, JobId)> = state
+        .running_by_end
+        .range(..=(s.now, JobId(u64::MAX)))
+        .filter_map(|&(_, id)| Some((state.job(id)?.expected_end(s.now, floor)?, id)))
+        .collect();
+    overdue.sort_unstable();
+    let mut running = merge(
+        overdue.into_iter(),
+        state
+            .running_by_end
+            .range((s.now.saturating_add(1), JobId(0))..)
+            .copied(),
+    )
+    .peekable();
     let mut bound_it = bound.into_iter().peekable();
     let mut released: Vec<Released<'_>> = Vec::new();
     let mut trial: Option<(crate::Capacity, usize)> = None;

@@ -21,6 +21,7 @@ pub mod capacity;
 pub mod explain;
 pub mod order;
 pub mod placement;
+pub mod predict;
 pub mod preempt;
 pub mod quota;
 pub mod state;
@@ -57,6 +58,17 @@ pub struct SchedulerConfig {
     /// Strict order (classic FIFO): once a job cannot start, no later job of
     /// its queue may start this cycle. Off for Gangway's own policy.
     pub strict_order: bool,
+    /// Most jobs signalled to stop in one cycle (victims of all preemptions).
+    /// With the rule that a job evicted at an instant is not evicted again at
+    /// that instant, this bounds the preemptions of any instant, even with a
+    /// zero grace period.
+    pub max_preemptions_per_cycle: usize,
+    /// Per-job preemption budget: a job already preempted this many times is
+    /// no longer a victim (`None`: no budget).
+    pub preemption_budget: Option<u32>,
+    /// A job that has run less than this many seconds in its current attempt is
+    /// not a victim: preempting it would waste its start-up for nothing.
+    pub min_run_seconds: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -68,6 +80,9 @@ impl Default for SchedulerConfig {
             max_reservations: 1,
             max_preemption_searches: 4,
             strict_order: false,
+            max_preemptions_per_cycle: 256,
+            preemption_budget: None,
+            min_run_seconds: 0,
         }
     }
 }
@@ -456,8 +471,9 @@ impl<'a> Session<'a> {
         );
         let est = self.now
             + job
-                .runtime
-                .unwrap_or(self.state.config.default_runtime_seconds);
+                .expected_runtime
+                .unwrap_or(self.state.config.unknown_runtime_floor_seconds)
+                .max(1);
         self.bound.push((est, job.id, self.decisions.binds.len()));
         self.decisions.binds.push(Bind {
             job: job.id,

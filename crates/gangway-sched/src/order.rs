@@ -19,7 +19,10 @@ pub fn weighted_share(state: &ClusterState, cap: &Capacity, q: QueueId) -> u64 {
 }
 
 type Key = (u64, Time, usize);
-type QueueCursor<'a> = (QueueId, Peekable<btree_map::Iter<'a, (Time, JobId), Gang>>);
+type QueueCursor<'a> = (
+    QueueId,
+    Peekable<btree_map::Iter<'a, (i64, Time, JobId), Gang>>,
+);
 
 /// Walks one priority level's pending jobs in fair-share order.
 pub struct LevelWalk<'a> {
@@ -59,7 +62,7 @@ impl<'a> LevelWalk<'a> {
 
     fn key(&mut self, cap: &Capacity, i: usize) -> Option<Key> {
         let (q, it) = &mut self.queues[i];
-        let ((t, _), _) = it.peek()?;
+        let ((_, t, _), _) = it.peek()?;
         let share = if self.fair {
             weighted_share(self.state, cap, *q)
         } else {

@@ -91,9 +91,11 @@ pub fn place(
     place_spread(state, cap, req)
 }
 
+/// Whether a replica of `g` GPUs of the classes in `mask` may use this node.
+/// CPU-only replicas (`g == 0`) may use any node.
 fn class_ok(info: &NodeInfo, mask: u64, g: u64) -> bool {
     match info.class {
-        Some(c) => mask & (1 << c) != 0,
+        Some(c) => g == 0 || mask & (1 << c) != 0,
         None => g == 0,
     }
 }
@@ -134,11 +136,13 @@ fn place_one_node(state: &ClusterState, cap: &Capacity, req: &Request<'_>) -> Op
                     .any(|m| u64::from((cap.free[n] & m).count_ones()) >= need))
     };
     let chosen = if g == 0 {
-        (0..state.nodes().len()).find(|&n| {
-            req.exclude.is_none_or(|e| !e.contains(n))
-                && class_ok(&state.nodes()[n], 0, 0)
-                && fits(n, false)
-        })
+        // CPU-only: nodes without GPUs first, so GPU nodes keep their CPU and
+        // memory for GPU work; then any node with room.
+        let ok = |n: usize| req.exclude.is_none_or(|e| !e.contains(n)) && fits(n, false);
+        let nodes = state.nodes();
+        (0..nodes.len())
+            .find(|&n| nodes[n].class.is_none() && ok(n))
+            .or_else(|| (0..nodes.len()).find(|&n| ok(n)))
     } else {
         let mut found = None;
         let top = state.max_node_gpus(req.class_mask) as usize;

@@ -45,6 +45,15 @@ fn related(state: &ClusterState, a: QueueId, b: QueueId) -> bool {
     qs[a as usize].path.contains(&b) || qs[b as usize].path.contains(&a)
 }
 
+/// Whether a running job may be chosen as a victim at `now`: not evicted
+/// already at this instant (progress: no ping-pong at one instant, whatever the
+/// grace period), within its preemption budget, and past the minimum run time.
+pub fn may_be_victim(job: &Job, started: Time, now: Time, cfg: &crate::SchedulerConfig) -> bool {
+    job.last_preempted != Some(now)
+        && cfg.preemption_budget.is_none_or(|b| job.preemptions < b)
+        && now.saturating_sub(started) >= cfg.min_run_seconds
+}
+
 /// One running preemptible job, flattened for fast scans.
 struct Entry<'a> {
     job: &'a Job,
@@ -78,7 +87,7 @@ pub(crate) struct VictimIndex<'a> {
 }
 
 impl<'a> VictimIndex<'a> {
-    pub(crate) fn build(state: &'a ClusterState, now: Time) -> Self {
+    pub(crate) fn build(state: &'a ClusterState, now: Time, cfg: &crate::SchedulerConfig) -> Self {
         let mut entries = Vec::new();
         let mut parts = Vec::new();
         for running in &state.preemptible_by_queue {
@@ -87,7 +96,7 @@ impl<'a> VictimIndex<'a> {
                 let JobStatus::Running(r) = &job.status else {
                     continue;
                 };
-                if state.preempting.contains_key(&id) {
+                if state.preempting.contains_key(&id) || !may_be_victim(job, r.started, now, cfg) {
                     continue;
                 }
                 let per = job.per_replica();
@@ -237,7 +246,9 @@ pub(crate) fn try_preempt(
     min: u32,
     reason: PreemptReason,
 ) -> Option<WaitReason> {
-    if s.preempt_searches >= s.cfg.max_preemption_searches {
+    if s.preempt_searches >= s.cfg.max_preemption_searches
+        || s.decisions.preemptions.len() >= s.cfg.max_preemptions_per_cycle
+    {
         return None;
     }
     let state = s.state;
@@ -267,7 +278,10 @@ pub(crate) fn try_preempt(
             }
             let b = quota::is_borrowing(state, &s.cap, q);
             match reason {
-                PreemptReason::Priority => q == job.queue || b,
+                // A queue without any quota on its path has no guarantee to
+                // protect: higher-priority work anywhere may preempt it.
+                PreemptReason::Priority => q == job.queue || b || !quota::guaranteed(state, q),
+                // Reclaim takes back only lent quota: no quota, nothing lent.
                 PreemptReason::Reclaim => b && !related(state, q, job.queue),
             }
         })
@@ -277,7 +291,7 @@ pub(crate) fn try_preempt(
     }
     s.preempt_searches += 1;
     if s.victim_index.is_none() {
-        s.victim_index = Some(VictimIndex::build(state, s.now));
+        s.victim_index = Some(VictimIndex::build(state, s.now, s.cfg));
     }
     // Sort this search's order once per cycle, then scan plain data.
     s.victim_index.as_mut()?.order(reason);
@@ -318,6 +332,9 @@ pub(crate) fn try_preempt(
         s.preempt_fail.insert(fail_key);
         return None;
     };
+    if s.decisions.preemptions.len() + victims.len() > s.cfg.max_preemptions_per_cycle {
+        return None;
+    }
     let mut grace = 0;
     let mut ids = Vec::with_capacity(victims.len());
     let mut vjobs: Vec<&Job> = Vec::with_capacity(victims.len());

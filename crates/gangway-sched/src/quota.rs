@@ -161,16 +161,24 @@ fn check_with(
     Ok(())
 }
 
-/// Whether queue `q` is borrowing: above nominal at itself or an ancestor, or
-/// without any nominal quota on its path (everything it uses is borrowed idle capacity).
+/// Whether queue `q` is borrowing: above nominal at itself or an ancestor.
+/// A queue with no nominal quota on its path borrows nothing: no quota was
+/// lent to it, so there is nothing to reclaim from it.
 pub fn is_borrowing(state: &ClusterState, cap: &Capacity, q: QueueId) -> bool {
     let queues = state.queues();
-    let path = &queues[q as usize].path;
-    if !path.iter().any(|&n| queues[n as usize].has_nominal()) {
-        return true;
-    }
-    path.iter()
+    queues[q as usize]
+        .path
+        .iter()
         .any(|&n| queues[n as usize].over_nominal(&cap.usage[n as usize]))
+}
+
+/// Whether queue `q` or an ancestor has a nominal quota (a guarantee).
+pub fn guaranteed(state: &ClusterState, q: QueueId) -> bool {
+    let queues = state.queues();
+    queues[q as usize]
+        .path
+        .iter()
+        .any(|&n| queues[n as usize].has_nominal())
 }
 
 /// The largest replica count in `min..=max` the quota admits now, if any.

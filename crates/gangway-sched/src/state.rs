@@ -227,8 +227,11 @@ pub struct Gang {
     pub topology: TopologyConstraint,
     /// Whether it may be preempted.
     pub preemptible: bool,
-    /// Declared runtime.
+    /// Run time for backfill decisions: the declared one, else the 90th
+    /// percentile of the predicted one (a backfilled job must end in time).
     pub runtime: Option<u64>,
+    /// Expected (median) run time: declared, else predicted from history.
+    pub expected_runtime: Option<u64>,
 }
 
 /// A job known to the scheduler.
@@ -248,8 +251,19 @@ pub struct Job {
     pub status: JobStatus,
     /// Times it was preempted or restarted.
     pub requeues: u32,
+    /// Times the checkpoint signal was sent to it (its preemptions so far):
+    /// the per-job preemption budget counts these.
+    pub preemptions: u32,
+    /// When it was last signalled to stop: a job evicted at an instant is not
+    /// evicted again at that instant, so preemption always makes progress.
+    pub last_preempted: Option<Time>,
     /// What the scheduler reads of it each cycle.
     pub gang: Gang,
+    /// Its run time predicted from completed jobs, when it declares none.
+    pub prediction: Option<crate::predict::Prediction>,
+    /// Order inside its queue and priority level, lowest first (then submit
+    /// time): 0 unless a policy ranks jobs within queues ([`ClusterState::set_rank`]).
+    pub rank: i64,
 }
 
 impl Job {
@@ -261,6 +275,29 @@ impl Job {
     /// Resources the job holds (running) or would hold with `replicas`.
     pub fn usage(&self, replicas: u32) -> Resources {
         self.per_replica() * u64::from(replicas)
+    }
+
+    /// The key the run-time predictor knows it by.
+    pub fn predict_key(&self) -> crate::predict::JobKey<'_> {
+        key_of(&self.spec)
+    }
+
+    /// When the current run is expected to end, seen at `now`: the declared
+    /// run time, else the predicted one (conditional on the time already run,
+    /// so a job that outlives its estimate is not assumed to end now), else as
+    /// long again as it has run (at least `floor`). `None` unless running.
+    pub fn expected_end(&self, now: Time, floor: u64) -> Option<Time> {
+        let JobStatus::Running(r) = &self.status else {
+            return None;
+        };
+        let elapsed = now.saturating_sub(r.started);
+        let left = match (self.spec.runtime_seconds, &self.prediction) {
+            (Some(d), _) if r.started + d > now => r.started + d - now,
+            (Some(_), _) => elapsed.max(floor),
+            (None, Some(p)) => p.remaining_median(elapsed),
+            (None, None) => elapsed.max(floor),
+        };
+        Some(now.saturating_add(left.max(1)))
     }
 
     /// GPU-seconds of work lost if preempted at `now`: work since the last checkpoint.
@@ -275,6 +312,16 @@ impl Job {
             _ => now.saturating_sub(run.started),
         };
         gpus * since
+    }
+}
+
+/// The predictor's key of a job spec.
+pub fn key_of(spec: &JobSpec) -> crate::predict::JobKey<'_> {
+    crate::predict::JobKey {
+        user: &spec.user,
+        name: &spec.name,
+        queue: &spec.queue,
+        gpus: u64::from(spec.resources.gpus) * u64::from(spec.replicas),
     }
 }
 
@@ -431,20 +478,24 @@ pub enum StateError {
 /// Knobs of the state itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StateConfig {
-    /// Runtime assumed for jobs that declare none, for reservation estimates only.
-    pub default_runtime_seconds: u64,
+    /// A job with neither a declared nor a predicted run time (before any job
+    /// has completed) is expected to run as long again as it has run so far
+    /// (the Lindy estimate), and at least this many seconds. No fixed guess:
+    /// once jobs complete, [`crate::predict::RuntimePredictor`] answers.
+    pub unknown_runtime_floor_seconds: u64,
 }
 
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
-            default_runtime_seconds: 4 * 3600,
+            unknown_runtime_floor_seconds: 600,
         }
     }
 }
 
-/// Pending jobs of one priority level, per queue, oldest first.
-pub type PendingLevel = BTreeMap<QueueId, BTreeMap<(Time, JobId), Gang>>;
+/// Pending jobs of one priority level, per queue, by rank within the queue
+/// (0 unless the caller sets one), then oldest first.
+pub type PendingLevel = BTreeMap<QueueId, BTreeMap<(i64, Time, JobId), Gang>>;
 
 /// The scheduler's whole view of the cluster.
 #[derive(Clone, Debug, Default)]
@@ -479,6 +530,8 @@ pub struct ClusterState {
     multi_island: bool,
     max_node_cpu: u64,
     max_node_mem: u64,
+    /// Run times learned from completed jobs.
+    pub(crate) predictor: crate::predict::RuntimePredictor,
 }
 
 impl ClusterState {
@@ -577,6 +630,23 @@ impl ClusterState {
     pub fn free_gpus(&self) -> u64 {
         self.capacity.free_total
     }
+    /// The state's knobs.
+    pub fn config(&self) -> &StateConfig {
+        &self.config
+    }
+    /// Run times learned from completed jobs.
+    pub fn predictor(&self) -> &crate::predict::RuntimePredictor {
+        &self.predictor
+    }
+    /// Replaces the predictor (e.g. one the server persisted).
+    pub fn set_predictor(&mut self, p: crate::predict::RuntimePredictor) {
+        self.predictor = p;
+    }
+    /// Learns that a job like `spec` completed after running `seconds`
+    /// uninterrupted. Jobs submitted or requeued afterwards use it.
+    pub fn learn_runtime(&mut self, spec: &JobSpec, seconds: u64) {
+        self.predictor.observe(&key_of(spec), seconds);
+    }
 
     // ---------- topology and queues ----------
 
@@ -624,6 +694,51 @@ impl ClusterState {
         self.capacity.demand.push(Resources::ZERO);
         self.capacity.recompute_demand(&self.queues);
         Ok(id)
+    }
+
+    /// Checks that the queue tree promises no more than it has: at every
+    /// queue, the children's nominal quotas add up to at most its own, and the
+    /// top-level queues' add up to at most the cluster (healthy, schedulable
+    /// capacity). A tree that guarantees more than exists breaks guarantees
+    /// silently; callers that know the whole cluster (the simulator, a config
+    /// check) call this once nodes and queues are in.
+    pub fn check_quota_tree(&self) -> Result<(), StateError> {
+        for res in Resource::ALL {
+            let sum = |kids: &mut dyn Iterator<Item = &QueueInfo>| -> u64 {
+                kids.filter_map(|q| q.spec.quota.nominal.get(res)).sum()
+            };
+            for q in &self.queues {
+                let Some(nom) = q.spec.quota.nominal.get(res) else {
+                    continue;
+                };
+                let kids = sum(&mut q.children.iter().map(|c| &self.queues[*c as usize]));
+                if kids > nom {
+                    return Err(StateError::BadQueue {
+                        queue: q.spec.name.clone(),
+                        problem: format!(
+                            "its children's nominal quotas add up to {kids} {res} but its own nominal is {nom}"
+                        ),
+                    });
+                }
+            }
+            let top = sum(&mut self.queues.iter().filter(|q| q.parent.is_none()));
+            let have = self.total.get(res);
+            if top > have {
+                return Err(StateError::BadQueue {
+                    queue: self
+                        .queues
+                        .iter()
+                        .filter(|q| q.parent.is_none() && q.spec.quota.nominal.get(res).is_some())
+                        .map(|q| q.spec.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    problem: format!(
+                        "top-level nominal quotas add up to {top} {res} but the cluster has {have}"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Registers a node.
@@ -1049,6 +1164,12 @@ impl ClusterState {
             return Err(Rejection::DuplicateJob(id));
         }
         let queue = self.validate(&spec)?;
+        let prediction = match spec.runtime_seconds {
+            Some(_) => None,
+            None => self.predictor.predict(&key_of(&spec)),
+        };
+        let limit = spec.time_limit_seconds();
+        let cap = |s: u64| limit.map_or(s, |l| s.min(l));
         let gang = Gang {
             id,
             queue,
@@ -1059,7 +1180,16 @@ impl ClusterState {
             class_mask: self.class_mask(&spec),
             topology: spec.topology,
             preemptible: spec.is_preemptible(),
-            runtime: spec.runtime_bound(),
+            // An enforced time limit bounds both the planning bound and the
+            // expectation; without a stated run time the learned prediction.
+            runtime: spec
+                .runtime_bound()
+                .or(prediction.map(|p| cap(p.quantile(0.9)))),
+            expected_runtime: spec
+                .runtime_seconds
+                .or(prediction.map(|p| p.median()))
+                .map(cap)
+                .or(limit),
         };
         let job = Job {
             id,
@@ -1070,6 +1200,10 @@ impl ClusterState {
             submitted: now,
             status: JobStatus::Pending,
             requeues: 0,
+            preemptions: 0,
+            last_preempted: None,
+            prediction,
+            rank: 0,
         };
         self.push_pending(&job);
         self.jobs.insert(id, job);
@@ -1082,7 +1216,7 @@ impl ClusterState {
             .or_default()
             .entry(job.queue)
             .or_default()
-            .insert((job.submitted, job.id), job.gang);
+            .insert((job.rank, job.submitted, job.id), job.gang);
         self.pending_count += 1;
     }
 
@@ -1090,7 +1224,7 @@ impl ClusterState {
         let key = Reverse(job.priority);
         if let Some(level) = self.pending.get_mut(&key) {
             if let Some(set) = level.get_mut(&job.queue) {
-                if set.remove(&(job.submitted, job.id)).is_some() {
+                if set.remove(&(job.rank, job.submitted, job.id)).is_some() {
                     self.pending_count -= 1;
                 }
                 if set.is_empty() {
@@ -1189,9 +1323,10 @@ impl ClusterState {
         );
         let est_end = now
             + job
-                .spec
-                .runtime_bound()
-                .unwrap_or(self.config.default_runtime_seconds);
+                .gang
+                .expected_runtime
+                .unwrap_or(self.config.unknown_runtime_floor_seconds)
+                .max(1);
         self.running_by_end.insert((est_end, id));
         self.claims.remove(&id);
         if job.spec.is_preemptible() {
@@ -1262,12 +1397,42 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Changes a job's rank inside its queue (lower goes first). Fair share
+    /// and quotas between queues are unaffected: a policy may order a queue's
+    /// own jobs (by attained service, predicted remaining work, aging) without
+    /// taking anything from other queues.
+    pub fn set_rank(&mut self, id: JobId, rank: i64) -> Result<(), StateError> {
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
+        if job.rank == rank {
+            return Ok(());
+        }
+        let pending = job.status == JobStatus::Pending;
+        let job = job.clone();
+        if pending {
+            self.pop_pending(&job);
+        }
+        let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+        j.rank = rank;
+        let j = j.clone();
+        if pending {
+            self.push_pending(&j);
+        }
+        Ok(())
+    }
+
     /// Records that the checkpoint signal was sent to `id` on behalf of `by`;
     /// the job keeps its GPUs until it exits (then call [`Self::requeue`]).
     pub fn mark_preempting(&mut self, id: JobId, by: JobId, now: Time) -> Result<(), StateError> {
         let r = self.running_mut(id)?;
+        let first = r.preempting.is_none();
         r.preempting.get_or_insert(now);
         self.preempting.insert(id, by);
+        if let Some(j) = self.jobs.get_mut(&id) {
+            if first {
+                j.preemptions = j.preemptions.saturating_add(1);
+            }
+            j.last_preempted = Some(now);
+        }
         Ok(())
     }
 

@@ -755,3 +755,126 @@ fn waiting_reasons_name_the_shape() {
     );
     let _ = Quota::default();
 }
+
+/// A CPU-only job (`resources.gpus: 0`, data preparation or evaluation).
+fn cpu_job(queue: &str, replicas: u32, cpu_millis: u64) -> JobSpec {
+    let mut j = JobSpec::new("prep", queue, replicas, 0);
+    j.resources.cpu_millis = cpu_millis;
+    j.runtime_seconds = Some(600);
+    j
+}
+
+#[test]
+fn cpu_only_jobs_run_on_gpu_nodes_without_taking_gpus() {
+    // Issue 14, defect 5: a 0-GPU job waited forever on an idle cluster of GPU nodes.
+    let mut s = cluster(2, 2, 2);
+    queue(&mut s, QueueSpec::unlimited("data", None));
+    let mut d = Driver::new(s);
+    let prep = d.submit(cpu_job("data", 2, 4000), None);
+    let out = d.cycle().clone();
+    assert!(d.is_running(prep), "{}", d.reason(prep));
+    let b = out.binds.iter().find(|b| b.job == prep).expect("bound");
+    assert_eq!(b.placement.gpus(), 0);
+    assert_eq!(d.state.free_gpus(), 4, "a CPU-only job takes no GPU");
+    // GPU work still gets every GPU beside it.
+    let train = d.submit(job("data", 2, 2, Some(600)), None);
+    d.cycle();
+    assert!(d.is_running(train), "{}", d.reason(train));
+    assert_eq!(d.state.free_gpus(), 0);
+}
+
+#[test]
+fn cpu_only_jobs_prefer_nodes_without_gpus_and_wait_for_cpu() {
+    let mut s = cluster(1, 4, 1);
+    let mut cpu = NodeSpec::uniform("cpu0", "leaf0", "spine0", 0, "none", 0);
+    cpu.cpu_millis = 8000;
+    s.add_node(cpu).expect("cpu node");
+    queue(&mut s, QueueSpec::unlimited("data", None));
+    let mut d = Driver::new(s);
+    let a = d.submit(cpu_job("data", 1, 8000), None);
+    let out = d.cycle().clone();
+    let b = out.binds.iter().find(|b| b.job == a).expect("bound");
+    let cpu_node = d.state.node_index("cpu0").expect("cpu0");
+    assert_eq!(
+        b.placement.nodes(),
+        vec![cpu_node],
+        "the GPU-less node first"
+    );
+    // The CPU node is full: the next one goes on the GPU node (64 cores there).
+    let b2 = d.submit(cpu_job("data", 1, 60_000), None);
+    d.cycle();
+    assert!(d.is_running(b2), "{}", d.reason(b2));
+    // More CPU than any node has free waits, explained, and starts when CPU frees up.
+    let c = d.submit(cpu_job("data", 1, 8000), None);
+    d.cycle();
+    assert!(!d.is_running(c));
+    d.advance(600);
+    d.cycle();
+    assert!(d.is_running(c), "{}", d.reason(c));
+}
+
+#[test]
+fn predicted_run_times_open_backfill_windows_only_with_history() {
+    // Issue 14, defect 3: no fixed 4 h guess. A job without a declared run time
+    // backfills around a reservation only when completed jobs like it predict
+    // that it ends in time.
+    let run = |history: bool| -> bool {
+        let mut s = cluster(1, 4, 1);
+        queue(&mut s, QueueSpec::unlimited("q", None));
+        let mut like = JobSpec::new("train", "q", 1, 1);
+        like.user = "alice".into();
+        if history {
+            for _ in 0..5 {
+                s.learn_runtime(&like, 100);
+            }
+        }
+        let mut d = Driver::new(s);
+        let a = d.submit(job("q", 1, 2, Some(1000)), None);
+        d.cycle();
+        assert!(d.is_running(a));
+        let b = d.submit(job("q", 1, 4, Some(100)), None);
+        let out = d.cycle().clone();
+        assert!(out
+            .reservations
+            .iter()
+            .any(|r| r.job == b && r.start_at == 1000));
+        let c = d.submit(like.clone(), Some(100));
+        let pred = d.state.job(c).and_then(|j| j.prediction);
+        assert_eq!(pred.is_some(), history);
+        if let Some(p) = pred {
+            assert_eq!(p.median(), 100);
+            assert!(p.quantile(0.9) > 100 && p.quantile(0.9) < 1000);
+        }
+        d.cycle();
+        d.is_running(c)
+    };
+    assert!(
+        run(true),
+        "predicted to end before the reservation: backfilled"
+    );
+    assert!(
+        !run(false),
+        "unknown run time: may not take the reserved GPUs"
+    );
+}
+
+#[test]
+fn a_job_past_its_estimate_is_not_expected_to_end_now() {
+    // The reservation behind an overrunning job starts later than now: the
+    // overrun job is expected to run as long again (Lindy) when nothing else is known.
+    let mut s = cluster(1, 4, 1);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    let a = d.submit(job("q", 1, 4, Some(100)), Some(10_000));
+    d.cycle();
+    d.advance(1000);
+    let b = d.submit(job("q", 1, 4, Some(100)), None);
+    let out = d.cycle().clone();
+    let r = out
+        .reservations
+        .iter()
+        .find(|r| r.job == b)
+        .expect("reserved");
+    assert!(d.is_running(a));
+    assert!(r.start_at >= 1900, "reservation at {}", r.start_at);
+}

@@ -134,6 +134,12 @@ pub enum ClusterError {
     Unknown(String),
 }
 
+/// The GPU model name that stands for queue `q`'s partition in node-partition
+/// mode: jobs of `q` ask for it, and only `q`'s nodes have it.
+pub fn partition_model(q: &str) -> String {
+    format!("partition:{q}")
+}
+
 /// Philly's virtual clusters and their 8-GPU node counts (HeliosArtifact's
 /// `philly_vc.csv`, see `shared/traces/philly-cluster/PROVENANCE.md`).
 pub const PHILLY_VC_NODES: [(&str, u64); 11] = [
@@ -153,7 +159,8 @@ pub const PHILLY_VC_NODES: [(&str, u64); 11] = [
 fn vc_queues(root: &str, total_gpus: u64, scale_nodes: f64) -> Vec<QueueSpec> {
     let mut qs = vec![QueueSpec::gpus(root, None, total_gpus)];
     for (vc, nodes) in PHILLY_VC_NODES {
-        let gpus = ((nodes as f64) * 8.0 * scale_nodes).round() as u64;
+        // Rounded down, so the VCs never guarantee more than the cluster has.
+        let gpus = ((nodes as f64) * 8.0 * scale_nodes).floor() as u64;
         qs.push(QueueSpec::gpus(&format!("vc_{vc}"), Some(root), gpus));
     }
     qs
@@ -374,7 +381,90 @@ impl ClusterSpec {
                     .map_err(err)?;
             }
         }
+        s.check_quota_tree().map_err(err)?;
         Ok(s)
+    }
+
+    /// The same cluster with node counts scaled by `factor` (at least one node
+    /// per group; node shape kept) and every nominal quota scaled by the real
+    /// change in GPUs, rounded down so the tree stays valid.
+    pub fn scaled(&self, factor: f64) -> Self {
+        let mut c = self.clone();
+        let before = self.gpus().max(1) as f64;
+        for g in &mut c.node_groups {
+            g.count = ((g.count as f64 * factor).round() as usize).max(1);
+        }
+        let f = c.gpus() as f64 / before;
+        for q in &mut c.queues {
+            if let Some(n) = q.quota.nominal.gpus.as_mut() {
+                *n = (*n as f64 * f).floor() as u64;
+            }
+        }
+        c.name = format!("{}-x{:.2}", self.name, f);
+        c
+    }
+
+    /// Node-partition mode: each queue of `queues` gets its own nodes (in
+    /// proportion to its nominal GPU quota, equal shares for queues without
+    /// one; at least one node each while nodes last), marked with the queue's
+    /// partition model so only its jobs land there; queues keep no quota (the
+    /// partition is the quota). Philly's per-VC clusters worked this way.
+    pub fn partitioned(&self, queues: &[String]) -> Self {
+        let weight = |q: &str| -> f64 {
+            self.queues
+                .iter()
+                .find(|s| s.name == q)
+                .and_then(|s| s.quota.nominal.gpus)
+                .map_or(0.0, |n| n as f64)
+        };
+        let leaves: Vec<&String> = queues.iter().collect();
+        let known: Vec<f64> = leaves.iter().map(|q| weight(q)).collect();
+        let mean = {
+            let k: Vec<f64> = known.iter().copied().filter(|w| *w > 0.0).collect();
+            if k.is_empty() {
+                1.0
+            } else {
+                k.iter().sum::<f64>() / k.len() as f64
+            }
+        };
+        let w: Vec<f64> = known
+            .iter()
+            .map(|x| if *x > 0.0 { *x } else { mean })
+            .collect();
+        let wsum: f64 = w.iter().sum::<f64>().max(1e-9);
+        let mut groups = Vec::new();
+        for g in &self.node_groups {
+            // Largest-remainder split of this group's nodes.
+            let exact: Vec<f64> = w.iter().map(|x| x / wsum * g.count as f64).collect();
+            let mut n: Vec<usize> = exact.iter().map(|e| e.floor() as usize).collect();
+            let mut left = g.count.saturating_sub(n.iter().sum());
+            let mut order: Vec<usize> = (0..n.len()).collect();
+            order.sort_by(|a, b| {
+                (exact[*b] - exact[*b].floor()).total_cmp(&(exact[*a] - exact[*a].floor()))
+            });
+            for &i in order.iter().cycle().take(order.len() * 2) {
+                if left == 0 {
+                    break;
+                }
+                n[i] += 1;
+                left -= 1;
+            }
+            for (i, q) in leaves.iter().enumerate() {
+                if n[i] > 0 {
+                    groups.push(NodeGroup {
+                        count: n[i],
+                        gpu_model: partition_model(q),
+                        ..g.clone()
+                    });
+                }
+            }
+        }
+        ClusterSpec {
+            name: format!("{}-partitioned", self.name),
+            node_groups: groups,
+            queues: Vec::new(),
+            default_parent: None,
+        }
     }
 
     /// A copy with every queue's borrowing limit set to zero (capacity scheduling).

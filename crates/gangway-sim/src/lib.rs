@@ -5,9 +5,11 @@
 
 pub mod cluster;
 pub mod engine;
+pub mod fgd;
 pub mod metrics;
 pub mod policy;
 pub mod report;
+pub mod scorecard;
 pub mod trace;
 
 pub use cluster::ClusterSpec;

@@ -21,6 +21,8 @@ pub struct Stats {
     pub median: f64,
     /// 95th percentile.
     pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
     /// Largest.
     pub max: f64,
 }
@@ -38,6 +40,7 @@ impl Stats {
             mean: v.iter().sum::<f64>() / v.len() as f64,
             median: q(0.5),
             p95: q(0.95),
+            p99: q(0.99),
             max: v[v.len() - 1],
         }
     }
@@ -98,6 +101,10 @@ pub struct SimResult {
     pub starved_10x: usize,
     /// Preemptions.
     pub preemptions: u64,
+    /// Most preemptions decided at one instant of simulated time.
+    pub max_preemptions_per_instant: u64,
+    /// Slowdown (JCT ÷ run time) statistics.
+    pub slowdown: Stats,
     /// Preemptions by reason (priority, reclaim).
     pub preemptions_by_reason: BTreeMap<String, u64>,
     /// GPU-hours lost to preemption and failures (work since the last checkpoint and grace periods).
@@ -131,6 +138,9 @@ pub struct Recorder {
     frag_sum: f64,
     frag_samples: u64,
     preemptions: u64,
+    instant: Time,
+    at_instant: u64,
+    max_at_instant: u64,
     by_reason: BTreeMap<String, u64>,
     node_failures: u64,
 }
@@ -169,6 +179,9 @@ impl Recorder {
             frag_sum: 0.0,
             frag_samples: 0,
             preemptions: 0,
+            instant: 0,
+            at_instant: 0,
+            max_at_instant: 0,
             by_reason: BTreeMap::new(),
             node_failures: 0,
         }
@@ -212,8 +225,14 @@ impl Recorder {
     }
 
     /// Records a cycle's decisions and fragmentation.
-    pub fn cycle(&mut self, state: &ClusterState, d: &Decisions) {
+    pub fn cycle(&mut self, state: &ClusterState, d: &Decisions, now: Time) {
         self.preemptions += d.preemptions.len() as u64;
+        if now != self.instant {
+            self.instant = now;
+            self.at_instant = 0;
+        }
+        self.at_instant += d.preemptions.len() as u64;
+        self.max_at_instant = self.max_at_instant.max(self.at_instant);
         for p in &d.preemptions {
             let k = match p.reason {
                 gangway_sched::PreemptReason::Priority => "priority",
@@ -246,6 +265,11 @@ impl Recorder {
         let mut jcts: Vec<f64> = done.iter().map(|j| jct_of(j)).collect();
         let mut waits: Vec<f64> = done.iter().map(|j| j.waited as f64).collect();
         let jct = Stats::of(&mut jcts);
+        let mut slow: Vec<f64> = done
+            .iter()
+            .map(|j| jct_of(j) / j.trace.duration.max(1) as f64)
+            .collect();
+        let slowdown = Stats::of(&mut slow);
         let wait = Stats::of(&mut waits);
         let buckets: [(&str, u32, u32); 5] = [
             ("1 GPU", 1, 1),
@@ -336,6 +360,8 @@ impl Recorder {
             max_wait_over_runtime: max_ratio,
             starved_10x: starved,
             preemptions: self.preemptions,
+            max_preemptions_per_instant: self.max_at_instant,
+            slowdown,
             preemptions_by_reason: self.by_reason,
             gpu_hours_lost: jobs.iter().map(|j| j.lost_gpu_seconds as f64).sum::<f64>() / 3600.0,
             node_failures: self.node_failures,

@@ -33,6 +33,12 @@ pub struct TraceJob {
     pub priority: PriorityClass,
     /// Required GPU model, if the trace names one.
     pub gpu_model: Option<String>,
+    /// Submitting user, if the trace names one (run-time prediction keys on it).
+    pub user: String,
+    /// The job's kind (model or application name), if the trace names one.
+    pub app: Option<String>,
+    /// The user's time limit (Slurm `--time`), seconds, if the trace has one.
+    pub time_limit: Option<u64>,
 }
 
 /// What a loader did with the rows of its file.
@@ -273,6 +279,9 @@ pub fn parse_philly(path: &str, text: &str) -> Result<Trace, TraceError> {
                 queue: format!("vc_{c}"),
                 priority: PriorityClass::Normal,
                 gpu_model: None,
+                user: String::new(),
+                app: None,
+                time_limit: None,
             },
         ));
     }
@@ -298,6 +307,7 @@ pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceE
         t.col("duration")?,
         t.col("job_type")?,
     );
+    let model = t.col("model_name").unwrap_or(usize::MAX);
     let mut report = LoadReport::new(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
@@ -331,6 +341,9 @@ pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceE
             queue: field(row, user).unwrap_or("default").to_string(),
             priority,
             gpu_model: None,
+            user: field(row, user).unwrap_or("").to_string(),
+            app: field(row, model).map(str::to_string),
+            time_limit: None,
         });
     }
     Ok(finish(name, jobs, report))
@@ -370,14 +383,17 @@ pub fn parse_tiresias(path: &str, text: &str) -> Result<Trace, TraceError> {
             queue: "default".into(),
             priority: PriorityClass::Normal,
             gpu_model: None,
+            user: String::new(),
+            app: None,
+            time_limit: None,
         });
     }
     Ok(finish("tiresias-60", jobs, report))
 }
 
-/// Alibaba's 2023 GPU pod list (openb). Fractional GPUs are rounded up to one
-/// whole GPU (Gangway does not share GPUs); pods never scheduled have no run
-/// time and are skipped.
+/// Alibaba's 2023 GPU pod list (openb). Pods that share a GPU (fractional
+/// `gpu_milli`) are skipped and counted: Gangway allocates whole GPUs. Pods
+/// never scheduled have no run time and are skipped.
 pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
     let t = Table::parse(path, text);
     let (name, cpu, mem, ng, milli, spec, qos, ct, dt, sc) = (
@@ -411,12 +427,12 @@ pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
             report.skip("non-positive run time");
             continue;
         }
-        let mut gpus = g;
+        let gpus = g;
         if g == 1 && num::<u32>(row, milli).is_some_and(|m| m < 1000) {
-            report.adjust("fractional GPU rounded up to 1");
-        }
-        if g == 0 {
-            gpus = 0;
+            // Gangway allocates whole GPUs; rounding a shared-GPU pod up to a
+            // whole one would replay a different workload. Counted, not run.
+            report.skip("fractional GPU (shared-GPU pod), not replayed");
+            continue;
         }
         let model = match field(row, spec) {
             Some(s) if s.contains('|') => {
@@ -441,9 +457,198 @@ pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
             queue: field(row, qos).unwrap_or("default").to_ascii_lowercase(),
             priority,
             gpu_model: model,
+            user: String::new(),
+            app: None,
+            time_limit: None,
         });
     }
     Ok(finish("openb", jobs, report))
+}
+
+/// A user's own trace as CSV, with a header naming the columns (any order):
+///
+/// | column | meaning |
+/// |---|---|
+/// | `submit_time` | seconds (any origin) or `YYYY-MM-DD HH:MM:SS` (UTC) |
+/// | `run_time` | seconds the job ran |
+/// | `gpus` | GPUs of the whole job (0: CPU-only) |
+/// | `user` | who submitted it |
+/// | `queue` | queue, team or account charged |
+/// | `name` (optional) | job or application name (run-time prediction keys on it) |
+/// | `time_limit` (optional) | the user's time limit, seconds |
+/// | `cpu_millis`, `memory_mib` (optional) | per job |
+///
+/// Fields may not contain commas (no quoting).
+pub fn parse_csv(name: &str, path: &str, text: &str) -> Result<Trace, TraceError> {
+    let t = Table::parse(path, text);
+    let (st, rt, ng, us, qu) = (
+        t.col("submit_time")?,
+        t.col("run_time")?,
+        t.col("gpus")?,
+        t.col("user")?,
+        t.col("queue")?,
+    );
+    let opt = |c: &str| t.col(c).ok();
+    let (nm, tl, cpu, mem) = (
+        opt("name"),
+        opt("time_limit"),
+        opt("cpu_millis"),
+        opt("memory_mib"),
+    );
+    let mut report = LoadReport::new(&t);
+    let mut raw = Vec::new();
+    for (i, row) in t.rows.iter().enumerate() {
+        let submit = field(row, st).and_then(|v| {
+            v.parse::<i64>()
+                .ok()
+                .or_else(|| parse_timestamp(v))
+                .filter(|x| *x >= 0)
+        });
+        let Some(submit) = submit else {
+            report.skip("bad or missing submit_time");
+            continue;
+        };
+        let Some(run) = num::<u64>(row, rt) else {
+            report.skip("bad or missing run_time");
+            continue;
+        };
+        if run == 0 {
+            report.skip("zero run_time");
+            continue;
+        }
+        let Some(gpus) = num::<u32>(row, ng) else {
+            report.skip("bad or missing gpus");
+            continue;
+        };
+        let Some(queue) = field(row, qu) else {
+            report.skip("missing queue");
+            continue;
+        };
+        let get = |c: Option<usize>| c.and_then(|c| num::<u64>(row, c));
+        raw.push((
+            submit,
+            TraceJob {
+                name: format!("{name}-{i}"),
+                submit: 0,
+                duration: run,
+                gpus,
+                cpu_millis: get(cpu).unwrap_or(0),
+                memory_mib: get(mem).unwrap_or(0),
+                queue: queue.to_string(),
+                priority: PriorityClass::Normal,
+                gpu_model: None,
+                user: field(row, us).unwrap_or("").to_string(),
+                app: nm.and_then(|c| field(row, c)).map(str::to_string),
+                time_limit: get(tl).filter(|l| *l > 0),
+            },
+        ));
+    }
+    let first = raw.iter().map(|(a, _)| *a).min().unwrap_or(0);
+    let jobs = raw
+        .into_iter()
+        .map(|(a, mut j)| {
+            j.submit = (a - first) as u64;
+            j
+        })
+        .collect();
+    Ok(finish(name, jobs, report))
+}
+
+/// The Standard Workload Format of the Parallel Workloads Archive
+/// (Feitelson et al., <https://www.cs.huji.ac.il/labs/parallel/workload/swf.html>):
+/// 18 whitespace-separated fields per job, `;` comments, -1 for unknown.
+/// Allocated processors (field 5, else requested, field 8) divided by
+/// `procs_per_gpu` (rounded up) become GPUs; user (12), queue (15),
+/// executable (14) and requested time (9) become user, queue, name and time
+/// limit. Jobs with no run time (cancelled before starting) are skipped.
+pub fn parse_swf(
+    name: &str,
+    path: &str,
+    text: &str,
+    procs_per_gpu: u32,
+) -> Result<Trace, TraceError> {
+    let per = u64::from(procs_per_gpu.max(1));
+    let mut report = LoadReport {
+        source: path.to_string(),
+        ..Default::default()
+    };
+    let mut jobs = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with(';') {
+            continue;
+        }
+        report.rows += 1;
+        let f: Vec<i64> = match line.split_whitespace().map(str::parse::<i64>).collect() {
+            Ok(f) => f,
+            Err(_) => {
+                report.skip("non-numeric field");
+                continue;
+            }
+        };
+        if f.len() < 18 {
+            report.skip("fewer than 18 fields");
+            continue;
+        }
+        let (submit, run) = (f[1], f[3]);
+        if submit < 0 {
+            report.skip("unknown submit time");
+            continue;
+        }
+        if run <= 0 {
+            report.skip("no run time (cancelled or unknown)");
+            continue;
+        }
+        let procs = if f[4] > 0 { f[4] } else { f[7] };
+        if procs <= 0 {
+            report.skip("unknown processor count");
+            continue;
+        }
+        let gpus = (procs as u64).div_ceil(per);
+        let Ok(gpus) = u32::try_from(gpus) else {
+            report.skip("processor count too large");
+            continue;
+        };
+        if f[4] <= 0 {
+            report.adjust("requested processors used (allocated unknown)");
+        }
+        let known = |v: i64, p: &str| (v >= 0).then(|| format!("{p}{v}"));
+        jobs.push(TraceJob {
+            name: format!("{name}-{}", f[0]),
+            submit: submit as u64,
+            duration: run as u64,
+            gpus,
+            cpu_millis: 0,
+            memory_mib: 0,
+            queue: known(f[14], "q").unwrap_or_else(|| "default".into()),
+            priority: PriorityClass::Normal,
+            gpu_model: None,
+            user: known(f[11], "u").unwrap_or_default(),
+            app: known(f[13], "app"),
+            time_limit: (f[8] > 0).then_some(f[8] as u64),
+        });
+    }
+    Ok(finish(name, jobs, report))
+}
+
+/// Loads a user's trace file: `.swf` (optionally `.swf.gz`) as SWF, anything
+/// else as the documented CSV ([`parse_csv`]).
+pub fn load_file(path: &Path, procs_per_gpu: u32) -> Result<Trace, TraceError> {
+    let text = read_text(path)?;
+    let p = path.display().to_string();
+    let stem = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("trace")
+        .split('.')
+        .next()
+        .unwrap_or("trace")
+        .to_string();
+    if p.ends_with(".swf") || p.ends_with(".swf.gz") {
+        parse_swf(&stem, &p, &text, procs_per_gpu)
+    } else {
+        parse_csv(&stem, &p, &text)
+    }
 }
 
 /// Where a named trace lives under the traces folder.

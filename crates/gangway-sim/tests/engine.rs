@@ -38,6 +38,9 @@ fn job(name: &str, submit: u64, gpus: u32, duration: u64, priority: PriorityClas
         queue: "q".into(),
         priority,
         gpu_model: None,
+        user: String::new(),
+        app: None,
+        time_limit: None,
     }
 }
 
@@ -87,14 +90,19 @@ fn fifo_blocks_behind_the_head_of_line() {
 }
 
 #[test]
-fn gangway_backfills_a_short_job_around_the_reserved_gang() {
-    // With declared run times, E (5 s) ends before D's reservation at 150: it runs 110→115.
+fn gangway_runs_least_remaining_work_first() {
+    // With declared run times Gangway orders the queue by remaining GPU-seconds:
+    // E (5), C (20), D (40), B (100). At 100 A ends: E runs 100→105 and C 100→110;
+    // D (4 GPUs) does not fit, and Gangway holds no reservation (run times are
+    // only predicted in general), so B takes the 2 GPUs free at 105 (105→155);
+    // D runs 155→165.
     let o = SimOptions {
         declare_runtimes: true,
         ..SimOptions::default()
     };
-    let (_, jcts) = run(&fifo_trace(), &one_node(4), Policy::Gangway, o);
-    assert_eq!(jcts, vec![100, 140, 90, 130, 75]);
+    let (r, jcts) = run(&fifo_trace(), &one_node(4), Policy::Gangway, o);
+    assert_eq!(jcts, vec![100, 145, 90, 135, 65]);
+    assert!((r.jct.mean - 107.0).abs() < 1e-9, "FIFO's is 117");
 }
 
 #[test]
@@ -123,22 +131,31 @@ fn tiresias_demotes_a_long_job_and_runs_the_short_one() {
 
 #[test]
 fn urgent_job_preempts_and_the_victim_resumes_from_its_checkpoint() {
-    // A best-effort 8-GPU job runs 0→; a high-priority one arrives at 200 and preempts it:
-    // exit at 220, B runs 220→320; A saved 150 s (checkpoint every 150 s), loses 70 s × 8 GPUs,
-    // and runs its remaining 850 s 320→1170.
+    // A best-effort 8-GPU job runs 0→; a high-priority one arrives at 700 and preempts it
+    // (A has run Gangway's minimum of 600 s): exit at 720, B runs 720→820; A saved 600 s
+    // (checkpoint every 150 s), loses 120 s × 8 GPUs, and runs its remaining 400 s 820→1220.
     let t = trace(vec![
         job("A", 0, 8, 1000, PriorityClass::BestEffort),
-        job("B", 200, 8, 100, PriorityClass::High),
+        job("B", 700, 8, 100, PriorityClass::High),
     ]);
     let o = SimOptions {
         checkpoint_interval: 150,
         grace_seconds: 20,
         ..SimOptions::default()
     };
-    let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o);
-    assert_eq!(jcts, vec![1170, 120]);
+    let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o.clone());
+    assert_eq!(jcts, vec![1220, 120]);
     assert_eq!(r.preemptions, 1);
-    assert!((r.gpu_hours_lost - 560.0 / 3600.0).abs() < 1e-9);
+    assert!((r.gpu_hours_lost - 960.0 / 3600.0).abs() < 1e-9);
+    // Arriving at 200, B waits until A has run 600 s: signal at 600, A keeps all
+    // 600 s of work (a checkpoint just then), B runs 620→720, A 720→1120.
+    let t = trace(vec![
+        job("A", 0, 8, 1000, PriorityClass::BestEffort),
+        job("B", 200, 8, 100, PriorityClass::High),
+    ]);
+    let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o);
+    assert_eq!(jcts, vec![1120, 520]);
+    assert!((r.gpu_hours_lost - 160.0 / 3600.0).abs() < 1e-9);
 }
 
 #[test]
@@ -191,4 +208,46 @@ fn the_engine_adds_no_policy_of_its_own() {
         .map(|(i, j)| finish[i] - j.submit)
         .collect();
     assert_eq!(engine_jcts, by_hand);
+}
+
+/// Issue 14, defect 1, as reported: `sim --trace chronus-mix1` on the 960 GPUs
+/// shared (no quotas), `--policy srtf --checkpoint-interval 1 --grace 0
+/// --limit 27000` churned 548,564 preemptions at t=994020 and never ended.
+/// The cut is the trace's first 27,000 GPU jobs (columns the loader reads).
+/// Before the fix this run did not finish in 120 s; now it ends, with a small
+/// bound on the preemptions of any one instant.
+#[test]
+fn zero_grace_srtf_on_chronus_makes_progress() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/chronus_mix1_first27000.csv.gz"
+    );
+    let text = gangway_sim::trace::read(std::path::Path::new(path)).expect("cut");
+    let t = gangway_sim::trace::parse_chronus("chronus-mix1", path, &text).expect("parses");
+    assert_eq!(t.jobs.len(), 27_000);
+    let shared = ClusterSpec {
+        queues: Vec::new(),
+        default_parent: None,
+        ..ClusterSpec::chronus()
+    };
+    let o = SimOptions {
+        checkpoint_interval: 1,
+        grace_seconds: 0,
+        ..SimOptions::default()
+    };
+    let started = std::time::Instant::now();
+    let (r, _) = run(&t, &shared, Policy::Srtf, o);
+    assert_eq!(r.completed, 27_000);
+    assert!(
+        r.max_preemptions_per_instant <= 256,
+        "{} preemptions at one instant",
+        r.max_preemptions_per_instant
+    );
+    assert!(r.preemptions < 100_000, "{} preemptions", r.preemptions);
+    eprintln!(
+        "srtf, grace 0: {} preemptions, at most {} at one instant, {:.1}s",
+        r.preemptions,
+        r.max_preemptions_per_instant,
+        started.elapsed().as_secs_f64()
+    );
 }

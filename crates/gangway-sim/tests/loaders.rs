@@ -3,7 +3,7 @@
 
 use gangway_core::PriorityClass;
 use gangway_sim::trace::{
-    parse_chronus, parse_openb, parse_philly, parse_timestamp, parse_tiresias,
+    parse_chronus, parse_csv, parse_openb, parse_philly, parse_swf, parse_timestamp, parse_tiresias,
 };
 use gangway_sim::ClusterSpec;
 
@@ -80,12 +80,22 @@ fn tiresias_workload_loads_whole() {
 }
 
 #[test]
-fn openb_pods_round_fractions_and_skip_unscheduled() {
+fn openb_pods_skip_shared_gpus_and_unscheduled_with_counts() {
+    // Issue 14, defect 6: shared-GPU pods were rounded up to whole GPUs; now
+    // they are skipped and counted, never silently changed.
     let t = parse_openb("pods.csv", OPENB_PODS).expect("parses");
     assert_eq!(t.report.rows, 31);
     assert_eq!(t.report.skipped["never scheduled (no run time)"], 2);
-    assert_eq!(t.report.adjusted["fractional GPU rounded up to 1"], 10);
-    assert_eq!(t.report.loaded, 29);
+    assert_eq!(
+        t.report.skipped["fractional GPU (shared-GPU pod), not replayed"],
+        10
+    );
+    assert!(t.report.adjusted.is_empty());
+    assert_eq!(t.report.loaded, 19);
+    assert!(
+        t.jobs.iter().all(|j| j.name != "openb-pod-0001"),
+        "460 milli-GPU pod skipped"
+    );
     let p0 = t
         .jobs
         .iter()
@@ -138,4 +148,76 @@ queues:
     let bad = yaml.replace("nodes_per_leaf", "nodes_per_rack");
     let err = ClusterSpec::from_yaml("bad.yaml", &bad).expect_err("unknown field");
     assert!(err.to_string().contains("nodes_per_rack"), "{err}");
+}
+
+#[test]
+fn a_users_csv_trace_is_read_with_bad_rows_counted() {
+    let text = "\
+queue,user,submit_time,run_time,gpus,name,time_limit
+vision,alice,2024-03-01 10:00:00,3600,8,resnet,7200
+vision,bob,2024-03-01 09:00:00,60,0,prep,
+nlp,carol,2024-03-01 11:00:00,0,1,bert,
+nlp,carol,yesterday,10,1,bert,
+nlp,dave,2024-03-01 12:00:00,600,x,bert,
+";
+    let t = parse_csv("mine", "mine.csv", text).expect("parses");
+    assert_eq!(t.report.rows, 5);
+    assert_eq!(t.report.loaded, 2);
+    assert_eq!(t.report.skipped["zero run_time"], 1);
+    assert_eq!(t.report.skipped["bad or missing submit_time"], 1);
+    assert_eq!(t.report.skipped["bad or missing gpus"], 1);
+    // Sorted by submission, times relative to the first; CPU-only kept.
+    assert_eq!(t.jobs[0].user, "bob");
+    assert_eq!((t.jobs[0].gpus, t.jobs[0].submit), (0, 0));
+    let a = &t.jobs[1];
+    assert_eq!(
+        (
+            a.submit,
+            a.duration,
+            a.gpus,
+            a.queue.as_str(),
+            a.app.as_deref(),
+            a.time_limit
+        ),
+        (3600, 3600, 8, "vision", Some("resnet"), Some(7200))
+    );
+    // Missing required columns are named.
+    let err = parse_csv("x", "x.csv", "submit_time,gpus\n1,1\n").expect_err("no run_time");
+    assert!(err.to_string().contains("run_time"), "{err}");
+}
+
+#[test]
+fn swf_jobs_become_gpu_jobs() {
+    // Fields: job submit wait run alloc cpu mem req_procs req_time req_mem status uid gid exe queue part prev think.
+    let text = "\
+; Version: 2.2
+; MaxProcs: 64
+1 0 10 3600 8 -1 -1 8 7200 -1 1 3 1 12 2 1 -1 -1
+2 30 0 -1 4 -1 -1 4 600 -1 5 4 1 7 1 1 -1 -1
+3 60 5 120 -1 -1 -1 6 -1 -1 1 3 1 12 2 1 -1 -1
+4 90 0 100 16
+";
+    let t = parse_swf("pwa", "log.swf", text, 4).expect("parses");
+    assert_eq!(t.report.rows, 4);
+    assert_eq!(t.report.loaded, 2);
+    assert_eq!(t.report.skipped["no run time (cancelled or unknown)"], 1);
+    assert_eq!(t.report.skipped["fewer than 18 fields"], 1);
+    assert_eq!(
+        t.report.adjusted["requested processors used (allocated unknown)"],
+        1
+    );
+    let j1 = &t.jobs[0];
+    assert_eq!(
+        (
+            j1.gpus,
+            j1.duration,
+            j1.user.as_str(),
+            j1.queue.as_str(),
+            j1.app.as_deref(),
+            j1.time_limit
+        ),
+        (2, 3600, "u3", "q2", Some("app12"), Some(7200))
+    );
+    // 6 processors at 4 per GPU round up to 2 GPUs.
+    assert_eq!((t.jobs[1].gpus, t.jobs[1].submit), (2, 60));
 }
