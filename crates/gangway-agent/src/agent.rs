@@ -50,6 +50,9 @@ struct RankRun {
     done: Option<i32>,
     /// Where its supervisor writes the command's exit code.
     exit_file: PathBuf,
+    /// The kernel's OOM killer killed a process of it (read from its cgroup
+    /// before the cgroup is removed).
+    oom_killed: bool,
 }
 
 /// One job attempt on this node.
@@ -280,6 +283,7 @@ impl Agent {
                     main_exit: None,
                     done: None,
                     exit_file,
+                    oom_killed: false,
                 },
             );
         }
@@ -302,6 +306,7 @@ impl Agent {
                     main_exit: exit,
                     done: exit,
                     exit_file: PathBuf::new(),
+                    oom_killed: false,
                 },
             );
         }
@@ -462,6 +467,7 @@ impl Agent {
                     .unwrap_or(128 + libc::SIGKILL);
                 r.main_exit.get_or_insert(code);
                 r.done = Some(code);
+                r.oom_killed |= self.executor.oom_killed(&r.handle);
                 if code != 0 {
                     // Found here before its exit came through the channel.
                     t.first_failure.get_or_insert(*rank);
@@ -500,7 +506,9 @@ impl Agent {
             let r = t.ranks.get(&rank)?;
             let code = r.main_exit.or(r.done)?;
             let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
-            Some(crate::checkpoint::rank_failure(rank, code, &log))
+            let mut f = crate::checkpoint::rank_failure(rank, code, &log);
+            f.oom_killed = r.oom_killed || self.executor.oom_killed(&r.handle);
+            Some(f)
         });
         TaskReport {
             checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
@@ -792,6 +800,7 @@ impl Agent {
                         main_exit: Some(125),
                         done: Some(125),
                         exit_file: PathBuf::new(),
+                        oom_killed: false,
                     },
                 );
                 task.first_failure.get_or_insert(r.rank);
@@ -862,6 +871,7 @@ impl Agent {
                             main_exit: None,
                             done: None,
                             exit_file: PathBuf::new(),
+                            oom_killed: false,
                         },
                     );
                     continue;
@@ -900,6 +910,7 @@ impl Agent {
                     main_exit: None,
                     done: None,
                     exit_file,
+                    oom_killed: false,
                 },
             );
         }

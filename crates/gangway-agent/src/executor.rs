@@ -173,7 +173,16 @@ impl Executor {
         }
     }
 
-    /// Cleans up after a rank none of whose processes is left.
+    /// Whether the kernel's OOM killer killed a process of a process rank
+    /// (its cgroup's count; false where the tracker cannot tell).
+    pub fn oom_killed(&self, rank: &Rank) -> bool {
+        match rank {
+            Rank::Process { container, .. } => self.track.oom_kills(container) > 0,
+            _ => false,
+        }
+    }
+
+    /// Removes a finished process rank's container (cgroup).
     pub fn release(&self, rank: &Rank) {
         if let Rank::Process { container, .. } = rank {
             self.track.destroy(container);

@@ -510,3 +510,40 @@ fn a_job_cancelled_while_its_agent_was_down_is_stopped_whole_after_adoption() {
         events(&j)
     );
 }
+
+/// Whether this host lets the agent limit a rank's memory with a cgroup.
+fn memory_cgroup() -> bool {
+    std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists()
+        || std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+}
+
+#[test]
+fn a_rank_killed_by_the_oom_killer_is_named_so() {
+    if !memory_cgroup() {
+        eprintln!("skipped: no writable memory cgroup controller on this host");
+        return;
+    }
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 2, &[], &[]);
+    c.wait_nodes(1);
+    // `tail` keeps a line with no end in memory: far past the 32 MiB limit.
+    let id = c.submit(&json!({
+        "name": "hungry", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1, "memory_mib": 32 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", "head -c 500000000 /dev/zero | tail > /dev/null"] }
+    }));
+    let j = c.wait_job(id, "fail", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    assert_eq!(j["failure"]["oom_killed"], true, "{j:#}");
+    assert!(
+        events(&j)
+            .iter()
+            .any(|(k, m)| k == "failed" && m.contains("OOM-killed")),
+        "{:?}",
+        events(&j)
+    );
+}
