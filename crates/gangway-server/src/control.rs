@@ -262,7 +262,19 @@ pub struct Control<S: Store> {
     pub contract: ContractConfig,
     /// Job-contract state kept in memory.
     contract_state: ContractState,
+    /// Run times learned since the predictor was last stored.
+    predictor_dirty: bool,
+    /// When the predictor was last stored.
+    predictor_saved_at: Time,
 }
+
+/// Where the run-time predictor (learned from this cluster's completed jobs)
+/// is kept, so a restarted or new leader keeps what was learned.
+pub const PREDICTOR_KEY: &str = "/sched/runtime_predictor";
+
+/// Seconds between two stores of a changed predictor: it only ever feeds
+/// estimates, so losing the last minute of learning costs little.
+const PREDICTOR_SAVE_SECONDS: Time = 60;
 
 /// What an agent reports about a job on its node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -378,7 +390,16 @@ impl<S: Store> Control<S> {
             reported_health: HashMap::new(),
             contract: ContractConfig::default(),
             contract_state: ContractState::default(),
+            predictor_dirty: false,
+            predictor_saved_at: 0,
         };
+        if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
+            // A predictor this version cannot read is relearned, not fatal.
+            match serde_json::from_slice(&kv.value) {
+                Ok(p) => c.cluster.set_predictor(p),
+                Err(e) => tracing::warn!("{PREDICTOR_KEY}: {e}; run times are learned afresh"),
+            }
+        }
         c.rebuild()?;
         Ok(c)
     }
@@ -853,10 +874,52 @@ impl<S: Store> Control<S> {
         ending: Ending,
         now: Time,
     ) -> Result<(), ControlError> {
+        if matches!(ending, Ending::Succeeded(_)) {
+            self.learn_runtime(&rec, now);
+        }
         let (rec, after) = ended(rec, ending, now);
         let id = rec.id;
         self.write(rec)?;
         self.apply_ending(id, after);
+        Ok(())
+    }
+
+    /// Learns the run time of a job that succeeded in one uninterrupted
+    /// attempt (from its last "running" event), so estimates and backfill
+    /// windows of similar jobs use this cluster's history, not a guess.
+    fn learn_runtime(&mut self, rec: &JobRecord, now: Time) {
+        if rec.attempt != 0 {
+            return; // Preempted or restarted: the last attempt ran only part of it.
+        }
+        let Some(started) = rec.events.iter().rev().find(|e| e.kind == "running") else {
+            return;
+        };
+        let seconds = now.saturating_sub(started.at);
+        if seconds > 0 {
+            self.cluster.learn_runtime(&rec.spec, seconds);
+            self.predictor_dirty = true;
+        }
+    }
+
+    /// Stores the predictor when it changed and the last store is old enough.
+    fn save_predictor(&mut self, now: Time) -> Result<(), ControlError> {
+        if !self.predictor_dirty
+            || now
+                < self
+                    .predictor_saved_at
+                    .saturating_add(PREDICTOR_SAVE_SECONDS)
+        {
+            return Ok(());
+        }
+        self.store.txn(
+            &[],
+            &[Op::Put(
+                PREDICTOR_KEY.into(),
+                encode(self.cluster.predictor()),
+            )],
+        )?;
+        self.predictor_dirty = false;
+        self.predictor_saved_at = now;
         Ok(())
     }
 
@@ -1249,6 +1312,7 @@ impl<S: Store> Control<S> {
         self.check_nodes(now)?;
         self.resume_restarts(now)?;
         self.enforce_time_limits(now)?;
+        self.save_predictor(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
         let mut ports = if d.binds.is_empty() {
             HashMap::new()
@@ -1395,6 +1459,30 @@ mod tests {
             .expect("running");
         assert_eq!(c.jobs[&id].0.state, JobState::Running);
         (dir, c, id)
+    }
+
+    #[test]
+    fn run_times_of_succeeded_jobs_are_learned_and_survive_a_restart() {
+        let (dir, mut c, id) = one_node_running_job(30);
+        let spec = c.jobs[&id].0.spec.clone();
+        let key = gangway_sched::state::key_of(&spec);
+        assert!(
+            c.cluster.predictor().predict(&key).is_none(),
+            "nothing learned yet"
+        );
+        // Running since t=2; its only node reports success at t=302.
+        c.report("n", id, Some(0), Report::Exited(0), 302)
+            .expect("exited");
+        assert_eq!(c.jobs[&id].0.state, JobState::Succeeded);
+        let p = c.cluster.predictor().predict(&key).expect("learned");
+        assert_eq!(p.median(), 300);
+        c.cycle(303).expect("cycle stores the predictor");
+        drop(c);
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let c =
+            Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)]).expect("reopen");
+        let p = c.cluster.predictor().predict(&key).expect("kept");
+        assert_eq!(p.median(), 300, "a restarted server keeps what it learned");
     }
 
     /// GPUs the scheduler sees free on node n.
