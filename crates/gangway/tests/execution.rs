@@ -369,22 +369,11 @@ fn a_restarted_agent_adopts_its_running_ranks_and_the_job_finishes_normally() {
 #[test]
 fn a_restarted_agent_adopts_its_containers() {
     if let Err(why) = busybox_image() {
-        let required =
-            std::env::var_os("GANGWAY_REQUIRE_DOCKER").is_some_and(|v| !v.is_empty() && v != "0");
-        assert!(!required, "GANGWAY_REQUIRE_DOCKER is set but {why}");
-        eprintln!("skipped: {why}");
-        return;
+        return skip_or_fail("GANGWAY_REQUIRE_DOCKER", &why);
     }
     let node = format!("dock-adopt-{}", std::process::id());
     // The rank writes to the test's output directory: a mount the queue must allow.
-    let tmp = std::env::temp_dir();
-    let mut c = Cluster::start_with(
-        "127.0.0.1",
-        &server_config(&format!(
-            "    node:\n      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
-            tmp.display()
-        )),
-    );
+    let mut c = Cluster::start_with("127.0.0.1", &server_config(&tmp_mounts("")));
     c.agent(&node, 2, &[], &["--executor", "docker"]);
     c.wait_nodes(1);
     let out = c.out.display().to_string();
@@ -439,22 +428,11 @@ fn a_restarted_agent_adopts_its_containers() {
 #[test]
 fn a_cancelled_container_rank_signals_every_process_in_it() {
     if let Err(why) = busybox_image() {
-        let required =
-            std::env::var_os("GANGWAY_REQUIRE_DOCKER").is_some_and(|v| !v.is_empty() && v != "0");
-        assert!(!required, "GANGWAY_REQUIRE_DOCKER is set but {why}");
-        eprintln!("skipped: {why}");
-        return;
+        return skip_or_fail("GANGWAY_REQUIRE_DOCKER", &why);
     }
     let node = format!("dock-signal-{}", std::process::id());
     // The rank writes to the test's output directory: a mount the queue must allow.
-    let tmp = std::env::temp_dir();
-    let mut c = Cluster::start_with(
-        "127.0.0.1",
-        &server_config(&format!(
-            "    node:\n      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
-            tmp.display()
-        )),
-    );
+    let mut c = Cluster::start_with("127.0.0.1", &server_config(&tmp_mounts("")));
     c.agent(&node, 1, &[], &["--executor", "docker"]);
     c.wait_nodes(1);
     let out = c.out.display().to_string();

@@ -9,15 +9,6 @@ use agents::*;
 use serde_json::json;
 use std::process::Command;
 
-fn required(var: &str) -> bool {
-    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-fn skip_or_fail(var: &str, why: &str) {
-    assert!(!required(var), "{var} is set but {why}");
-    eprintln!("skipped: {why} (set {var}=1 to make this a failure)");
-}
-
 #[test]
 fn a_gang_runs_in_docker_containers_with_its_gpus_mounts_and_limits() {
     if let Err(why) = busybox_image() {
@@ -26,13 +17,9 @@ fn a_gang_runs_in_docker_containers_with_its_gpus_mounts_and_limits() {
     // Host paths may be mounted only where the queue allows (here, the temp
     // dir); a gang across nodes rendezvous on the host network, which the
     // queue must allow too.
-    let tmp = std::fs::canonicalize(std::env::temp_dir()).expect("temp dir");
     let mut c = Cluster::start_with(
         "127.0.0.1",
-        &server_config(&format!(
-            "    node:\n      host_network: true\n      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
-            tmp.display()
-        )),
+        &server_config(&tmp_mounts("      host_network: true\n")),
     );
     c.agent("dock-a", 2, &[], &["--executor", "docker"]);
     c.agent("dock-b", 2, &[], &["--executor", "docker"]);

@@ -502,3 +502,25 @@ pub fn busybox_image() -> Result<(), String> {
         Err("docker import of the busybox rootfs failed".into())
     }
 }
+
+/// Whether CI asked for `var`'s tests to run (a skip is then a failure).
+pub fn required(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Skips a test for `why`, or fails it when `var` says it must run.
+pub fn skip_or_fail(var: &str, why: &str) {
+    assert!(!required(var), "{var} is set but {why}");
+    eprintln!("skipped: {why} (set {var}=1 to make this a failure)");
+}
+
+/// A queue's `node:` lines letting its ranks mount the temp dir read-write
+/// (tests' output directories live there; named by its real path, as the
+/// agent resolves symlinks); `extra` adds lines before it.
+pub fn tmp_mounts(extra: &str) -> String {
+    let tmp = std::fs::canonicalize(std::env::temp_dir()).expect("temp dir");
+    format!(
+        "    node:\n{extra}      mounts: {{ allowed: [{0}], read_write: [{0}] }}\n",
+        tmp.display()
+    )
+}
