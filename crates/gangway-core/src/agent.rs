@@ -428,39 +428,8 @@ mod tests {
         run.env.insert("RANK".into(), "99".into());
         run.env.insert("DATA".into(), "/data".into());
         let a = Assignment {
-            job: JobId(7),
-            attempt: 2,
-            name: "train".into(),
-            user: "alice".into(),
             run,
-            ranks: vec![
-                RankAssignment {
-                    rank: 4,
-                    local_rank: 0,
-                    gpus: vec![0, 1],
-                },
-                RankAssignment {
-                    rank: 5,
-                    local_rank: 1,
-                    gpus: vec![2, 3],
-                },
-            ],
-            world_size: 8,
-            node_rank: 1,
-            nnodes: 2,
-            master_addr: "10.0.0.1".into(),
-            master_port: 29_411,
-            cpu_millis: 4_500,
-            memory_mib: 0,
-            checkpoint_signal: 15,
-            grace_seconds: 30,
-            stop: false,
-            rules: RankRules::default(),
-            stop_now: false,
-            checkpoint_root: None,
-            checkpoint_subdir: "alice/job-7".into(),
-            resume_from: None,
-            max_restarts: 3,
+            ..two_node_assignment()
         };
         let env = rank_env(&a, &a.ranks[1]);
         assert_eq!(env["RANK"], "5");

@@ -210,13 +210,23 @@ impl<S: Store> Control<S> {
                 )));
             }
         }
-        if self.node_known(&name) {
-            if *by == Registrant::Join {
+        let known = self.node_known(&name);
+        match by {
+            Registrant::Join if known => {
                 return Err(ControlError::Forbidden(format!(
                     "node {name} is already registered: re-registering it needs its own node token (or an admin deletes it first)"
                 )));
             }
-            self.check_address(&name, &spec.address)?;
+            Registrant::Node(_) if !known => {
+                return Err(ControlError::Forbidden(format!(
+                    "node {name} is not registered"
+                )));
+            }
+            _ => {}
+        }
+        // Only once the caller may register the name: its address is checked.
+        self.check_address(&name, &spec.address)?;
+        if known {
             self.update_endpoint(&spec, now)?;
             let log_token = self.log_token_of(&name, secret).unwrap_or_default();
             return Ok(Registered {
@@ -225,12 +235,6 @@ impl<S: Store> Control<S> {
                 pending: self.pending_nodes.contains_key(&name),
             });
         }
-        if let Registrant::Node(_) = by {
-            return Err(ControlError::Forbidden(format!(
-                "node {name} is not registered"
-            )));
-        }
-        self.check_address(&name, &spec.address)?;
         let approved = auto || *by == Registrant::Admin;
         let mut probe = None;
         if approved {
