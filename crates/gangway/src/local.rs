@@ -357,7 +357,7 @@ fn throwaway_ca(dir: &std::path::Path, listen_host: &str) -> Result<TlsFiles> {
         cert: dir.join("cert.pem"),
         key: dir.join("key.pem"),
     };
-    write_private(&files.key, &key.serialize_pem())?;
+    crate::client::write_private(&files.key, &key.serialize_pem())?;
     std::fs::write(&files.cert, cert.pem())?;
     std::fs::write(&files.ca, ca_cert.pem())?;
     Ok(files)
@@ -368,22 +368,6 @@ struct TlsFiles {
     ca: PathBuf,
     cert: PathBuf,
     key: PathBuf,
-}
-
-/// Writes a file only its owner may read.
-fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
 }
 
 /// Who `gangway up`'s ranks run as: `--run-as`, else the invoking user,
