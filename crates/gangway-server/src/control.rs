@@ -1229,9 +1229,21 @@ impl<S: Store> Control<S> {
         }
         // Every gang on every lost node ends in one transaction: a rack
         // failing is one write, not one per job.
+        self.end_gangs_of_gone_nodes(lost_jobs, now)
+    }
+
+    /// Ends the gangs that ran on nodes that are gone (lost or deleted), with
+    /// the reason for each, in one write: a gang being stopped ends as its
+    /// stop said (cancelled, failed), a preempted one is requeued, the
+    /// others fail and restart elsewhere per their restart policy.
+    pub(crate) fn end_gangs_of_gone_nodes(
+        &mut self,
+        gone: BTreeMap<JobId, String>,
+        now: Time,
+    ) -> Result<(), ControlError> {
         let mut recs = Vec::new();
         let mut afters = Vec::new();
-        for (id, msg) in lost_jobs {
+        for (id, msg) in gone {
             let Some((rec, _)) = self.jobs.get(&id) else {
                 continue;
             };
@@ -1483,6 +1495,18 @@ mod tests {
             Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)]).expect("reopen");
         let p = c.cluster.predictor().predict(&key).expect("kept");
         assert_eq!(p.median(), 300, "a restarted server keeps what it learned");
+    }
+
+    #[test]
+    fn a_deleted_node_ends_a_gang_being_cancelled_as_cancelled() {
+        let (_dir, mut c, id) = one_node_running_job(30);
+        c.cancel(id, "alice", 3).expect("cancel");
+        assert!(
+            c.jobs[&id].0.stopping.is_some(),
+            "stopping, GPUs still held"
+        );
+        c.delete_node("n", 4).expect("delete");
+        assert_eq!(c.jobs[&id].0.state, JobState::Cancelled);
     }
 
     /// GPUs the scheduler sees free on node n.

@@ -6,7 +6,7 @@
 //! token only the first time. Admins approve, cordon, drain and delete nodes.
 
 use crate::authz::{hash_from_hex, hash_token, to_hex, TokenHash};
-use crate::control::{decode, encode, ended, token_key, Control, ControlError, Ending};
+use crate::control::{decode, encode, token_key, Control, ControlError, Ending};
 use crate::records::node_key;
 use gangway_core::{JobId, JobState, NodeSpec, Time};
 use gangway_sched::{ClusterState, StateConfig};
@@ -355,29 +355,15 @@ impl<S: Store> Control<S> {
             .cluster
             .node_index(name)
             .ok_or_else(|| ControlError::NoSuchNode(name.into()))?;
-        let mut ids: Vec<JobId> = self.cluster.jobs_on(n).to_vec();
-        ids.sort();
-        ids.dedup();
-        let mut recs = Vec::new();
-        let mut afters = Vec::new();
-        for id in ids {
-            let Some((rec, _)) = self.jobs.get(&id) else {
-                continue;
-            };
-            let msg = format!("node {name} deleted by an admin");
-            let ending = match rec.state {
-                JobState::Preempting => Ending::Requeued(msg),
-                JobState::Scheduled | JobState::Running => Ending::Failed(msg),
-                _ => continue,
-            };
-            let (rec, after) = ended(rec.clone(), ending, now);
-            afters.push((id, after));
-            recs.push(rec);
-        }
-        self.write_all(recs)?;
-        for (id, after) in afters {
-            self.apply_ending(id, after);
-        }
+        let msg = format!("node {name} deleted by an admin");
+        // A job with several replicas here is ended once.
+        let gone = self
+            .cluster
+            .jobs_on(n)
+            .iter()
+            .map(|id| (*id, msg.clone()))
+            .collect();
+        self.end_gangs_of_gone_nodes(gone, now)?;
         self.store.txn(
             &[],
             &[Op::Delete(node_key(name)), Op::Delete(token_key(name))],
