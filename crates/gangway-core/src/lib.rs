@@ -9,6 +9,7 @@ pub mod job;
 pub mod node;
 pub mod node_policy;
 pub mod queue;
+pub mod reason;
 pub mod resources;
 
 pub use job::{
@@ -19,6 +20,7 @@ pub use job::{
 pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
 pub use node_policy::{MountPolicy, NodePolicy, PolicyError};
 pub use queue::{QueueSpec, QueueTimeLimits, Quota, ResourceLimits};
+pub use reason::ReasonCode;
 pub use resources::{Resource, Resources};
 
 /// Time in whole seconds on the scheduler's clock (wall-clock epoch seconds in

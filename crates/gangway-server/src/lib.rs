@@ -10,6 +10,7 @@ pub mod config;
 pub mod control;
 pub mod dashboard;
 pub mod ha;
+pub mod history;
 pub mod limits;
 pub mod metrics;
 pub mod nodes;

@@ -1,0 +1,198 @@
+//! Finished jobs as accounting rows (`gangway history`, `sacct`'s job): one
+//! shape for the API, the CLI's CSV/JSON, the export kept before retention
+//! removes a record, and the policy what-if's replay of this cluster's past.
+
+use crate::records::JobRecord;
+use gangway_core::{JobId, JobState, Time};
+use serde::{Deserialize, Serialize};
+
+/// One job's accounting row, derived from its record and events.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// Id.
+    pub id: JobId,
+    /// Name.
+    pub name: String,
+    /// Owner.
+    pub user: String,
+    /// Queue.
+    pub queue: String,
+    /// Priority class, as submitted.
+    pub priority: String,
+    /// Final (or current) state.
+    pub state: JobState,
+    /// Submitted at.
+    pub submitted_at: Time,
+    /// When its first attempt's GPUs were bound (`None`: never ran).
+    pub started_at: Option<Time>,
+    /// When it ended (`None`: not finished).
+    pub ended_at: Option<Time>,
+    /// Replicas it ran with (its last placement), else as requested.
+    pub replicas: u32,
+    /// GPUs per replica.
+    pub gpus_per_replica: u32,
+    /// CPU per replica, thousandths of a core.
+    pub cpu_millis: u64,
+    /// Memory per replica, MiB.
+    pub memory_mib: u64,
+    /// Distinct nodes of its last placement, in rank order.
+    pub nodes: Vec<String>,
+    /// Exit code of the first failing rank of its last failed attempt, or 0
+    /// when it succeeded; `None` otherwise.
+    pub exit_code: Option<i32>,
+    /// Attempts started (requeues and restarts each start one).
+    pub attempts: u32,
+    /// Times it was preempted.
+    pub preemptions: u32,
+    /// Seconds its GPUs were bound, over all attempts.
+    pub run_seconds: u64,
+    /// Seconds of its last attempt (bound to end): the observed run time of a
+    /// job that ran once to completion.
+    pub last_attempt_seconds: u64,
+    /// GPU-hours over all attempts (GPUs × bound time).
+    pub gpu_hours: f64,
+    /// Declared run time, seconds (as submitted).
+    pub runtime_seconds: Option<u64>,
+    /// Time limit, seconds (as submitted).
+    pub time_limit_seconds: Option<u64>,
+}
+
+/// Events that end an attempt's binding.
+const ENDS: [&str; 6] = [
+    "cancelled",
+    "finished",
+    "failed",
+    "requeued",
+    "restarting",
+    "timeout",
+];
+
+impl HistoryEntry {
+    /// The row of a record, as of `now` (a running attempt counts up to `now`).
+    pub fn from_record(rec: &JobRecord, now: Time) -> Self {
+        let per = rec.spec.resources.gpus;
+        let replicas = if rec.placement.is_empty() {
+            rec.spec.replicas
+        } else {
+            u32::try_from(rec.placement.len()).unwrap_or(u32::MAX)
+        };
+        let mut started_at = None;
+        let mut bound: Option<Time> = None;
+        let mut run_seconds = 0u64;
+        let mut last_attempt_seconds = 0u64;
+        let mut attempts = 0u32;
+        let mut preemptions = 0u32;
+        let mut ended_at = None;
+        for e in &rec.events {
+            match e.kind.as_str() {
+                "scheduled" => {
+                    started_at.get_or_insert(e.at);
+                    if bound.is_none() {
+                        attempts = attempts.saturating_add(1);
+                        bound = Some(e.at);
+                    }
+                }
+                "preempting" => preemptions = preemptions.saturating_add(1),
+                k if ENDS.contains(&k) => {
+                    if let Some(s) = bound.take() {
+                        last_attempt_seconds = e.at.saturating_sub(s);
+                        run_seconds = run_seconds.saturating_add(last_attempt_seconds);
+                    }
+                    if rec.state.is_terminal() {
+                        ended_at = Some(e.at);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = bound {
+            last_attempt_seconds = now.saturating_sub(s);
+            run_seconds = run_seconds.saturating_add(last_attempt_seconds);
+        }
+        let exit_code = match rec.state {
+            JobState::Succeeded => Some(0),
+            JobState::Failed | JobState::Timeout => rec.failure.as_ref().map(|f| f.exit_code),
+            _ => None,
+        };
+        let gpu_hours = (f64::from(per) * f64::from(replicas) * run_seconds as f64) / 3600.0;
+        HistoryEntry {
+            id: rec.id,
+            name: rec.spec.name.clone(),
+            user: rec.user.clone(),
+            queue: rec.spec.queue.clone(),
+            priority: serde_json::to_value(&rec.spec.priority)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            state: rec.state,
+            submitted_at: rec.submitted_at,
+            started_at,
+            ended_at,
+            replicas,
+            gpus_per_replica: per,
+            cpu_millis: rec.spec.resources.cpu_millis,
+            memory_mib: rec.spec.resources.memory_mib,
+            nodes: rec.nodes().into_iter().map(str::to_string).collect(),
+            exit_code,
+            attempts,
+            preemptions,
+            run_seconds,
+            last_attempt_seconds,
+            gpu_hours,
+            runtime_seconds: rec.spec.runtime_seconds,
+            time_limit_seconds: rec.spec.time_limit.as_ref().and_then(|t| t.seconds().ok()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{JobEvent, ReplicaOn};
+
+    fn ev(at: Time, kind: &str) -> JobEvent {
+        JobEvent {
+            at,
+            kind: kind.into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_preempted_then_finished_job_counts_both_attempts() {
+        let spec: gangway_core::JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "t", "queue": "q", "replicas": 2,
+            "resources": {"gpus": 4, "gpu_model": null, "min_gpu_memory_gib": null,
+                          "cpu_millis": 1000, "memory_mib": 1024}
+        }))
+        .unwrap();
+        let mut rec = JobRecord::submitted(JobId(7), "alice", spec, 100);
+        rec.events.push(ev(110, "scheduled"));
+        rec.events.push(ev(120, "running"));
+        rec.events.push(ev(150, "preempting"));
+        rec.events.push(ev(160, "requeued"));
+        rec.events.push(ev(200, "scheduled"));
+        rec.events.push(ev(560, "finished"));
+        rec.state = JobState::Succeeded;
+        rec.placement = vec![
+            ReplicaOn {
+                node: "a".into(),
+                gpus: vec![0, 1, 2, 3],
+            },
+            ReplicaOn {
+                node: "b".into(),
+                gpus: vec![0, 1, 2, 3],
+            },
+        ];
+        let h = HistoryEntry::from_record(&rec, 1000);
+        assert_eq!(h.started_at, Some(110));
+        assert_eq!(h.ended_at, Some(560));
+        assert_eq!(h.attempts, 2);
+        assert_eq!(h.preemptions, 1);
+        assert_eq!(h.run_seconds, 50 + 360);
+        assert_eq!(h.last_attempt_seconds, 360);
+        assert_eq!(h.exit_code, Some(0));
+        assert_eq!(h.nodes, vec!["a", "b"]);
+        assert!((h.gpu_hours - 8.0 * 410.0 / 3600.0).abs() < 1e-9);
+    }
+}
