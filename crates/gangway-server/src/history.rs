@@ -120,7 +120,7 @@ impl HistoryEntry {
             name: rec.spec.name.clone(),
             user: rec.user.clone(),
             queue: rec.spec.queue.clone(),
-            priority: serde_json::to_value(&rec.spec.priority)
+            priority: serde_json::to_value(rec.spec.priority)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
                 .unwrap_or_default(),
