@@ -137,6 +137,7 @@ mod tests {
             checkpoint_subdir: "u/job-1".into(),
             resume_from: None,
             max_restarts: 3,
+            array: None,
         }
     }
 

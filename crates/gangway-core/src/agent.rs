@@ -191,6 +191,9 @@ pub struct Assignment {
     /// Restarts the job is allowed (`TORCHELASTIC_MAX_RESTARTS`).
     #[serde(default)]
     pub max_restarts: u32,
+    /// The array task this job is, if it is one (`GANGWAY_ARRAY_TASK_ID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<crate::workflow::ArrayTask>,
 }
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
@@ -283,6 +286,21 @@ pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> 
         ("GANGWAY_ATTEMPT", a.attempt.to_string()),
     ] {
         env.insert(k.to_string(), v);
+    }
+    if let Some(t) = &a.array {
+        // Slurm's names too, so array scripts written for sbatch keep working.
+        for k in ["GANGWAY_ARRAY_JOB_ID", "SLURM_ARRAY_JOB_ID"] {
+            env.insert(k.to_string(), t.job.to_string());
+        }
+        for k in [
+            "GANGWAY_ARRAY_TASK_ID",
+            "GANGWAY_ARRAY_INDEX",
+            "SLURM_ARRAY_TASK_ID",
+        ] {
+            env.insert(k.to_string(), t.index.to_string());
+        }
+        env.insert("GANGWAY_ARRAY_TASK_COUNT".into(), t.count.to_string());
+        env.insert("SLURM_ARRAY_TASK_COUNT".into(), t.count.to_string());
     }
     env
 }
@@ -441,6 +459,32 @@ mod tests {
         assert_eq!(env["MASTER_ADDR"], "10.0.0.1");
     }
 
+    #[test]
+    fn array_tasks_see_their_index_under_gangways_and_slurms_names() {
+        let plain = two_node_assignment();
+        assert!(!rank_env(&plain, &plain.ranks[0]).contains_key("GANGWAY_ARRAY_TASK_ID"));
+        let a = Assignment {
+            array: Some(crate::workflow::ArrayTask {
+                job: JobId(40),
+                index: 7,
+                count: 16,
+                limit: Some(4),
+            }),
+            ..two_node_assignment()
+        };
+        let env = rank_env(&a, &a.ranks[0]);
+        assert_eq!(env["GANGWAY_ARRAY_JOB_ID"], "40");
+        assert_eq!(env["SLURM_ARRAY_JOB_ID"], "40");
+        for k in [
+            "GANGWAY_ARRAY_TASK_ID",
+            "GANGWAY_ARRAY_INDEX",
+            "SLURM_ARRAY_TASK_ID",
+        ] {
+            assert_eq!(env[k], "7", "{k}");
+        }
+        assert_eq!(env["SLURM_ARRAY_TASK_COUNT"], "16");
+    }
+
     fn two_node_assignment() -> Assignment {
         let mut run = RunSpec::default();
         run.env.insert("OMP_NUM_THREADS".into(), "2".into());
@@ -479,6 +523,7 @@ mod tests {
             checkpoint_subdir: "alice/job-7".into(),
             resume_from: None,
             max_restarts: 3,
+            array: None,
         }
     }
 

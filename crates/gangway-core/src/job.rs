@@ -374,6 +374,21 @@ pub struct JobSpec {
     /// What the ranks run.
     #[serde(default)]
     pub run: RunSpec,
+    /// Submit held (Slurm's `--hold`): it waits until `gangway release`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
+    /// Earliest start (Slurm's `--begin`): epoch seconds, or `now+10m`,
+    /// `+1h`, ISO 8601 UTC; stored as epoch seconds once submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin: Option<crate::workflow::BeginAt>,
+    /// Jobs it waits for (Slurm's `--dependency`): `afterok:ID[:ID..]`,
+    /// `afterany:..`, `afternotok:..`, `singleton`, joined by `,`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
+    /// A job array (Slurm's `--array`): `0-15%4`, `1,3,5-9`; the server
+    /// submits one job per index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<String>,
 }
 
 /// A structural problem with a job spec, found before looking at the cluster.
@@ -427,6 +442,15 @@ pub enum SpecError {
     /// A time limit that is not a duration or is out of range.
     #[error("time_limit: {0}")]
     BadTimeLimit(String),
+    /// A begin time that is not one.
+    #[error("begin: {0}")]
+    BadBegin(String),
+    /// A dependency that does not parse.
+    #[error("dependency: {0}")]
+    BadDependency(String),
+    /// An array specification that does not parse or is too large.
+    #[error("array: {0}")]
+    BadArray(String),
 }
 
 impl JobSpec {
@@ -450,6 +474,10 @@ impl JobSpec {
             topology: TopologyConstraint::Auto,
             time_limit: None,
             run: RunSpec::default(),
+            hold: false,
+            begin: None,
+            dependency: None,
+            array: None,
         }
     }
 
@@ -546,6 +574,15 @@ impl JobSpec {
                     format_time_span(secs)
                 )));
             }
+        }
+        if let Some(b) = &self.begin {
+            b.resolve(0).map_err(SpecError::BadBegin)?;
+        }
+        if let Some(d) = &self.dependency {
+            crate::workflow::parse_dependency(d).map_err(SpecError::BadDependency)?;
+        }
+        if let Some(a) = &self.array {
+            crate::workflow::parse_array(a).map_err(SpecError::BadArray)?;
         }
         for k in self.run.env.keys() {
             let ok = !k.is_empty()

@@ -11,6 +11,7 @@ pub mod node_policy;
 pub mod queue;
 pub mod reason;
 pub mod resources;
+pub mod workflow;
 
 pub use job::{
     check_checkpoint_dir, format_time_span, parse_time_span, signal_number, CheckpointPolicy,
@@ -22,6 +23,7 @@ pub use node_policy::{MountPolicy, NodePolicy, PolicyError};
 pub use queue::{QueueSpec, QueueTimeLimits, Quota, ResourceLimits};
 pub use reason::ReasonCode;
 pub use resources::{Resource, Resources};
+pub use workflow::{ArrayTask, BeginAt};
 
 /// Time in whole seconds on the scheduler's clock (wall-clock epoch seconds in
 /// the server, trace-relative seconds in the simulator).

@@ -101,16 +101,18 @@ fn over_pending_limit(
                 return None;
             }
             let n = counts.entry(j.user.as_str()).or_insert(0);
-            if *n >= u64::from(m) {
+            // An array counts as many jobs as it has tasks.
+            let tasks = crate::workflow::task_count(&j.spec);
+            if n.saturating_add(tasks) > u64::from(m) {
                 return Some(ApiError(
                     StatusCode::TOO_MANY_REQUESTS,
                     format!(
-                        "user {} has {n} jobs waiting; the limit is {m} (max_pending_jobs)",
+                        "user {} has {n} jobs waiting and submits {tasks}; the limit is {m} (max_pending_jobs)",
                         j.user
                     ),
                 ));
             }
-            *n += 1;
+            *n += tasks;
             None
         })
         .collect()
@@ -217,6 +219,7 @@ impl From<ControlError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
+            ControlError::Workflow(w) => w.status(),
         };
         ApiError(code, e.to_string())
     }
@@ -310,7 +313,7 @@ fn forbidden(msg: impl Into<String>) -> ApiError {
 
 /// The request body, at most `max_body_bytes` (413 past it); read only
 /// after the caller is authenticated.
-async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<Bytes> {
+pub(crate) async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<Bytes> {
     let max = app.cfg.max_body_bytes;
     axum::body::to_bytes(body, max).await.map_err(|_| {
         ApiError(
@@ -345,6 +348,9 @@ pub struct JobView {
     pub record: JobRecord,
     /// Why it waits (pending jobs).
     pub reason: Option<String>,
+    /// Why it waits, as a stable code (`JobHeldUser`, `Dependency`, ...), or
+    /// why it ended without running (`DependencyNeverSatisfied`).
+    pub reason_code: Option<gangway_core::ReasonCode>,
     /// Estimated start.
     pub estimated_start: Option<u64>,
     /// The lifecycle's Admitted phase: pending, quota admits it, it waits for
@@ -360,9 +366,13 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
             *v = REDACTED.to_string();
         }
     }
+    let gate = c.gate_reason(rec.id);
     JobView {
         record,
-        reason: why.map(|w| w.render(&c.cluster, c.why_at)),
+        reason: gate
+            .map(|(_, m)| m.to_string())
+            .or_else(|| why.map(|w| w.render(&c.cluster, c.why_at))),
+        reason_code: gate.map(|(code, _)| code).or(rec.end_reason),
         admitted: rec.state == JobState::Pending
             && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
         estimated_start: why.and_then(|w| w.estimated_start),
@@ -528,10 +538,13 @@ async fn cancel_job(
             return Err(forbidden(format!("job {id} belongs to {owner}")));
         }
     }
-    c.cancel(JobId(id), &p.name(), now())?;
+    // An array's id cancels all of its tasks.
+    let tasks = c.cancel_job_or_array(JobId(id), &p.name(), now())?;
     drop(c);
     app.wake.notify_one();
-    Ok(Json(json!({ "id": id, "state": "cancelled" })))
+    Ok(Json(
+        json!({ "id": id, "state": "cancelled", "jobs": tasks }),
+    ))
 }
 
 async fn queues(
@@ -1211,6 +1224,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
         .route("/v1/audit", get(audit_log))
+        .route("/v1/jobs/{id}/hold", post(crate::workflow_api::hold))
+        .route("/v1/jobs/{id}/release", post(crate::workflow_api::release))
+        .route("/v1/jobs/{id}/update", post(crate::workflow_api::update))
+        .route("/v1/history", get(crate::history::list))
         .merge(crate::dashboard::routes())
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))

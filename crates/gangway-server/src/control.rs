@@ -60,6 +60,9 @@ pub enum ControlError {
     /// A report about an attempt that is over.
     #[error("job {0} attempt {1} is over (the current attempt is {2})")]
     StaleAttempt(JobId, u32, u32),
+    /// A hold, release or update refused (see `workflow.rs`).
+    #[error(transparent)]
+    Workflow(#[from] crate::workflow::WorkflowError),
 }
 
 /// A submission: owner, spec and the client's idempotency key, if any.
@@ -266,6 +269,8 @@ pub struct Control<S: Store> {
     predictor_dirty: bool,
     /// When the predictor was last stored.
     predictor_saved_at: Time,
+    /// Pending jobs kept out of the scheduler (held, begin, dependency, array limit).
+    pub gates: crate::workflow::Gates,
 }
 
 /// Where the run-time predictor (learned from this cluster's completed jobs)
@@ -392,6 +397,7 @@ impl<S: Store> Control<S> {
             contract_state: ContractState::default(),
             predictor_dirty: false,
             predictor_saved_at: 0,
+            gates: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
             // A predictor this version cannot read is relearned, not fatal.
@@ -412,7 +418,15 @@ impl<S: Store> Control<S> {
             .map(|(r, _)| r.clone())
             .filter(|r| !r.state.is_terminal() && r.state != JobState::Restarting)
             .collect();
+        self.gates.waiting.clear();
         for r in live {
+            // Held, deferred, dependent and array-limited jobs are decided
+            // again below, from their records alone.
+            if r.state == JobState::Pending && r.placement.is_empty() {
+                // A queue may have gone since: such jobs stay recorded but unschedulable.
+                let _ = self.enter(r.id);
+                continue;
+            }
             // A queue or node may have gone since: such jobs stay recorded but unschedulable.
             if self
                 .cluster
@@ -435,6 +449,7 @@ impl<S: Store> Control<S> {
                 let _ = self.cluster.mark_preempting(r.id, by, r.submitted_at);
             }
         }
+        self.release_gated(crate::api::now(), false)?;
         Ok(())
     }
 
@@ -491,7 +506,11 @@ impl<S: Store> Control<S> {
         // The queue's time limits: its default filled in, its maximum enforced.
         let mut limit_errors: Vec<Option<ControlError>> = batch
             .iter_mut()
-            .map(|job| self.apply_queue_time_limit(&mut job.spec).err())
+            .map(|job| {
+                self.apply_queue_time_limit(&mut job.spec)
+                    .and_then(|_| self.prepare_workflow(&mut job.spec, now))
+                    .err()
+            })
             .collect();
         let mut results: Vec<Option<Result<JobId, ControlError>>> = Vec::with_capacity(batch.len());
         let mut valid = Vec::new();
@@ -532,16 +551,22 @@ impl<S: Store> Control<S> {
         }
         if !valid.is_empty() {
             match self.store_batch(&batch, &valid, now) {
-                Ok(recs) => {
-                    for (i, (rec, rev)) in valid.iter().zip(recs) {
-                        let id = rec.id;
-                        let r = self
-                            .cluster
-                            .submit(id, rec.spec.clone(), now)
-                            .map(|_| id)
-                            .map_err(ControlError::from);
-                        self.jobs.insert(id, (rec, rev));
+                Ok(groups) => {
+                    // One record per job, or per task of an array.
+                    for (i, group) in valid.iter().zip(groups) {
+                        let first = group.first().map(|(r, _)| r.id);
+                        let mut r = first.ok_or_else(|| ControlError::Conflict(JOB_SEQ.into()));
+                        for (rec, rev) in group {
+                            let id = rec.id;
+                            self.jobs.insert(id, (rec, rev));
+                            if let Err(e) = self.enter(id) {
+                                r = Err(e);
+                            }
+                        }
                         results[*i] = Some(r);
+                    }
+                    if let Err(e) = self.release_gated(now, true) {
+                        tracing::warn!("deciding gated jobs after a submission: {e}");
                     }
                 }
                 Err(e) => {
@@ -577,7 +602,7 @@ impl<S: Store> Control<S> {
         batch: &[NewJob],
         valid: &[usize],
         now: Time,
-    ) -> Result<Vec<(JobRecord, u64)>, ControlError> {
+    ) -> Result<Vec<Vec<(JobRecord, u64)>>, ControlError> {
         loop {
             let seq = self.store.get(JOB_SEQ)?;
             let (last, cmp) = match &seq {
@@ -589,26 +614,31 @@ impl<S: Store> Control<S> {
             };
             let mut compares = vec![cmp];
             let mut ops = Vec::new();
-            let mut recs = Vec::new();
-            for (k, &i) in valid.iter().enumerate() {
+            let mut groups = Vec::new();
+            let mut next = last.saturating_add(1);
+            for &i in valid {
                 let NewJob { user, spec, key } = &batch[i];
-                let id = JobId(last + 1 + k as u64);
-                let rec = JobRecord::submitted(id, user, spec.clone(), now);
-                compares.push(Compare::Absent(job_key(id)));
-                ops.push(Op::Put(job_key(id), encode(&rec)));
+                let id = JobId(next);
+                // An array's tasks get consecutive ids, the first being the array's.
+                let group = crate::workflow::expand(id, user, spec, now);
+                next = next.saturating_add(group.len() as u64);
+                for rec in &group {
+                    compares.push(Compare::Absent(job_key(rec.id)));
+                    ops.push(Op::Put(job_key(rec.id), encode(rec)));
+                }
                 if let Some(key) = key {
                     compares.push(Compare::Absent(idem_key(key)));
                     ops.push(Op::Put(idem_key(key), encode(&id)));
                 }
-                recs.push(rec);
+                groups.push(group);
             }
-            ops.push(Op::Put(
-                JOB_SEQ.into(),
-                encode(&(last + valid.len() as u64)),
-            ));
+            ops.push(Op::Put(JOB_SEQ.into(), encode(&(next - 1))));
             let r = self.store.txn(&compares, &ops)?;
             if r.succeeded {
-                return Ok(recs.into_iter().map(|rec| (rec, r.revision)).collect());
+                return Ok(groups
+                    .into_iter()
+                    .map(|g| g.into_iter().map(|rec| (rec, r.revision)).collect())
+                    .collect());
             }
         }
     }
@@ -644,7 +674,7 @@ impl<S: Store> Control<S> {
     }
 
     /// Writes a changed record with compare-and-swap on its revision.
-    fn write(&mut self, rec: JobRecord) -> Result<(), ControlError> {
+    pub(crate) fn write(&mut self, rec: JobRecord) -> Result<(), ControlError> {
         let id = rec.id;
         let rev = self
             .jobs
@@ -701,6 +731,7 @@ impl<S: Store> Control<S> {
         self.write(rec)?;
         let _ = self.cluster.cancel(id);
         self.why.remove(&id);
+        self.gates.waiting.remove(&id);
         Ok(())
     }
 
@@ -1181,6 +1212,7 @@ impl<S: Store> Control<S> {
                 checkpoint_subdir: Self::checkpoint_subdir_of(rec),
                 resume_from: rec.checkpoint.as_ref().map(|c| c.path.clone()),
                 max_restarts: rec.spec.restart.max_restarts,
+                array: rec.array.clone(),
             });
         }
         out
@@ -1323,6 +1355,7 @@ impl<S: Store> Control<S> {
         self.credit_own_stall(now);
         self.check_nodes(now)?;
         self.resume_restarts(now)?;
+        self.release_gated(now, true)?;
         self.enforce_time_limits(now)?;
         self.save_predictor(now)?;
         let d = schedule(&self.cluster, now, &self.sched);

@@ -2,9 +2,14 @@
 //! shape for the API, the CLI's CSV/JSON, the export kept before retention
 //! removes a record, and the policy what-if's replay of this cluster's past.
 
+use crate::api::{authenticate_person, lock, ApiError, App, Principal};
 use crate::records::JobRecord;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
 use gangway_core::{JobId, JobState, Time};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// One job's accounting row, derived from its record and events.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -143,6 +148,117 @@ impl HistoryEntry {
             time_limit_seconds: rec.spec.time_limit.as_ref().and_then(|t| t.seconds().ok()),
         }
     }
+}
+
+/// Rows per page of `GET /v1/history` unless `limit` says otherwise.
+pub const DEFAULT_PAGE: usize = 500;
+/// Most rows per page.
+pub const MAX_PAGE: usize = 5_000;
+
+/// Filters of `GET /v1/history` (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    /// Only this user's jobs (plain users: only their own).
+    pub user: Option<String>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only these final states, comma-separated (`failed,timeout`).
+    pub state: Option<String>,
+    /// Only jobs that ended at or after this time (epoch seconds).
+    pub since: Option<Time>,
+    /// Only jobs that ended before this time (epoch seconds).
+    pub until: Option<Time>,
+    /// Only jobs with a larger id (the previous page's `next_cursor`).
+    pub cursor: Option<u64>,
+    /// Rows per page (default 500, at most 5,000).
+    pub limit: Option<usize>,
+}
+
+/// One page of finished jobs, oldest id first.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HistoryPage {
+    /// The rows.
+    pub entries: Vec<HistoryEntry>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<u64>,
+}
+
+/// The final states `state` names, or which name is not one (400).
+fn final_states(list: &str) -> Result<Vec<JobState>, ApiError> {
+    list.split(',')
+        .map(|s| {
+            let st: JobState = serde_json::from_value(serde_json::json!(s.trim()))
+                .ok()
+                .filter(|st: &JobState| st.is_terminal())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "state: {:?} is not a final state (succeeded, failed, cancelled, timeout)",
+                            s.chars().take(64).collect::<String>()
+                        ),
+                    )
+                })?;
+            Ok(st)
+        })
+        .collect()
+}
+
+/// `GET /v1/history`: finished jobs as [`HistoryEntry`] rows, paginated by
+/// id. Users see their own jobs, admins everyone's.
+pub async fn list(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Json<HistoryPage>, ApiError> {
+    let p = authenticate_person(&app, &headers)?;
+    let user = match (&p, &q.user) {
+        (Principal::User { name, .. }, Some(u)) if u != name => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("user: {name} may read only their own history"),
+            ))
+        }
+        (Principal::User { name, .. }, _) => Some(name.clone()),
+        (_, u) => u.clone(),
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("limit: between 1 and {MAX_PAGE} (got {limit})"),
+        ));
+    }
+    let states = q.state.as_deref().map(final_states).transpose()?;
+    let now = crate::api::now();
+    let c = lock(&app)?;
+    let from = JobId(q.cursor.map_or(0, |c| c.saturating_add(1)));
+    let mut entries = Vec::new();
+    let mut next_cursor = None;
+    for (rec, _) in c.jobs.range(from..).map(|(_, v)| v) {
+        if !rec.state.is_terminal()
+            || user.as_ref().is_some_and(|u| &rec.user != u)
+            || q.queue.as_ref().is_some_and(|x| &rec.spec.queue != x)
+            || states.as_ref().is_some_and(|s| !s.contains(&rec.state))
+        {
+            continue;
+        }
+        let e = HistoryEntry::from_record(rec, now);
+        let ended = e.ended_at.unwrap_or(rec.submitted_at);
+        if q.since.is_some_and(|t| ended < t) || q.until.is_some_and(|t| ended >= t) {
+            continue;
+        }
+        if entries.len() == limit {
+            next_cursor = entries.last().map(|e: &HistoryEntry| e.id.0);
+            break;
+        }
+        entries.push(e);
+    }
+    Ok(Json(HistoryPage {
+        entries,
+        next_cursor,
+    }))
 }
 
 #[cfg(test)]

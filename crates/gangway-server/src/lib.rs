@@ -16,6 +16,8 @@ pub mod metrics;
 pub mod nodes;
 pub mod openapi;
 pub mod records;
+pub mod workflow;
+pub mod workflow_api;
 pub mod yaml;
 
 pub use config::ServerConfig;

@@ -106,6 +106,16 @@ pub struct JobRecord {
     /// While its ranks are being stopped: why, and what it becomes then.
     #[serde(default)]
     pub stopping: Option<Stopping>,
+    /// Held (`gangway hold`): kept out of the scheduler until released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<crate::workflow::Hold>,
+    /// The array task this job is, when it was submitted as an array.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<gangway_core::ArrayTask>,
+    /// Why it ended without running, when a reason code says it
+    /// (`DependencyNeverSatisfied`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<gangway_core::ReasonCode>,
 }
 
 /// A checkpoint reported through `$GANGWAY_CHECKPOINT_DIR/LATEST`.
@@ -177,6 +187,9 @@ impl JobRecord {
             signal_at_ms: None,
             time_limit_hit: None,
             stopping: None,
+            held: None,
+            array: None,
+            end_reason: None,
         }
     }
 

@@ -415,7 +415,7 @@ impl<S: Store> Control<S> {
     /// Applies the queue's time limits to a submission: its default when the
     /// spec sets none, and its maximum (the smallest along the queue's
     /// ancestors) as a bound.
-    pub(super) fn apply_queue_time_limit(&self, spec: &mut JobSpec) -> Result<(), ControlError> {
+    pub(crate) fn apply_queue_time_limit(&self, spec: &mut JobSpec) -> Result<(), ControlError> {
         let Some(q) = self.cluster.queue_index(&spec.queue) else {
             return Ok(());
         };

@@ -1,0 +1,792 @@
+//! Slurm's everyday workflow on the control plane: hold and release, update
+//! of pending jobs, deferred start (`begin`), dependencies and job arrays.
+//!
+//! One rule decides whether a pending job is *eligible*, i.e. in the
+//! scheduler's [`ClusterState`](gangway_sched::ClusterState): not held, its
+//! begin time passed, its dependencies satisfied and a slot of its array
+//! free ([`Control::gate`]). Jobs that are not stay `Pending` in the store and
+//! wait in [`Gates`] with their reason code; every cycle re-decides them in id
+//! order ([`Control::release_gated`]), and `Control::open` rebuilds the same
+//! from the records alone.
+
+use crate::api::{ApiError, Principal};
+use crate::config::ServerConfig;
+use crate::control::{Control, ControlError};
+use crate::records::{JobEvent, JobRecord};
+use axum::http::StatusCode;
+use gangway_core::workflow::{format_utc, parse_array, parse_dependency, AfterKind, Dependency};
+use gangway_core::{
+    format_time_span, ArrayTask, BeginAt, JobId, JobSpec, JobState, PriorityClass, ReasonCode,
+    SpecError, Time, TimeSpan,
+};
+use gangway_sched::Rejection;
+use gangway_store::Store;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Who holds a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hold {
+    /// Its owner (`--hold`, `gangway hold` by the owner): the owner may release it.
+    User,
+    /// An administrator: only an administrator may release it.
+    Admin,
+}
+
+impl Hold {
+    /// The reason code a job held so waits with.
+    pub fn code(self) -> ReasonCode {
+        match self {
+            Hold::User => ReasonCode::JobHeldUser,
+            Hold::Admin => ReasonCode::JobHeldAdmin,
+        }
+    }
+}
+
+/// Why a hold, release or update was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkflowError {
+    /// Only pending jobs can be held, released or updated (409).
+    #[error("job {0} is {1}; only pending jobs can be {2}")]
+    NotPending(JobId, String, &'static str),
+    /// Release of a job that is not held (409).
+    #[error("job {0} is not held")]
+    NotHeld(JobId),
+    /// The caller may not do this (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A field the request got wrong (422).
+    #[error("{0}")]
+    Field(String),
+}
+
+impl WorkflowError {
+    /// The HTTP status of the refusal.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            WorkflowError::NotPending(..) | WorkflowError::NotHeld(_) => StatusCode::CONFLICT,
+            WorkflowError::Forbidden(_) => StatusCode::FORBIDDEN,
+            WorkflowError::Field(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+}
+
+/// Pending jobs kept out of the scheduler's state, each with its reason code
+/// and sentence (derived from the records; never stored).
+#[derive(Default, Debug)]
+pub struct Gates {
+    /// Why each waits.
+    pub waiting: BTreeMap<JobId, (ReasonCode, String)>,
+}
+
+/// What the gate says of a pending job.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Eligible: it goes into the scheduler.
+    Open,
+    /// It waits, with this code and sentence.
+    Wait(ReasonCode, String),
+    /// A dependency can never be met: it is cancelled (`DependencyNeverSatisfied`).
+    Never(String),
+}
+
+/// A state as the API spells it (`running`).
+pub fn state_name(s: JobState) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{s:?}"))
+}
+
+fn spec_error(e: SpecError) -> ControlError {
+    ControlError::Rejected(Rejection::Spec(e))
+}
+
+/// Whether a new record starts outside the scheduler (held, deferred,
+/// dependent, or a task of a concurrency-limited array).
+fn starts_gated(rec: &JobRecord) -> bool {
+    rec.held.is_some()
+        || rec.spec.begin.is_some()
+        || rec.spec.dependency.is_some()
+        || rec.array.as_ref().is_some_and(|a| a.limit.is_some())
+}
+
+/// Tasks an array spec expands to (1 for a plain job), for the pending-jobs limit.
+pub fn task_count(spec: &JobSpec) -> u64 {
+    spec.array
+        .as_deref()
+        .and_then(|a| parse_array(a).ok())
+        .map_or(1, |a| a.indexes.len() as u64)
+}
+
+/// The records of one submission: one job, or one per array index with the
+/// consecutive ids `first ..`, each knowing its array and index.
+pub fn expand(first: JobId, user: &str, spec: &JobSpec, now: Time) -> Vec<JobRecord> {
+    let held = spec.hold.then_some(Hold::User);
+    let Some(array) = spec.array.as_deref().and_then(|a| parse_array(a).ok()) else {
+        let mut rec = JobRecord::submitted(first, user, spec.clone(), now);
+        rec.held = held;
+        return vec![rec];
+    };
+    let count = u32::try_from(array.indexes.len()).unwrap_or(u32::MAX);
+    array
+        .indexes
+        .iter()
+        .enumerate()
+        .map(|(k, &index)| {
+            let id = JobId(first.0.saturating_add(k as u64));
+            let mut rec = JobRecord::submitted(id, user, spec.clone(), now);
+            if let Some(e) = rec.events.first_mut() {
+                e.message = format!("{}, task {index} of array {first}", e.message);
+            }
+            rec.held = held;
+            rec.array = Some(ArrayTask {
+                job: first,
+                index,
+                count,
+                limit: array.limit,
+            });
+            rec
+        })
+        .collect()
+}
+
+impl<S: Store> Control<S> {
+    /// Readies a submitted spec: its begin time resolved to epoch seconds,
+    /// its dependencies' jobs checked to exist (422 naming the field).
+    pub(crate) fn prepare_workflow(
+        &self,
+        spec: &mut JobSpec,
+        now: Time,
+    ) -> Result<(), ControlError> {
+        if let Some(b) = &spec.begin {
+            let at = b
+                .resolve(now)
+                .map_err(|e| spec_error(SpecError::BadBegin(e)))?;
+            spec.begin = Some(BeginAt::Seconds(at));
+        }
+        if let Some(d) = &spec.dependency {
+            let deps = parse_dependency(d).map_err(|e| spec_error(SpecError::BadDependency(e)))?;
+            for dep in deps {
+                if let Dependency::After(_, ids) = dep {
+                    if let Some(id) = ids.iter().find(|id| !self.jobs.contains_key(id)) {
+                        return Err(spec_error(SpecError::BadDependency(format!(
+                            "job {id} does not exist"
+                        ))));
+                    }
+                }
+            }
+        }
+        if let Some(a) = &spec.array {
+            parse_array(a).map_err(|e| spec_error(SpecError::BadArray(e)))?;
+        }
+        Ok(())
+    }
+
+    /// Puts a newly stored (or rebuilt) pending job where it belongs: into
+    /// the scheduler, or among the gated jobs to be decided by
+    /// [`Control::release_gated`].
+    pub(crate) fn enter(&mut self, id: JobId) -> Result<(), ControlError> {
+        let Some((rec, _)) = self.jobs.get(&id) else {
+            return Err(ControlError::NoSuchJob(id));
+        };
+        if starts_gated(rec) {
+            self.gates
+                .waiting
+                .insert(id, (ReasonCode::Dependency, "not yet decided".into()));
+            return Ok(());
+        }
+        let (spec, at) = (rec.spec.clone(), rec.submitted_at);
+        self.cluster.submit(id, spec, at)?;
+        Ok(())
+    }
+
+    /// Whether a pending job may enter the scheduler now (see the module doc).
+    pub fn gate(&self, rec: &JobRecord, now: Time) -> Gate {
+        if let Some(h) = rec.held {
+            let who = match h {
+                Hold::User => "its owner (gangway release)",
+                Hold::Admin => "an administrator",
+            };
+            return Gate::Wait(h.code(), format!("held by {who}"));
+        }
+        if let Some(BeginAt::Seconds(at)) = rec.spec.begin {
+            if at > now {
+                return Gate::Wait(
+                    ReasonCode::BeginTime,
+                    format!(
+                        "begins at {} (in {})",
+                        format_utc(at),
+                        format_time_span(at - now)
+                    ),
+                );
+            }
+        }
+        if let Some(d) = &rec.spec.dependency {
+            let deps = match parse_dependency(d) {
+                Ok(d) => d,
+                Err(e) => return Gate::Never(format!("dependency: {e}")),
+            };
+            for dep in deps {
+                match dep {
+                    Dependency::After(kind, ids) => {
+                        for id in ids {
+                            if let Some(g) = self.after(kind, id) {
+                                return g;
+                            }
+                        }
+                    }
+                    Dependency::Singleton => {
+                        if let Some(other) = self.singleton_blocker(rec) {
+                            return Gate::Wait(
+                                ReasonCode::Dependency,
+                                format!(
+                                    "singleton: job {other} of {} named {:?} has not ended",
+                                    rec.user, rec.spec.name
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(t) = &rec.array {
+            if let Some(limit) = t.limit {
+                let end = JobId(t.job.0.saturating_add(u64::from(t.count)));
+                let in_slot = self
+                    .jobs
+                    .range(t.job..end)
+                    .filter(|(id, (r, _))| {
+                        **id != rec.id
+                            && !r.state.is_terminal()
+                            && !self.gates.waiting.contains_key(id)
+                    })
+                    .count();
+                if in_slot >= limit as usize {
+                    return Gate::Wait(
+                        ReasonCode::JobArrayTaskLimit,
+                        format!(
+                            "array {} has {in_slot} tasks in the scheduler; its limit is %{limit}",
+                            t.job
+                        ),
+                    );
+                }
+            }
+        }
+        Gate::Open
+    }
+
+    /// One `after*` term about job `id`: `None` when it is satisfied.
+    fn after(&self, kind: AfterKind, id: JobId) -> Option<Gate> {
+        let k = kind.as_str();
+        let Some((target, _)) = self.jobs.get(&id) else {
+            return Some(Gate::Never(format!(
+                "job {id} no longer exists, so {k}:{id} can never be met"
+            )));
+        };
+        let s = target.state;
+        if !s.is_terminal() {
+            return Some(Gate::Wait(
+                ReasonCode::Dependency,
+                format!(
+                    "waits for job {id} to end ({k}:{id}; it is {})",
+                    state_name(s)
+                ),
+            ));
+        }
+        let ok = s == JobState::Succeeded;
+        match kind {
+            AfterKind::AfterAny => None,
+            AfterKind::AfterOk if ok => None,
+            AfterKind::AfterNotOk if !ok => None,
+            _ => Some(Gate::Never(format!(
+                "job {id} ended {}, so {k}:{id} can never be met",
+                state_name(s)
+            ))),
+        }
+    }
+
+    /// Another unfinished job of the same user and name that goes first:
+    /// one in the scheduler, or a gated one submitted earlier.
+    fn singleton_blocker(&self, rec: &JobRecord) -> Option<JobId> {
+        self.jobs
+            .values()
+            .map(|(r, _)| r)
+            .find(|r| {
+                r.id != rec.id
+                    && !r.state.is_terminal()
+                    && r.user == rec.user
+                    && r.spec.name == rec.spec.name
+                    && (r.id < rec.id || !self.gates.waiting.contains_key(&r.id))
+            })
+            .map(|r| r.id)
+    }
+
+    /// Decides every gated job again, in id order: eligible ones enter the
+    /// scheduler (keeping their place by submission time); with `may_write`,
+    /// those whose dependency can never be met are cancelled with
+    /// `DependencyNeverSatisfied` and an event naming the job and why.
+    /// Returns whether anything changed.
+    pub(crate) fn release_gated(
+        &mut self,
+        now: Time,
+        may_write: bool,
+    ) -> Result<bool, ControlError> {
+        if self.gates.waiting.is_empty() {
+            return Ok(false);
+        }
+        let ids: Vec<JobId> = self.gates.waiting.keys().copied().collect();
+        let mut never = Vec::new();
+        let mut changed = false;
+        for id in ids {
+            let rec = match self.jobs.get(&id) {
+                Some((r, _)) if r.state == JobState::Pending && r.placement.is_empty() => r,
+                _ => {
+                    self.gates.waiting.remove(&id);
+                    continue;
+                }
+            };
+            match self.gate(rec, now) {
+                Gate::Open => {
+                    let (spec, at) = (rec.spec.clone(), rec.submitted_at);
+                    self.gates.waiting.remove(&id);
+                    if let Err(e) = self.cluster.submit(id, spec, at) {
+                        // Its queue is gone: recorded, never schedulable.
+                        tracing::warn!("job {id} cannot enter the scheduler: {e}");
+                    }
+                    changed = true;
+                }
+                Gate::Wait(code, msg) => {
+                    self.gates.waiting.insert(id, (code, msg));
+                }
+                Gate::Never(msg) => {
+                    if may_write {
+                        never.push((rec.clone(), msg.clone()));
+                    }
+                    self.gates
+                        .waiting
+                        .insert(id, (ReasonCode::DependencyNeverSatisfied, msg));
+                }
+            }
+        }
+        if !never.is_empty() {
+            let mut recs = Vec::with_capacity(never.len());
+            for (mut rec, msg) in never {
+                rec.state = JobState::Cancelled;
+                rec.end_reason = Some(ReasonCode::DependencyNeverSatisfied);
+                rec.events.push(JobEvent {
+                    at: now,
+                    kind: "cancelled".into(),
+                    message: format!("DependencyNeverSatisfied: {msg}"),
+                });
+                recs.push(rec);
+            }
+            let ids: Vec<JobId> = recs.iter().map(|r| r.id).collect();
+            self.write_all(recs)?;
+            for id in ids {
+                self.gates.waiting.remove(&id);
+                self.why.remove(&id);
+            }
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// A pending job's record, or why it cannot be `verb` (404, 409).
+    fn pending_record(&self, id: JobId, verb: &'static str) -> Result<JobRecord, ControlError> {
+        let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        if rec.state != JobState::Pending || !rec.placement.is_empty() {
+            return Err(WorkflowError::NotPending(id, state_name(rec.state), verb).into());
+        }
+        Ok(rec.clone())
+    }
+
+    /// Holds a pending job (Slurm's `scontrol hold`): out of the scheduler
+    /// until released. An admin's hold replaces an owner's; an owner's hold
+    /// does not weaken an admin's.
+    pub fn hold(&mut self, id: JobId, kind: Hold, by: &str, now: Time) -> Result<(), ControlError> {
+        let mut rec = self.pending_record(id, "held")?;
+        if rec.held == Some(kind) || rec.held == Some(Hold::Admin) {
+            return Ok(());
+        }
+        rec.held = Some(kind);
+        rec.events.push(JobEvent {
+            at: now,
+            kind: "held".into(),
+            message: format!("held by {by} ({})", kind.code()),
+        });
+        self.write(rec)?;
+        let _ = self.cluster.cancel(id);
+        self.why.remove(&id);
+        self.gates
+            .waiting
+            .insert(id, (kind.code(), format!("held by {by}")));
+        Ok(())
+    }
+
+    /// Releases a held pending job; an admin's hold only by an admin (403).
+    pub fn release(
+        &mut self,
+        id: JobId,
+        by_admin: bool,
+        by: &str,
+        now: Time,
+    ) -> Result<(), ControlError> {
+        let mut rec = self.pending_record(id, "released")?;
+        match rec.held {
+            None => return Err(WorkflowError::NotHeld(id).into()),
+            Some(Hold::Admin) if !by_admin => {
+                return Err(WorkflowError::Forbidden(format!(
+                    "job {id} is held by an administrator (JobHeldAdmin); only an administrator may release it"
+                ))
+                .into())
+            }
+            Some(_) => {}
+        }
+        rec.held = None;
+        rec.events.push(JobEvent {
+            at: now,
+            kind: "released".into(),
+            message: format!("released by {by}"),
+        });
+        self.write(rec)?;
+        self.release_gated(now, true)?;
+        Ok(())
+    }
+
+    /// Replaces a pending job's spec (see [`updated_spec`] for who may change
+    /// what): the queue's time limits apply and the cluster must be able to
+    /// run it (422); it keeps its place by submission time.
+    pub fn update(
+        &mut self,
+        id: JobId,
+        mut spec: JobSpec,
+        by: &str,
+        what: &str,
+        now: Time,
+    ) -> Result<(), ControlError> {
+        let mut rec = self.pending_record(id, "updated")?;
+        self.apply_queue_time_limit(&mut spec)?;
+        self.cluster.validate(&spec)?;
+        rec.spec = spec.clone();
+        rec.events.push(JobEvent {
+            at: now,
+            kind: "updated".into(),
+            message: format!("updated by {by}: {what}"),
+        });
+        let at = rec.submitted_at;
+        self.write(rec)?;
+        self.why.remove(&id);
+        if !self.gates.waiting.contains_key(&id) {
+            let _ = self.cluster.cancel(id);
+            self.cluster.submit(id, spec, at)?;
+        }
+        Ok(())
+    }
+
+    /// Cancels a job, or every unfinished task when `id` is an array's id
+    /// (the id of its first task). Returns the jobs cancelled.
+    pub fn cancel_job_or_array(
+        &mut self,
+        id: JobId,
+        by: &str,
+        now: Time,
+    ) -> Result<Vec<JobId>, ControlError> {
+        let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        let tasks: Vec<JobId> = match &rec.array {
+            Some(t) if t.job == id => {
+                let end = JobId(id.0.saturating_add(u64::from(t.count)));
+                self.jobs
+                    .range(id..end)
+                    .filter(|(_, (r, _))| !r.state.is_terminal())
+                    .map(|(i, _)| *i)
+                    .collect()
+            }
+            _ => vec![id],
+        };
+        if tasks.is_empty() {
+            // Every task has ended: say so about the array's own id.
+            return self.cancel(id, by, now).map(|_| Vec::new());
+        }
+        // Later tasks first, so none of them is released by an earlier one's end.
+        for t in tasks.iter().rev() {
+            self.cancel(*t, by, now)?;
+        }
+        Ok(tasks)
+    }
+
+    /// The reason code and sentence of a gated job.
+    pub fn gate_reason(&self, id: JobId) -> Option<(ReasonCode, &str)> {
+        self.gates.waiting.get(&id).map(|(c, m)| (*c, m.as_str()))
+    }
+}
+
+/// Fields `gangway update` may change on a pending job.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobUpdate {
+    /// New priority class.
+    #[serde(default)]
+    pub priority: Option<PriorityClass>,
+    /// New time limit.
+    #[serde(default)]
+    pub time_limit: Option<TimeSpan>,
+    /// New queue.
+    #[serde(default)]
+    pub queue: Option<String>,
+    /// New name.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// The spec `p` turns `rec`'s into with `u`, and a description of the change,
+/// or why not. Plain users (owners) keep to the queues they may submit to,
+/// the priority classes the target queue allows, its node policy, and may
+/// only lower a time limit; admins may change anything the cluster can run.
+pub fn updated_spec(
+    cfg: &ServerConfig,
+    p: &Principal,
+    rec: &JobRecord,
+    u: &JobUpdate,
+) -> Result<(JobSpec, String), ApiError> {
+    let mut spec = rec.spec.clone();
+    let mut what = Vec::new();
+    if let Some(pr) = u.priority {
+        spec.priority = pr;
+        what.push(format!("priority {pr}"));
+    }
+    if let Some(t) = &u.time_limit {
+        let secs = t.seconds().map_err(|e| {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("time_limit: {e}"))
+        })?;
+        if let Principal::User { .. } = p {
+            if let Some(now) = rec.spec.time_limit_seconds() {
+                if secs > now {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        format!(
+                            "time_limit: users may only lower a time limit ({} now, {} asked); ask an admin",
+                            format_time_span(now),
+                            format_time_span(secs)
+                        ),
+                    ));
+                }
+            }
+        }
+        spec.time_limit = Some(TimeSpan::Seconds(secs));
+        what.push(format!("time limit {}", format_time_span(secs)));
+    }
+    if let Some(q) = &u.queue {
+        if let Principal::User { name, queues } = p {
+            if !queues.contains(q) {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "queue: user {name} may not submit to queue {}",
+                        q.chars().take(253).collect::<String>()
+                    ),
+                ));
+            }
+        }
+        spec.queue = q.clone();
+        what.push(format!("queue {q}"));
+    }
+    if let Some(n) = &u.name {
+        spec.name = n.clone();
+        what.push(format!("name {n:?}"));
+    }
+    if what.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "update: give at least one of priority, time_limit, queue, name",
+        ));
+    }
+    crate::limits::check_submission(cfg, p, &spec)?;
+    spec.validate()
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+    crate::admission::admit(cfg, &spec)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+    Ok((spec, what.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::{NodeSpec, QueueSpec};
+    use gangway_store::RedbStore;
+
+    fn control() -> (tempfile::TempDir, Control<RedbStore>) {
+        control_at(0)
+    }
+
+    /// A control state with one 4-GPU node registered at `t`.
+    fn control_at(t: Time) -> (tempfile::TempDir, Control<RedbStore>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        c.register_node(
+            NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            t,
+        )
+        .expect("node");
+        (dir, c)
+    }
+
+    fn reopen(dir: &tempfile::TempDir) -> Control<RedbStore> {
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("reopen")
+    }
+
+    fn in_scheduler(c: &Control<RedbStore>, id: JobId) -> bool {
+        c.cluster.job(id).is_some()
+    }
+
+    #[test]
+    fn gated_jobs_stay_gated_across_a_restart_and_enter_when_free() {
+        // Real times: `Control::open` decides gated jobs at the wall clock.
+        let t0 = crate::api::now();
+        let (dir, mut c) = control_at(t0);
+        let mut held = JobSpec::new("h", "q", 1, 1);
+        held.hold = true;
+        let held = c.submit("alice", held, t0).expect("held");
+        let mut later = JobSpec::new("b", "q", 1, 1);
+        later.begin = Some(BeginAt::Text("+1h".into()));
+        let later = c.submit("alice", later, t0).expect("begin");
+        let first = c
+            .submit("alice", JobSpec::new("a", "q", 1, 1), t0)
+            .expect("a");
+        let mut dep = JobSpec::new("d", "q", 1, 1);
+        dep.dependency = Some(format!("afterok:{first}"));
+        let dep = c.submit("alice", dep, t0).expect("dep");
+        let mut arr = JobSpec::new("arr", "q", 1, 1);
+        arr.array = Some("0-5%2".into());
+        let arr = c.submit("alice", arr, t0).expect("array");
+        let tasks: Vec<JobId> = (0..6).map(|k| JobId(arr.0 + k)).collect();
+        assert_eq!(c.jobs[&tasks[5]].0.array.as_ref().map(|a| a.index), Some(5));
+        let check = |c: &Control<RedbStore>| {
+            assert_eq!(
+                c.gate_reason(held).map(|r| r.0),
+                Some(ReasonCode::JobHeldUser)
+            );
+            assert_eq!(
+                c.gate_reason(later).map(|r| r.0),
+                Some(ReasonCode::BeginTime)
+            );
+            assert_eq!(
+                c.gate_reason(dep).map(|r| r.0),
+                Some(ReasonCode::Dependency)
+            );
+            assert!(in_scheduler(c, first));
+            assert_eq!(tasks.iter().filter(|t| in_scheduler(c, **t)).count(), 2);
+            assert_eq!(
+                c.gate_reason(tasks[5]).map(|r| r.0),
+                Some(ReasonCode::JobArrayTaskLimit)
+            );
+        };
+        check(&c);
+        c.cycle(t0 + 1).expect("cycle");
+        assert_eq!(c.jobs[&first].0.state, JobState::Scheduled);
+        drop(c);
+        let mut c = reopen(&dir);
+        check(&c);
+        // The dependency succeeds: the dependant enters at the next cycle.
+        c.report("n", first, None, crate::control::Report::Exited(0), t0 + 2)
+            .expect("exited");
+        assert_eq!(c.jobs[&first].0.state, JobState::Succeeded);
+        c.cycle(t0 + 3).expect("cycle");
+        assert!(c.gate_reason(dep).is_none());
+        assert!(c.gate_reason(later).is_some());
+        // The begin time passes.
+        c.cycle(t0 + 3600).expect("cycle");
+        assert!(c.gate_reason(later).is_none());
+        assert!(c.gate_reason(held).is_some(), "held until released");
+    }
+
+    #[test]
+    fn a_dependency_that_can_never_be_met_cancels_the_dependant() {
+        let (_d, mut c) = control();
+        let a = c
+            .submit("alice", JobSpec::new("a", "q", 1, 1), 1)
+            .expect("a");
+        let mut ok = JobSpec::new("ok", "q", 1, 1);
+        ok.dependency = Some(format!("afterok:{a}"));
+        let ok = c.submit("alice", ok, 1).expect("ok");
+        let mut notok = JobSpec::new("notok", "q", 1, 1);
+        notok.dependency = Some(format!("afternotok:{a}"));
+        let notok = c.submit("alice", notok, 1).expect("notok");
+        c.cancel(a, "alice", 2).expect("cancel");
+        c.cycle(3).expect("cycle");
+        let rec = &c.jobs[&ok].0;
+        assert_eq!(rec.state, JobState::Cancelled);
+        assert_eq!(rec.end_reason, Some(ReasonCode::DependencyNeverSatisfied));
+        let last = rec.events.last().expect("event");
+        assert!(
+            last.message.contains(&format!("job {a} ended cancelled")),
+            "{}",
+            last.message
+        );
+        assert_eq!(
+            c.jobs[&notok].0.state,
+            JobState::Scheduled,
+            "afternotok on a cancelled job is met"
+        );
+        let mut bad = JobSpec::new("x", "q", 1, 1);
+        bad.dependency = Some("afterok:999".into());
+        let e = c.submit("alice", bad, 4).expect_err("unknown id");
+        assert!(e.to_string().starts_with("dependency:"), "{e}");
+    }
+
+    #[test]
+    fn singleton_lets_one_job_per_user_and_name_in_at_a_time() {
+        let (_d, mut c) = control();
+        let mut s = JobSpec::new("nightly", "q", 1, 1);
+        s.dependency = Some("singleton".into());
+        let a = c.submit("alice", s.clone(), 1).expect("a");
+        let b = c.submit("alice", s.clone(), 1).expect("b");
+        let other = c.submit("bob", s, 1).expect("bob's");
+        assert!(in_scheduler(&c, a));
+        assert_eq!(c.gate_reason(b).map(|r| r.0), Some(ReasonCode::Dependency));
+        assert!(in_scheduler(&c, other), "another user's job of that name");
+        c.cancel(a, "alice", 2).expect("cancel");
+        c.cycle(3).expect("cycle");
+        assert!(c.gate_reason(b).is_none());
+    }
+
+    #[test]
+    fn hold_release_and_update_only_pending_jobs() {
+        let (_d, mut c) = control();
+        let run = c
+            .submit("alice", JobSpec::new("r", "q", 1, 4), 1)
+            .expect("r");
+        let wait = c
+            .submit("alice", JobSpec::new("w", "q", 1, 4), 1)
+            .expect("w");
+        c.cycle(2).expect("cycle");
+        assert_eq!(c.jobs[&run].0.state, JobState::Scheduled);
+        let e = c.hold(run, Hold::User, "alice", 3).expect_err("scheduled");
+        assert!(e.to_string().contains("is scheduled; only pending"), "{e}");
+        c.hold(wait, Hold::Admin, "admin", 3).expect("hold");
+        assert!(!in_scheduler(&c, wait));
+        let e = c.release(wait, false, "alice", 4).expect_err("admin hold");
+        assert!(matches!(
+            e,
+            ControlError::Workflow(WorkflowError::Forbidden(_))
+        ));
+        c.release(wait, true, "admin", 4).expect("release");
+        assert!(in_scheduler(&c, wait));
+        let e = c.release(wait, true, "admin", 4).expect_err("not held");
+        assert!(matches!(
+            e,
+            ControlError::Workflow(WorkflowError::NotHeld(_))
+        ));
+        let mut spec = c.jobs[&wait].0.spec.clone();
+        spec.name = "renamed".into();
+        c.update(wait, spec, "alice", "name", 5).expect("update");
+        assert_eq!(c.jobs[&wait].0.spec.name, "renamed");
+        assert!(in_scheduler(&c, wait));
+    }
+}

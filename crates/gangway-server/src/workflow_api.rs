@@ -1,0 +1,103 @@
+//! HTTP routes of the pending-job workflow: `POST /v1/jobs/{id}/hold`,
+//! `/release` and `/update` (owner or admin; see `workflow.rs` for the rules).
+
+use crate::api::{authenticate_person, lock, now, read_body, ApiError, App, Principal};
+use crate::workflow::{updated_spec, Hold, JobUpdate};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use gangway_core::JobId;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The owner of job `id` (404 when unknown); 403 unless `p` is it or an admin.
+fn owned(c: &crate::control::Control<crate::SharedStore>, p: &Principal, id: u64) -> ApiResult<()> {
+    let owner = c
+        .jobs
+        .get(&JobId(id))
+        .map(|(r, _)| r.user.clone())
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
+    match p {
+        Principal::Admin => Ok(()),
+        Principal::User { name, .. } if *name == owner => Ok(()),
+        _ => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("job {id} belongs to {owner}"),
+        )),
+    }
+}
+
+/// `POST /v1/jobs/{id}/hold`: the owner's hold (`JobHeldUser`), or an
+/// admin's (`JobHeldAdmin`), which only an admin can release.
+pub async fn hold(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<Value>> {
+    let p = authenticate_person(&app, &headers)?;
+    let mut c = lock(&app)?;
+    owned(&c, &p, id)?;
+    let kind = if p.is_admin() {
+        Hold::Admin
+    } else {
+        Hold::User
+    };
+    c.hold(JobId(id), kind, &p.name(), now())?;
+    let code = kind.code();
+    drop(c);
+    app.wake.notify_one();
+    Ok(Json(json!({ "id": id, "held": kind, "reason_code": code })))
+}
+
+/// `POST /v1/jobs/{id}/release`.
+pub async fn release(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<Value>> {
+    let p = authenticate_person(&app, &headers)?;
+    let mut c = lock(&app)?;
+    owned(&c, &p, id)?;
+    c.release(JobId(id), p.is_admin(), &p.name(), now())?;
+    drop(c);
+    app.wake.notify_one();
+    Ok(Json(json!({ "id": id, "released": true })))
+}
+
+/// `POST /v1/jobs/{id}/update` with a JSON body of
+/// `{priority?, time_limit?, queue?, name?}`.
+pub async fn update(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+    body: axum::body::Body,
+) -> ApiResult<Json<Value>> {
+    let p = authenticate_person(&app, &headers)?;
+    let body = read_body(&app, body).await?;
+    let u: JobUpdate = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("update: {e}")))?;
+    let mut c = lock(&app)?;
+    owned(&c, &p, id)?;
+    let (rec, _) = c
+        .jobs
+        .get(&JobId(id))
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
+    if rec.state != gangway_core::JobState::Pending || !rec.placement.is_empty() {
+        // The state first: an update of a running job is refused as such.
+        return Err(crate::control::ControlError::from(
+            crate::workflow::WorkflowError::NotPending(
+                JobId(id),
+                crate::workflow::state_name(rec.state),
+                "updated",
+            ),
+        )
+        .into());
+    }
+    let (spec, what) = updated_spec(&app.cfg, &p, rec, &u)?;
+    c.update(JobId(id), spec, &p.name(), &what, now())?;
+    drop(c);
+    app.wake.notify_one();
+    Ok(Json(json!({ "id": id, "updated": what })))
+}
