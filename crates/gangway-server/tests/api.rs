@@ -732,3 +732,385 @@ fn sync_answers_assignments_and_refuses_reports_about_an_old_attempt() {
         (Some("scheduled"), Some(1))
     );
 }
+
+/// The reason code of job `id` as the admin sees it.
+fn reason_code(s: &Server, id: u64) -> Value {
+    s.get(&format!("/v1/jobs/{id}"), "admin-secret").1["reason_code"].clone()
+}
+
+fn id_of(r: (u16, Value)) -> u64 {
+    assert_eq!(r.0, 201, "{}", r.1);
+    r.1["id"].as_u64().expect("id")
+}
+
+/// An agent's report on node-a, sent with the admin token.
+fn exited(s: &Server, id: u64, code: i32) {
+    let body = json!({ "job": id, "state": "exited", "exit_code": code }).to_string();
+    let (c, v) = s.post(
+        "/v1/agent/node-a/report",
+        "admin-secret",
+        "application/json",
+        &body,
+    );
+    assert_eq!(c, 200, "{v}");
+}
+
+#[test]
+fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (running, held) = {
+        let s = start(dir.path());
+        assert_eq!(s.register("node-a", 4).0, 201);
+        let running = id_of(s.submit("alice-token", &job("run", "research", 1, 4)));
+        s.wait_job(running, |j| j["state"] == "scheduled");
+        let held = id_of(s.submit(
+            "alice-token",
+            &format!("{}hold: true\n", job("wait", "research", 1, 4)),
+        ));
+        assert_eq!(reason_code(&s, held), "JobHeldUser");
+        let post =
+            |path: &str, token: &str, body: &str| s.post(path, token, "application/json", body);
+        // Running jobs: 409 naming the state.
+        for action in ["hold", "release", "update"] {
+            let (c, v) = post(
+                &format!("/v1/jobs/{running}/{action}"),
+                "alice-token",
+                r#"{"name":"x"}"#,
+            );
+            assert_eq!(c, 409, "{action}: {v}");
+            assert!(
+                v["error"].as_str().expect("error").contains("is scheduled"),
+                "{v}"
+            );
+        }
+        // Another user may not touch it.
+        for action in ["hold", "release", "update"] {
+            let (c, _) = post(
+                &format!("/v1/jobs/{held}/{action}"),
+                "bob-token",
+                r#"{"name":"x"}"#,
+            );
+            assert_eq!(c, 403, "{action} by bob");
+        }
+        assert_eq!(post("/v1/jobs/9999/hold", "alice-token", "").0, 404);
+        // An admin's hold is released by an admin only.
+        assert_eq!(
+            post(&format!("/v1/jobs/{held}/hold"), "admin-secret", "").0,
+            200
+        );
+        assert_eq!(reason_code(&s, held), "JobHeldAdmin");
+        let (c, v) = post(&format!("/v1/jobs/{held}/release"), "alice-token", "");
+        assert_eq!(c, 403, "{v}");
+        assert!(v["error"].as_str().expect("error").contains("JobHeldAdmin"));
+        assert_eq!(
+            post(&format!("/v1/jobs/{held}/release"), "admin-secret", "").0,
+            200
+        );
+        assert_ne!(reason_code(&s, held), "JobHeldAdmin");
+        assert_eq!(
+            post(&format!("/v1/jobs/{held}/release"), "alice-token", "").0,
+            409
+        );
+        // Updates: within the queue's priorities and the user's queues; time limit only down.
+        let upd = |body: &str| post(&format!("/v1/jobs/{held}/update"), "alice-token", body);
+        let (c, v) = upd(r#"{"priority":"critical"}"#);
+        assert_eq!(c, 403, "{v}");
+        assert!(v["error"].as_str().expect("error").starts_with("priority:"));
+        let (c, v) = upd(r#"{"queue":"prod"}"#);
+        assert_eq!(c, 403, "{v}");
+        assert!(v["error"].as_str().expect("error").starts_with("queue:"));
+        assert_eq!(upd(r#"{"nme":"x"}"#).0, 400);
+        assert_eq!(upd("{}").0, 400);
+        assert_eq!(
+            upd(r#"{"time_limit":"1h","priority":"low","name":"renamed"}"#).0,
+            200
+        );
+        let (c, v) = upd(r#"{"time_limit":"2h"}"#);
+        assert_eq!(c, 403, "{v}");
+        assert!(v["error"]
+            .as_str()
+            .expect("error")
+            .starts_with("time_limit:"));
+        assert_eq!(upd(r#"{"time_limit":"30m"}"#).0, 200);
+        let v = s.get(&format!("/v1/jobs/{held}"), "alice-token").1;
+        assert_eq!(
+            (
+                &v["spec"]["name"],
+                &v["spec"]["priority"],
+                &v["spec"]["time_limit"]
+            ),
+            (&json!("renamed"), &json!("low"), &json!(1800))
+        );
+        assert!(v["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .any(|e| e["kind"] == "updated"));
+        // The admin may raise it again.
+        let (c, _) = post(
+            &format!("/v1/jobs/{held}/update"),
+            "admin-secret",
+            r#"{"time_limit":"3h"}"#,
+        );
+        assert_eq!(c, 200);
+        // The owner holds it again: it stays held across a restart.
+        assert_eq!(
+            post(&format!("/v1/jobs/{held}/hold"), "alice-token", "").0,
+            200
+        );
+        (running, held)
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let s = start(dir.path());
+    assert_eq!(reason_code(&s, held), "JobHeldUser");
+    exited(&s, running, 0);
+    s.wait_job(running, |j| j["state"] == "succeeded");
+    // The GPUs are free, but a held job does not start.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{held}"), "admin-secret").1["state"],
+        "pending"
+    );
+    let (c, _) = s.post(
+        &format!("/v1/jobs/{held}/release"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(c, 200);
+    s.wait_job(held, |j| j["state"] == "scheduled");
+}
+
+#[test]
+fn dependencies_wait_start_and_cancel_when_they_can_never_be_met() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let dep_job =
+        |name: &str, dep: &str| format!("{}dependency: \"{dep}\"\n", job(name, "research", 1, 1));
+    let a = id_of(s.submit("alice-token", &job("a", "research", 1, 1)));
+    let ok = id_of(s.submit("alice-token", &dep_job("ok", &format!("afterok:{a}"))));
+    let notok = id_of(s.submit("alice-token", &dep_job("notok", &format!("afternotok:{a}"))));
+    let any = id_of(s.submit("alice-token", &dep_job("any", &format!("afterany:{a}"))));
+    for id in [ok, notok, any] {
+        assert_eq!(reason_code(&s, id), "Dependency");
+    }
+    // Unknown ids are refused at submission, naming the field.
+    let (c, v) = s.submit("alice-token", &dep_job("x", "afterok:99999"));
+    assert_eq!(c, 422, "{v}");
+    assert!(v["error"]
+        .as_str()
+        .expect("error")
+        .starts_with("dependency:"));
+    let (c, _) = s.submit("alice-token", &dep_job("x", "afterwards:1"));
+    assert_eq!(c, 422);
+    s.wait_job(a, |j| j["state"] == "scheduled");
+    exited(&s, a, 0);
+    s.wait_job(ok, |j| j["state"] == "scheduled");
+    s.wait_job(any, |j| j["state"] == "scheduled");
+    let v = s.wait_job(notok, |j| j["state"] == "cancelled");
+    assert_eq!(v["reason_code"], "DependencyNeverSatisfied");
+    let last = v["events"]
+        .as_array()
+        .expect("events")
+        .last()
+        .expect("event")
+        .clone();
+    assert!(
+        last["message"]
+            .as_str()
+            .expect("message")
+            .contains(&format!("job {a} ended succeeded")),
+        "{last}"
+    );
+    // A cancelled dependency cancels its afterok dependant.
+    let b = id_of(s.submit("alice-token", &job("b", "research", 1, 4)));
+    let after_b = id_of(s.submit("alice-token", &dep_job("after-b", &format!("afterok:{b}"))));
+    s.post(
+        &format!("/v1/jobs/{b}/cancel"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    let v = s.wait_job(after_b, |j| j["state"] == "cancelled");
+    assert_eq!(v["reason_code"], "DependencyNeverSatisfied");
+    // singleton: one of alice's "nightly" jobs at a time.
+    let n1 = id_of(s.submit("alice-token", &dep_job("nightly", "singleton")));
+    let n2 = id_of(s.submit("alice-token", &dep_job("nightly", "singleton")));
+    assert_eq!(reason_code(&s, n2), "Dependency");
+    s.wait_job(n1, |j| j["state"] == "scheduled");
+    exited(&s, n1, 0);
+    s.wait_job(n2, |j| j["state"] == "scheduled");
+}
+
+#[test]
+fn begin_in_the_future_waits_with_begin_time() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let later = id_of(s.submit(
+        "alice-token",
+        &format!("{}begin: \"now+1h\"\n", job("later", "research", 1, 1)),
+    ));
+    let v = s.get(&format!("/v1/jobs/{later}"), "alice-token").1;
+    assert_eq!(v["reason_code"], "BeginTime");
+    assert!(v["reason"]
+        .as_str()
+        .expect("reason")
+        .starts_with("begins at "));
+    let begin = v["spec"]["begin"]
+        .as_u64()
+        .expect("stored as epoch seconds");
+    assert!(begin > gangway_server::api::now() + 3500);
+    let soon = id_of(s.submit(
+        "alice-token",
+        &format!("{}begin: \"+2s\"\n", job("soon", "research", 1, 1)),
+    ));
+    assert_eq!(reason_code(&s, soon), "BeginTime");
+    s.wait_job(soon, |j| j["state"] == "scheduled");
+    let (c, v) = s.submit(
+        "alice-token",
+        &format!("{}begin: \"tomorrowish\"\n", job("bad", "research", 1, 1)),
+    );
+    assert_eq!(c, 422, "{v}");
+    assert!(v["error"].as_str().expect("error").starts_with("begin:"));
+}
+
+#[test]
+fn an_array_runs_at_most_its_limit_at_once_and_cancels_as_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let first = id_of(s.submit(
+        "alice-token",
+        &format!("{}array: \"0-7%2\"\n", job("arr", "research", 1, 1)),
+    ));
+    let tasks: Vec<u64> = (first..first + 8).collect();
+    let v = s.get(&format!("/v1/jobs/{}", tasks[7]), "alice-token").1;
+    assert_eq!(v["array"]["job"], first);
+    assert_eq!(v["array"]["index"], 7);
+    let mut done = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while done.len() < 8 {
+        assert!(Instant::now() < deadline, "array did not finish");
+        let jobs = s.get("/v1/jobs", "admin-secret").1;
+        let live: Vec<u64> = jobs
+            .as_array()
+            .expect("list")
+            .iter()
+            .filter(|j| tasks.contains(&j["id"].as_u64().unwrap_or(0)))
+            .filter(|j| j["state"] == "scheduled" || j["state"] == "running")
+            .map(|j| j["id"].as_u64().expect("id"))
+            .collect();
+        assert!(live.len() <= 2, "more than %2 at once: {live:?}");
+        for j in jobs.as_array().expect("list") {
+            let id = j["id"].as_u64().unwrap_or(0);
+            if tasks.contains(&id) && j["state"] == "pending" && !live.is_empty() {
+                assert_eq!(j["reason_code"], "JobArrayTaskLimit", "{j}");
+            }
+        }
+        for id in live {
+            exited(&s, id, 0);
+            done.insert(id);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Cancelling an array's id cancels every task left.
+    let second = id_of(s.submit(
+        "alice-token",
+        &format!("{}array: \"1,3,5-6%1\"\n", job("arr2", "research", 1, 1)),
+    ));
+    let (c, v) = s.post(
+        &format!("/v1/jobs/{second}/cancel"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["jobs"].as_array().expect("jobs").len(), 4);
+    // The task that was placed stops when its node reports nothing left.
+    let placed = s.get(&format!("/v1/jobs/{second}"), "admin-secret").1;
+    if !placed["placement"]
+        .as_array()
+        .expect("placement")
+        .is_empty()
+    {
+        exited(&s, second, 143);
+    }
+    for id in second..second + 4 {
+        s.wait_job(id, |j| j["state"] == "cancelled");
+    }
+    // Size limits: at most 10,000 tasks.
+    let (c, v) = s.submit(
+        "alice-token",
+        &format!("{}array: \"0-10000\"\n", job("big", "research", 1, 1)),
+    );
+    assert_eq!(c, 422, "{v}");
+    assert!(v["error"].as_str().expect("error").starts_with("array:"));
+}
+
+#[test]
+fn history_lists_finished_jobs_to_their_owners_with_filters_and_pages() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let ok = id_of(s.submit("alice-token", &job("ok", "research", 1, 2)));
+    let gone = id_of(s.submit("alice-token", &job("gone", "research", 1, 1)));
+    let bobs = id_of(s.submit("bob-token", &job("bobs", "prod", 1, 1)));
+    for id in [ok, gone, bobs] {
+        s.wait_job(id, |j| j["state"] == "scheduled");
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    exited(&s, ok, 0);
+    exited(&s, bobs, 0);
+    s.post(
+        &format!("/v1/jobs/{gone}/cancel"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    exited(&s, gone, 143);
+    s.wait_job(gone, |j| j["state"] == "cancelled");
+    let running = id_of(s.submit("alice-token", &job("live", "research", 1, 1)));
+    let ids = |v: &Value| -> Vec<u64> {
+        v["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .map(|e| e["id"].as_u64().expect("id"))
+            .collect()
+    };
+    let (c, v) = s.get("/v1/history", "alice-token");
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(ids(&v), vec![ok, gone], "own finished jobs only");
+    let row = &v["entries"][0];
+    assert_eq!(
+        (row["exit_code"].as_i64(), row["state"].as_str()),
+        (Some(0), Some("succeeded"))
+    );
+    assert!(row["gpu_hours"].as_f64().expect("gpu_hours") > 0.0);
+    assert_eq!(row["nodes"], json!(["node-a"]));
+    assert_eq!(s.get("/v1/history?user=bob", "alice-token").0, 403);
+    let (_, v) = s.get("/v1/history", "admin-secret");
+    assert_eq!(ids(&v), vec![ok, gone, bobs]);
+    assert!(!ids(&v).contains(&running));
+    let (_, v) = s.get("/v1/history?state=cancelled", "admin-secret");
+    assert_eq!(ids(&v), vec![gone]);
+    let (_, v) = s.get("/v1/history?queue=prod&user=bob", "admin-secret");
+    assert_eq!(ids(&v), vec![bobs]);
+    let (_, v) = s.get("/v1/history?since=4000000000", "admin-secret");
+    assert_eq!(ids(&v), Vec::<u64>::new());
+    let (_, v) = s.get("/v1/history?limit=2", "admin-secret");
+    assert_eq!(ids(&v), vec![ok, gone]);
+    let cursor = v["next_cursor"].as_u64().expect("more");
+    let (_, v) = s.get(
+        &format!("/v1/history?limit=2&cursor={cursor}"),
+        "admin-secret",
+    );
+    assert_eq!(ids(&v), vec![bobs]);
+    assert!(v["next_cursor"].is_null());
+    assert_eq!(s.get("/v1/history?state=running", "admin-secret").0, 400);
+    assert_eq!(s.get("/v1/history?limit=0", "admin-secret").0, 400);
+    assert_eq!(s.get("/v1/history", "agent-secret").0, 403);
+    assert_eq!(s.get("/v1/history", "nobody").0, 401);
+}
