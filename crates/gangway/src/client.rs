@@ -12,6 +12,8 @@ pub enum Output {
     Table,
     /// JSON for scripts.
     Json,
+    /// CSV (`gangway history` only).
+    Csv,
 }
 
 /// Where the server is and who we are.
@@ -230,10 +232,11 @@ impl Conn {
         })
     }
 
-    fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
+    pub(crate) fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
             Output::Table => print!("{}", table(v)),
+            Output::Csv => bail!("-o csv is available for `gangway history` only"),
         }
         Ok(())
     }
@@ -271,14 +274,18 @@ fn gpus(job: &Value) -> u64 {
 }
 
 /// `gangway submit FILE`.
-pub fn submit(c: &Conn, file: &std::path::Path) -> Result<()> {
-    let v = post_spec(c, file)?;
+pub fn submit(
+    c: &Conn,
+    file: &std::path::Path,
+    extra: &serde_json::Map<String, Value>,
+) -> Result<()> {
+    let v = post_spec(c, file, extra)?;
     c.print(&v, |v| format!("job {} submitted\n", s(v, "id")))
 }
 
 /// Submits a job file and returns its id.
 pub fn submit_id(c: &Conn, file: &std::path::Path) -> Result<u64> {
-    let v = post_spec(c, file)?;
+    let v = post_spec(c, file, &serde_json::Map::new())?;
     v.get("id")
         .and_then(Value::as_u64)
         .context("the server's answer has no job id")
@@ -315,7 +322,11 @@ pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
     Ok(())
 }
 
-fn post_spec(c: &Conn, file: &std::path::Path) -> Result<Value> {
+fn post_spec(
+    c: &Conn,
+    file: &std::path::Path,
+    extra: &serde_json::Map<String, Value>,
+) -> Result<Value> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let (ct, body) = match with_submit_dir(&text)? {
@@ -323,6 +334,8 @@ fn post_spec(c: &Conn, file: &std::path::Path) -> Result<Value> {
         None if file.extension().is_some_and(|e| e == "json") => ("application/json", text),
         None => ("application/yaml", text),
     };
+    // `submit --hold/--begin/--dependency/--array` override the spec's fields.
+    let (ct, body) = crate::workflow::with_fields(ct, body, extra)?;
     let key = gangway_server::control::fresh_token();
     c.post_with_key("/v1/jobs", ct, &body, Some(&key))
 }
@@ -488,18 +501,19 @@ pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&s
     let v = c.get(&path)?;
     c.print(&v, |v| {
         let mut out = format!(
-            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "REASON"
+            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5} {:<10} {}\n",
+            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "ARRAY", "REASON"
         );
         for j in v.as_array().into_iter().flatten() {
             out += &format!(
-                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
+                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5} {:<10} {}\n",
                 s(j, "id"),
                 at(j, "/spec/name"),
                 at(j, "/spec/queue"),
                 s(j, "user"),
                 s(j, "state"),
                 gpus(j),
+                crate::workflow::array_label(j),
                 j.get("reason").and_then(Value::as_str).unwrap_or("")
             );
         }

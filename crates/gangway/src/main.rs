@@ -7,6 +7,7 @@ mod bench_dashboard;
 mod client;
 mod local;
 mod sim;
+mod workflow;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -86,7 +87,23 @@ enum Command {
     Submit {
         /// The job file.
         file: PathBuf,
+        #[command(flatten)]
+        workflow: workflow::SubmitFlags,
     },
+    /// Holds a pending job: it does not start until released.
+    Hold {
+        /// Job id.
+        id: u64,
+    },
+    /// Releases a held job.
+    Release {
+        /// Job id.
+        id: u64,
+    },
+    /// Changes a pending job's priority, time limit, queue or name.
+    Update(workflow::UpdateArgs),
+    /// Lists finished jobs with start, end, nodes, exit code and GPU-hours (`sacct`).
+    History(workflow::HistoryArgs),
     /// Lists jobs.
     Queue {
         /// Only this queue.
@@ -332,7 +349,11 @@ fn run() -> Result<()> {
             };
             client::logs_of(c, id, which, attempt, follow)
         }
-        Command::Submit { file } => client::submit(c, &file),
+        Command::Submit { file, workflow } => client::submit(c, &file, &workflow.fields()),
+        Command::Hold { id } => workflow::hold(c, id),
+        Command::Release { id } => workflow::release(c, id),
+        Command::Update(a) => workflow::update(c, &a),
+        Command::History(a) => workflow::history(c, &a),
         Command::Queue { queue, state, user } => {
             client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())
         }
