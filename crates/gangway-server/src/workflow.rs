@@ -285,12 +285,30 @@ impl<S: Store> Control<S> {
                 "job {id} no longer exists, so {k}:{id} can never be met"
             )));
         };
-        let s = target.state;
+        // An array's id stands for all of its tasks, as in Slurm.
+        let (s, what) = match &target.array {
+            Some(t) if t.job == id => {
+                let end = JobId(id.0.saturating_add(u64::from(t.count)));
+                let states: Vec<JobState> = self
+                    .jobs
+                    .range(id..end)
+                    .map(|(_, (r, _))| r.state)
+                    .collect();
+                let s = states
+                    .iter()
+                    .find(|s| !s.is_terminal())
+                    .or_else(|| states.iter().find(|s| **s != JobState::Succeeded))
+                    .copied()
+                    .unwrap_or(JobState::Succeeded);
+                (s, format!("array {id}"))
+            }
+            _ => (target.state, format!("job {id}")),
+        };
         if !s.is_terminal() {
             return Some(Gate::Wait(
                 ReasonCode::Dependency,
                 format!(
-                    "waits for job {id} to end ({k}:{id}; it is {})",
+                    "waits for {what} to end ({k}:{id}; it is {})",
                     state_name(s)
                 ),
             ));
@@ -301,7 +319,7 @@ impl<S: Store> Control<S> {
             AfterKind::AfterOk if ok => None,
             AfterKind::AfterNotOk if !ok => None,
             _ => Some(Gate::Never(format!(
-                "job {id} ended {}, so {k}:{id} can never be met",
+                "{what} ended {}, so {k}:{id} can never be met",
                 state_name(s)
             ))),
         }
@@ -738,6 +756,43 @@ mod tests {
         bad.dependency = Some("afterok:999".into());
         let e = c.submit("alice", bad, 4).expect_err("unknown id");
         assert!(e.to_string().starts_with("dependency:"), "{e}");
+    }
+
+    #[test]
+    fn a_dependency_on_an_array_id_waits_for_every_task() {
+        let (_d, mut c) = control();
+        let mut arr = JobSpec::new("arr", "q", 1, 1);
+        arr.array = Some("0-2".into());
+        let arr = c.submit("alice", arr, 1).expect("array");
+        let mut after = JobSpec::new("after", "q", 1, 1);
+        after.dependency = Some(format!("afterok:{arr}"));
+        let after = c.submit("alice", after, 1).expect("after");
+        c.cycle(2).expect("cycle");
+        for k in 0..2 {
+            c.report(
+                "n",
+                JobId(arr.0 + k),
+                None,
+                crate::control::Report::Exited(0),
+                3,
+            )
+            .expect("exit");
+        }
+        c.cycle(4).expect("cycle");
+        let (code, msg) = c.gate_reason(after).expect("still waits for task 2");
+        assert_eq!(code, ReasonCode::Dependency);
+        assert!(msg.contains(&format!("array {arr}")), "{msg}");
+        c.report(
+            "n",
+            JobId(arr.0 + 2),
+            None,
+            crate::control::Report::Exited(0),
+            5,
+        )
+        .expect("exit");
+        c.cycle(6).expect("cycle");
+        assert!(c.gate_reason(after).is_none());
+        assert_eq!(c.jobs[&after].0.state, JobState::Scheduled);
     }
 
     #[test]
