@@ -991,3 +991,31 @@ fn metrics_on_a_separate_address_need_no_token_and_serve_nothing_else() {
         Err(ureq::Error::Status(401, _))
     ));
 }
+
+#[test]
+fn an_array_counts_each_task_against_the_pending_limit() {
+    let s = start();
+    s.register_as("agent-secret", &node("n0", 1, "127.0.0.1", 9001));
+    // Cordoned: every task waits.
+    s.post(
+        "/v1/nodes/n0/cordon",
+        "admin-secret",
+        "application/json",
+        "",
+    );
+    let array = |spec: &str| format!("{}array: \"{spec}\"\n", job("arr", "research", 1));
+    // carol may have 2 jobs waiting: an array of 3 is refused whole.
+    let (code, v) = s.submit("carol-token", &array("0-2"));
+    assert_eq!(code, 429, "{v}");
+    assert!(error(&v).contains("submits 3"), "{v}");
+    let (code, v) = s.submit("carol-token", &array("0-1%1"));
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = s.submit("carol-token", &job("one-more", "research", 1));
+    assert_eq!(code, 429, "{v}");
+    // Bounds of the array itself, for everyone.
+    let (code, v) = s.submit("admin-secret", &array("0-20000"));
+    assert_eq!(code, 422, "{v}");
+    assert!(error(&v).starts_with("array:"), "{v}");
+    let (code, v) = s.submit("admin-secret", &array("0-3%0"));
+    assert_eq!(code, 422, "{v}");
+}
