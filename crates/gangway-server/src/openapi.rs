@@ -31,7 +31,11 @@ pub fn document() -> Value {
                 "get": op("List jobs; filter with ?queue=, ?state=, ?user=; page with ?offset=&limit=", "200")
             },
             "/v1/jobs/{id}": { "get": op("A job with its events and why it waits (env values redacted unless owner or admin)", "200") },
-            "/v1/jobs/{id}/cancel": { "post": op("Cancel a job (owner or admin)", "200") },
+            "/v1/jobs/{id}/cancel": { "post": op("Cancel a job, or every unfinished task of an array by its id (owner or admin)", "200") },
+            "/v1/jobs/{id}/hold": { "post": op("Hold a pending job or an array's pending tasks (owner: JobHeldUser; admin: JobHeldAdmin); 409 unless pending", "200") },
+            "/v1/jobs/{id}/release": { "post": op("Release a held job or array (an admin's hold by an admin only); 409 unless pending and held", "200") },
+            "/v1/jobs/{id}/update": { "post": op("Change a pending job: JSON {priority?, time_limit?, queue?, name?} (owner within the queue's rules, time limit only down; admin any); 409 unless pending", "200") },
+            "/v1/history": { "get": op("Finished jobs as accounting rows (HistoryEntry: start, end, nodes, exit code, GPU-hours); ?user=&queue=&state=a,b&since=&until=&cursor=&limit= (users: their own)", "200") },
             "/v1/queues": { "get": op("Queues with quota and usage", "200") },
             "/v1/usage": { "get": op("GPU-hours per queue and user over ?from=&to= (epoch seconds)", "200") },
             "/v1/nodes": {

@@ -420,57 +420,108 @@ impl<S: Store> Control<S> {
         Ok(rec.clone())
     }
 
-    /// Holds a pending job (Slurm's `scontrol hold`): out of the scheduler
-    /// until released. An admin's hold replaces an owner's; an owner's hold
-    /// does not weaken an admin's.
-    pub fn hold(&mut self, id: JobId, kind: Hold, by: &str, now: Time) -> Result<(), ControlError> {
-        let mut rec = self.pending_record(id, "held")?;
-        if rec.held == Some(kind) || rec.held == Some(Hold::Admin) {
-            return Ok(());
+    /// The pending jobs `id` names: every pending task when `id` is an
+    /// array's id (with any pending), else `id` itself if it is pending (404, 409).
+    fn targets(&self, id: JobId, verb: &'static str) -> Result<Vec<JobId>, ControlError> {
+        let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
+        if let Some(t) = rec.array.as_ref().filter(|t| t.job == id) {
+            let end = JobId(id.0.saturating_add(u64::from(t.count)));
+            let pending: Vec<JobId> = self
+                .jobs
+                .range(id..end)
+                .filter(|(_, (r, _))| r.state == JobState::Pending && r.placement.is_empty())
+                .map(|(i, _)| *i)
+                .collect();
+            if !pending.is_empty() {
+                return Ok(pending);
+            }
         }
-        rec.held = Some(kind);
-        rec.events.push(JobEvent {
-            at: now,
-            kind: "held".into(),
-            message: format!("held by {by} ({})", kind.code()),
-        });
-        self.write(rec)?;
-        let _ = self.cluster.cancel(id);
-        self.why.remove(&id);
-        self.gates
-            .waiting
-            .insert(id, (kind.code(), format!("held by {by}")));
-        Ok(())
+        self.pending_record(id, verb)?;
+        Ok(vec![id])
     }
 
-    /// Releases a held pending job; an admin's hold only by an admin (403).
+    /// Holds a pending job, or every pending task of an array by its id
+    /// (Slurm's `scontrol hold`): out of the scheduler until released, in
+    /// one write. An admin's hold replaces an owner's; an owner's hold does
+    /// not weaken an admin's. Returns how many jobs it names.
+    pub fn hold(
+        &mut self,
+        id: JobId,
+        kind: Hold,
+        by: &str,
+        now: Time,
+    ) -> Result<usize, ControlError> {
+        let ids = self.targets(id, "held")?;
+        let mut recs = Vec::new();
+        for i in &ids {
+            let Some((rec, _)) = self.jobs.get(i) else {
+                continue;
+            };
+            if rec.held == Some(kind) || rec.held == Some(Hold::Admin) {
+                continue;
+            }
+            let mut rec = rec.clone();
+            rec.held = Some(kind);
+            rec.events.push(JobEvent {
+                at: now,
+                kind: "held".into(),
+                message: format!("held by {by} ({})", kind.code()),
+            });
+            recs.push(rec);
+        }
+        let changed: Vec<JobId> = recs.iter().map(|r| r.id).collect();
+        self.write_all(recs)?;
+        for i in changed {
+            let _ = self.cluster.cancel(i);
+            self.why.remove(&i);
+            self.gates
+                .waiting
+                .insert(i, (kind.code(), format!("held by {by}")));
+        }
+        Ok(ids.len())
+    }
+
+    /// Releases a held pending job, or every held pending task of an array
+    /// by its id; an admin's hold only by an admin (403). Returns how many.
     pub fn release(
         &mut self,
         id: JobId,
         by_admin: bool,
         by: &str,
         now: Time,
-    ) -> Result<(), ControlError> {
-        let mut rec = self.pending_record(id, "released")?;
-        match rec.held {
-            None => return Err(WorkflowError::NotHeld(id).into()),
-            Some(Hold::Admin) if !by_admin => {
-                return Err(WorkflowError::Forbidden(format!(
-                    "job {id} is held by an administrator (JobHeldAdmin); only an administrator may release it"
-                ))
-                .into())
-            }
-            Some(_) => {}
+    ) -> Result<usize, ControlError> {
+        let ids = self.targets(id, "released")?;
+        let held: Vec<JobRecord> = ids
+            .iter()
+            .filter_map(|i| self.jobs.get(i).map(|(r, _)| r))
+            .filter(|r| r.held.is_some())
+            .cloned()
+            .collect();
+        if held.is_empty() {
+            return Err(WorkflowError::NotHeld(id).into());
         }
-        rec.held = None;
-        rec.events.push(JobEvent {
-            at: now,
-            kind: "released".into(),
-            message: format!("released by {by}"),
-        });
-        self.write(rec)?;
+        if !by_admin && held.iter().any(|r| r.held == Some(Hold::Admin)) {
+            return Err(WorkflowError::Forbidden(format!(
+                "job {id} is held by an administrator (JobHeldAdmin); only an administrator may release it"
+            ))
+            .into());
+        }
+        let n = held.len();
+        let recs = held
+            .into_iter()
+            .map(|mut rec| {
+                rec.held = None;
+                rec.events.push(JobEvent {
+                    at: now,
+                    kind: "released".into(),
+                    message: format!("released by {by}"),
+                });
+                rec
+            })
+            .collect();
+        self.write_all(recs)?;
         self.release_gated(now, true)?;
-        Ok(())
+        Ok(n)
     }
 
     /// Replaces a pending job's spec (see [`updated_spec`] for who may change
@@ -793,6 +844,30 @@ mod tests {
         c.cycle(6).expect("cycle");
         assert!(c.gate_reason(after).is_none());
         assert_eq!(c.jobs[&after].0.state, JobState::Scheduled);
+    }
+
+    #[test]
+    fn an_arrays_id_holds_and_releases_every_pending_task() {
+        let (_d, mut c) = control();
+        let mut arr = JobSpec::new("arr", "q", 1, 4);
+        arr.array = Some("0-2".into());
+        let arr = c.submit("alice", arr, 1).expect("array");
+        c.cycle(2).expect("cycle");
+        assert_eq!(c.jobs[&arr].0.state, JobState::Scheduled, "one fits");
+        assert_eq!(c.hold(arr, Hold::User, "alice", 3).expect("hold"), 2);
+        for k in 1..3 {
+            assert_eq!(
+                c.gate_reason(JobId(arr.0 + k)).map(|r| r.0),
+                Some(ReasonCode::JobHeldUser)
+            );
+        }
+        assert_eq!(c.release(arr, false, "alice", 4).expect("release"), 2);
+        assert!(in_scheduler(&c, JobId(arr.0 + 2)));
+        let e = c.release(arr, false, "alice", 5).expect_err("none held");
+        assert!(matches!(
+            e,
+            ControlError::Workflow(WorkflowError::NotHeld(_))
+        ));
     }
 
     #[test]

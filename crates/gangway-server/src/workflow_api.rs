@@ -1,5 +1,6 @@
 //! HTTP routes of the pending-job workflow: `POST /v1/jobs/{id}/hold`,
-//! `/release` and `/update` (owner or admin; see `workflow.rs` for the rules).
+//! `/release` (an array's id: all of its pending tasks) and `/update` (owner
+//! or admin; see `workflow.rs` for the rules).
 
 use crate::api::{authenticate_person, lock, now, read_body, ApiError, App, Principal};
 use crate::workflow::{updated_spec, Hold, JobUpdate};
@@ -44,11 +45,14 @@ pub async fn hold(
     } else {
         Hold::User
     };
-    c.hold(JobId(id), kind, &p.name(), now())?;
+    // An array's id holds every pending task.
+    let n = c.hold(JobId(id), kind, &p.name(), now())?;
     let code = kind.code();
     drop(c);
     app.wake.notify_one();
-    Ok(Json(json!({ "id": id, "held": kind, "reason_code": code })))
+    Ok(Json(
+        json!({ "id": id, "held": kind, "reason_code": code, "jobs": n }),
+    ))
 }
 
 /// `POST /v1/jobs/{id}/release`.
@@ -60,10 +64,10 @@ pub async fn release(
     let p = authenticate_person(&app, &headers)?;
     let mut c = lock(&app)?;
     owned(&c, &p, id)?;
-    c.release(JobId(id), p.is_admin(), &p.name(), now())?;
+    let n = c.release(JobId(id), p.is_admin(), &p.name(), now())?;
     drop(c);
     app.wake.notify_one();
-    Ok(Json(json!({ "id": id, "released": true })))
+    Ok(Json(json!({ "id": id, "released": true, "jobs": n })))
 }
 
 /// `POST /v1/jobs/{id}/update` with a JSON body of
