@@ -552,6 +552,7 @@ impl<S: Store> Control<S> {
         if !valid.is_empty() {
             match self.store_batch(&batch, &valid, now) {
                 Ok(groups) => {
+                    let gated_before = self.gates.waiting.len();
                     // One record per job, or per task of an array.
                     for (i, group) in valid.iter().zip(groups) {
                         let first = group.first().map(|(r, _)| r.id);
@@ -565,8 +566,12 @@ impl<S: Store> Control<S> {
                         }
                         results[*i] = Some(r);
                     }
-                    if let Err(e) = self.release_gated(now, true) {
-                        tracing::warn!("deciding gated jobs after a submission: {e}");
+                    // Gated submissions are decided at once (only then: a
+                    // pass walks every gated job).
+                    if self.gates.waiting.len() > gated_before {
+                        if let Err(e) = self.release_gated(now, true) {
+                            tracing::warn!("deciding gated jobs after a submission: {e}");
+                        }
                     }
                 }
                 Err(e) => {
