@@ -937,6 +937,40 @@ mod tests {
     }
 
     #[test]
+    fn an_update_keeps_to_the_queues_maximum_time_limit() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut q = QueueSpec::unlimited("q", None);
+        q.time_limit.max = Some(TimeSpan::Text("2h".into()));
+        let mut c = Control::open(store, &[q]).expect("control");
+        c.register_node(
+            NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            0,
+        )
+        .expect("node");
+        let mut spec = JobSpec::new("j", "q", 1, 1);
+        spec.hold = true;
+        let id = c.submit("alice", spec, 1).expect("submit");
+        let mut longer = c.jobs[&id].0.spec.clone();
+        longer.time_limit = Some(TimeSpan::Text("3h".into()));
+        let e = c.update(id, longer, "admin", "time limit 3:00:00", 2);
+        let e = e.expect_err("past the queue's maximum");
+        assert!(e.to_string().starts_with("time_limit:"), "{e}");
+        let mut shorter = c.jobs[&id].0.spec.clone();
+        shorter.time_limit = Some(TimeSpan::Text("90m".into()));
+        c.update(id, shorter, "admin", "time limit 1:30:00", 3)
+            .expect("within it");
+        assert_eq!(c.jobs[&id].0.spec.time_limit_seconds(), Some(5400));
+        assert_eq!(
+            c.gate_reason(id).map(|r| r.0),
+            Some(ReasonCode::JobHeldUser)
+        );
+    }
+
+    #[test]
     fn singleton_lets_one_job_per_user_and_name_in_at_a_time() {
         let (_d, mut c) = control();
         let mut s = JobSpec::new("nightly", "q", 1, 1);
