@@ -164,6 +164,14 @@ impl<S: Store> Control<S> {
             let at = b
                 .resolve(now)
                 .map_err(|e| spec_error(SpecError::BadBegin(e)))?;
+            let max = crate::limits::MAX_DURATION_SECONDS;
+            if at.saturating_sub(now) > max {
+                return Err(spec_error(SpecError::BadBegin(format!(
+                    "{} is more than {} days away",
+                    format_utc(at),
+                    max / 86_400
+                ))));
+            }
             spec.begin = Some(BeginAt::Seconds(at));
         }
         if let Some(d) = &spec.dependency {

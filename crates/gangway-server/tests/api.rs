@@ -974,6 +974,15 @@ fn begin_in_the_future_waits_with_begin_time() {
     );
     assert_eq!(c, 422, "{v}");
     assert!(v["error"].as_str().expect("error").starts_with("begin:"));
+    let (c, v) = s.submit(
+        "alice-token",
+        &format!("{}begin: 99999999999999\n", job("far", "research", 1, 1)),
+    );
+    assert_eq!(c, 422, "{v}");
+    assert!(
+        v["error"].as_str().expect("error").contains("days away"),
+        "{v}"
+    );
 }
 
 #[test]
