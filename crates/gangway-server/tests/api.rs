@@ -758,7 +758,7 @@ fn exited(s: &Server, id: u64, code: i32) {
 #[test]
 fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
     let dir = tempfile::tempdir().expect("tmp");
-    let (running, held) = {
+    let (running, held, dep, arr) = {
         let s = start(dir.path());
         assert_eq!(s.register("node-a", 4).0, 201);
         let running = id_of(s.submit("alice-token", &job("run", "research", 1, 4)));
@@ -853,17 +853,34 @@ fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
             r#"{"time_limit":"3h"}"#,
         );
         assert_eq!(c, 200);
-        // The owner holds it again: it stays held across a restart.
+        // The owner holds it again: it stays held across a restart, as do a
+        // dependant and an array's tasks past its limit.
         assert_eq!(
             post(&format!("/v1/jobs/{held}/hold"), "alice-token", "").0,
             200
         );
-        (running, held)
+        let dep = id_of(s.submit(
+            "alice-token",
+            &format!(
+                "{}dependency: \"afterok:{running}\"\n",
+                job("dep", "research", 1, 1)
+            ),
+        ));
+        let arr = id_of(s.submit(
+            "alice-token",
+            &format!("{}array: \"0-2%1\"\n", job("arr", "research", 1, 1)),
+        ));
+        (running, held, dep, arr)
     };
     std::thread::sleep(Duration::from_millis(100));
     let s = start(dir.path());
     assert_eq!(reason_code(&s, held), "JobHeldUser");
+    assert_eq!(reason_code(&s, dep), "Dependency");
+    for task in [arr + 1, arr + 2] {
+        assert_eq!(reason_code(&s, task), "JobArrayTaskLimit");
+    }
     exited(&s, running, 0);
+    s.wait_job(dep, |j| j["reason_code"] != "Dependency");
     s.wait_job(running, |j| j["state"] == "succeeded");
     // The GPUs are free, but a held job does not start.
     std::thread::sleep(Duration::from_millis(300));
@@ -878,7 +895,10 @@ fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
         "",
     );
     assert_eq!(c, 200);
-    s.wait_job(held, |j| j["state"] == "scheduled");
+    // Released: in the scheduler, waiting for GPUs like any job.
+    s.wait_job(held, |j| {
+        j["reason_code"].is_null() && (j["state"] == "scheduled" || j["reason"].is_string())
+    });
 }
 
 #[test]
