@@ -897,7 +897,7 @@ fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
     assert_eq!(c, 200);
     // Released: in the scheduler, waiting for GPUs like any job.
     s.wait_job(held, |j| {
-        j["reason_code"].is_null() && (j["state"] == "scheduled" || j["reason"].is_string())
+        j["reason_code"] != "JobHeldUser" && (j["state"] == "scheduled" || j["reason"].is_string())
     });
 }
 
