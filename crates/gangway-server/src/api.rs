@@ -57,6 +57,8 @@ pub struct App {
     pub fenced: std::sync::atomic::AtomicBool,
     /// Queue usage over the last hours (the dashboard's chart).
     pub history: Mutex<crate::dashboard::QueueHistory>,
+    /// The configuration as the policy in force shapes it (submissions are checked against it).
+    pub policy: crate::policy::Live,
 }
 
 /// A submission handed to the group-commit writer.
@@ -392,12 +394,13 @@ async fn submit(
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
-    crate::limits::check_submission(&app.cfg, &p, &spec)?;
+    let live = app.policy.config();
+    crate::limits::check_submission(&live, &p, &spec)?;
     let max_pending = match &p {
         Principal::User { name, .. } => Some(app.cfg.limits_of(name).max_pending_jobs),
         _ => None,
     };
-    crate::admission::admit(&app.cfg, &spec)
+    crate::admission::admit(&live, &spec)
         .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     let key = match headers.get("idempotency-key") {
         None => None,
@@ -1212,6 +1215,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
         .route("/v1/audit", get(audit_log))
         .merge(crate::dashboard::routes())
+        .merge(crate::policy::api::routes())
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))

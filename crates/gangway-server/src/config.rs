@@ -149,6 +149,13 @@ pub struct ServerConfig {
     /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
     #[serde(default)]
     pub master_ports: gangway_core::agent::PortRange,
+    /// Scheduler knobs (backfill, preemption, fair share): part of the
+    /// versioned policy, seeded from here at the first start.
+    #[serde(default)]
+    pub scheduler: crate::policy::SchedulerKnobs,
+    /// Targets a policy change must meet in the what-if (see `gangway policy apply`).
+    #[serde(default)]
+    pub gates: crate::policy::Gates,
 }
 
 fn six_hundred() -> u64 {
@@ -221,6 +228,8 @@ impl ServerConfig {
             default_unix_user: nobody(),
             checkpoint_root: None,
             master_ports: Default::default(),
+            scheduler: Default::default(),
+            gates: Default::default(),
         }
     }
 
@@ -303,6 +312,9 @@ impl ServerConfig {
                 }
             }
         }
+        c.gates
+            .check()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Some(root) = &c.checkpoint_root {
             if !root.starts_with('/') {
                 return Err(ConfigError::Invalid(

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod metrics;
 pub mod nodes;
 pub mod openapi;
+pub mod policy;
 pub mod records;
 pub mod yaml;
 
@@ -40,6 +41,9 @@ pub enum ServeError {
     /// Network.
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
+    /// The stored scheduling policy.
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
 }
 
 /// The store behind the server: redb or etcd, chosen at start.
@@ -94,6 +98,9 @@ pub fn open_with_audit(
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
     control.contract = cfg.contract();
+    let policy = policy::load_or_seed(&mut control, &cfg, api::now())?;
+    let live = policy::Live::new(&cfg);
+    live.set(&policy);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
         tokens: authz::ConfigTokens::new(&cfg),
@@ -109,6 +116,7 @@ pub fn open_with_audit(
         role: std::sync::RwLock::new(role),
         fenced: std::sync::atomic::AtomicBool::new(false),
         history: Mutex::new(dashboard::QueueHistory::default()),
+        policy: live,
     }))
 }
 
