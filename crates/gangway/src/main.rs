@@ -6,6 +6,7 @@ mod bench_chaos;
 mod bench_dashboard;
 mod client;
 mod local;
+mod policy_cmd;
 mod sim;
 
 use anyhow::{Context, Result};
@@ -141,6 +142,11 @@ enum Command {
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
+    /// The versioned scheduling policy: show, diff, what-if, apply, rollback, log.
+    Policy {
+        #[command(subcommand)]
+        cmd: policy_cmd::PolicyCmd,
+    },
     /// Benchmarks that print figures (`metric: value unit`).
     Bench {
         #[command(subcommand)]
@@ -355,5 +361,6 @@ fn run() -> Result<()> {
         Command::Usage { from, to } => client::usage(c, from, to),
         Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
+        Command::Policy { cmd } => policy_cmd::run(c, cmd),
     }
 }

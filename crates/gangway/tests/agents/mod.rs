@@ -134,7 +134,11 @@ impl Cluster {
     }
 
     pub fn start_with(listen_ip: &str, config: &str) -> Cluster {
-        let dir = tempfile::tempdir().expect("tmp");
+        Self::start_in(tempfile::tempdir().expect("tmp"), listen_ip, config)
+    }
+
+    /// [`Cluster::start_with`] in `dir`, whose `data/` may already hold a store.
+    pub fn start_in(dir: tempfile::TempDir, listen_ip: &str, config: &str) -> Cluster {
         // Ranks run as an unprivileged account: let them reach the rank
         // script and the checkpoint root in here.
         let _ = Command::new("chmod")
