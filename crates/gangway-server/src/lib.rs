@@ -150,6 +150,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 app.cfg.grace_kill_margin_seconds,
             );
             let r = expired.and_then(|_| c.cycle(now));
+            policy::tick(&c, now);
             // The /metrics snapshot, at most once a second.
             let at = &app.metrics_at;
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {

@@ -690,6 +690,24 @@ pub fn live_figures<S: Store>(c: &Control<S>, from: Time, to: Time) -> After {
 /// Seconds after a change whose live figures the decision log keeps.
 pub const AFTER_SECONDS: Time = 86_400;
 
+/// Seconds between two looks at the decision log's live figures.
+const TICK_SECONDS: Time = 60;
+static LAST_TICK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Called by the leader after each cycle: at most once a minute, fills in
+/// the live figures of versions whose day after is over ([`fill_in_after`]).
+pub fn tick<S: Store>(c: &Control<S>, now: Time) {
+    use std::sync::atomic::Ordering;
+    let last = LAST_TICK.load(Ordering::Relaxed);
+    if now < last.saturating_add(TICK_SECONDS) {
+        return;
+    }
+    LAST_TICK.store(now, Ordering::Relaxed);
+    if let Err(e) = fill_in_after(c, now) {
+        tracing::warn!("policy: live figures not stored: {e}");
+    }
+}
+
 /// The leader's bookkeeping, called now and then: fills in the live figures
 /// of the day after each recent change, and stores them once the day is over.
 pub fn fill_in_after<S: Store>(c: &Control<S>, now: Time) -> Result<(), PolicyError> {
@@ -707,4 +725,152 @@ pub fn fill_in_after<S: Store>(c: &Control<S>, now: Time) -> Result<(), PolicyEr
         store_version(&c.store, &v)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{JobEvent, JobRecord};
+    use gangway_core::{JobId, JobSpec, JobState};
+    use gangway_store::RedbStore;
+
+    fn cfg() -> ServerConfig {
+        ServerConfig::from_yaml(
+            "admin_token: admin-secret\nagent_token: agent-secret\nqueues:\n  - name: lab\n    quota: { nominal: { gpus: 16 } }\n  - name: a\n    parent: lab\n    quota: { nominal: { gpus: 8 } }\n    node: { allow_root: true }\ngates: { max_p95_wait_worse_pct: 10 }\n",
+        )
+        .expect("config")
+    }
+
+    #[test]
+    fn the_first_start_seeds_version_one_and_later_starts_load_the_current_version() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("s.redb");
+        let cfg = cfg();
+        {
+            let store = RedbStore::open(&path).expect("store");
+            let mut c = Control::open(store, &cfg.queues).expect("control");
+            let p = load_or_seed(&mut c, &cfg, 100).expect("seed");
+            assert_eq!(p, Policy::from_config(&cfg));
+            let v = current(&c.store).expect("read").expect("v1");
+            assert_eq!((v.version, v.action, v.at), (1, Action::Seed, 100));
+            // Version 2 halves queue a.
+            let mut next = p.clone();
+            next.queues[1].quota.nominal.gpus = Some(4);
+            let v2 = PolicyVersion {
+                version: 2,
+                policy: next.clone(),
+                author: "admin".into(),
+                at: 200,
+                reason: "r".into(),
+                action: Action::Apply,
+                previous: Some(1),
+                diff: diff(&p, &next),
+                evidence: None,
+                gates: Vec::new(),
+                forced: false,
+                after: None,
+            };
+            assert_eq!(v2.diff, vec!["queues.a.quota.nominal.gpus: 8 -> 4"]);
+            check(&next, &cfg, &c).expect("valid");
+            commit(&c.store, &v2, current_number(&c.store).expect("n")).expect("commit");
+            // A second writer that read version 1 loses.
+            let stale = PolicyVersion {
+                version: 2,
+                ..v2.clone()
+            };
+            assert!(matches!(
+                commit(&c.store, &stale, Some((1, 1))),
+                Err(PolicyError::Conflict(2))
+            ));
+        }
+        // A restart (or a new leader) installs version 2, not the file's queues.
+        let store = RedbStore::open(&path).expect("store");
+        let mut c = Control::open(store, &cfg.queues).expect("control");
+        let p = load_or_seed(&mut c, &cfg, 300).expect("load");
+        assert_eq!(p.queues[1].quota.nominal.gpus, Some(4));
+        let a = c.cluster.queue_index("a").expect("a");
+        assert_eq!(
+            c.cluster.queues()[a as usize].spec.quota.nominal.gpus,
+            Some(4)
+        );
+        assert_eq!(all_versions(&c.store).expect("all").len(), 2);
+    }
+
+    #[test]
+    fn invalid_candidates_are_refused_with_the_problem_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let cfg = cfg();
+        let mut c = Control::open(store, &cfg.queues).expect("control");
+        let base = load_or_seed(&mut c, &cfg, 1).expect("seed");
+        let r = JobRecord::submitted(JobId(1), "alice", JobSpec::new("j", "a", 1, 1), 5);
+        c.jobs.insert(r.id, (r, 0));
+        let refuse = |p: &Policy, words: &str| {
+            let e = check(p, &cfg, &c).expect_err(words).to_string();
+            assert!(e.contains(words), "{words:?} not in {e}");
+        };
+        let mut p = base.clone();
+        p.queues[1].quota.nominal.gpus = Some(32);
+        refuse(
+            &p,
+            "queues[lab].quota.nominal: its children's nominal quotas add up to 32 gpus",
+        );
+        let mut p = base.clone();
+        p.queues.truncate(1);
+        refuse(
+            &p,
+            "queue a cannot be removed: 1 of its jobs are pending or running",
+        );
+        let mut p = base.clone();
+        p.queues[1].node.allow_root = false;
+        refuse(&p, "queues[a].node");
+        let mut p = base.clone();
+        p.queues[1].parent = Some("nowhere".into());
+        refuse(&p, "nowhere");
+        let mut p = base.clone();
+        p.queues[1].weight = 0;
+        refuse(&p, "weight must be at least 1");
+        let mut p = base.clone();
+        p.scheduler.min_run_seconds = 100 * 86_400;
+        refuse(&p, "scheduler.min_run_seconds");
+        let mut p = base.clone();
+        p.gates.min_jain = Some(1.5);
+        refuse(&p, "gates.min_jain");
+        let e = Policy::from_yaml("queues: [{ name: x, allowed_priorities: [urgent] }]")
+            .expect_err("unknown class");
+        assert!(e.to_string().contains("urgent"), "{e}");
+        assert!(Policy::from_yaml("schedular: {}").is_err());
+    }
+
+    #[test]
+    fn the_day_after_a_change_is_measured_and_stored_once_over() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let cfg = cfg();
+        let mut c = Control::open(store, &cfg.queues).expect("control");
+        load_or_seed(&mut c, &cfg, 1_000).expect("seed");
+        for (id, submit, start) in [(1, 900, 1_100), (2, 1_000, 1_600), (3, 90_000, 90_010)] {
+            let mut r =
+                JobRecord::submitted(JobId(id), "alice", JobSpec::new("j", "a", 1, 1), submit);
+            r.state = JobState::Succeeded;
+            r.events.push(JobEvent {
+                at: start,
+                kind: "scheduled".into(),
+                message: String::new(),
+            });
+            c.jobs.insert(r.id, (r, 0));
+        }
+        // Not a day yet: nothing stored.
+        fill_in_after(&c, 50_000).expect("tick");
+        assert_eq!(current(&c.store).expect("v").expect("v").after, None);
+        fill_in_after(&c, 1_000 + AFTER_SECONDS).expect("tick");
+        let a = current(&c.store)
+            .expect("v")
+            .expect("v")
+            .after
+            .expect("after");
+        assert!(a.complete);
+        assert_eq!(a.overall.jobs, 2, "job 3 started after the day");
+        assert_eq!(a.queues["a"].avg_wait, 400.0);
+    }
 }
