@@ -56,6 +56,23 @@ pub enum PolicyCmd {
         /// The what-if's history window.
         #[arg(long, default_value = "14d")]
         since: String,
+        /// Pilot: apply the candidate's changes to these queues only
+        /// (allowed_priorities, allow_non_preemptible, time_limit); end it
+        /// with `promote` or `rollback`.
+        #[arg(long, value_delimiter = ',')]
+        pilot: Option<Vec<String>>,
+    },
+    /// Ends a pilot by applying its whole candidate (gates judged again).
+    Promote {
+        /// Why (kept in the decision log).
+        #[arg(long)]
+        reason: String,
+        /// Promote even though a gate fails.
+        #[arg(long)]
+        force: bool,
+        /// The what-if's history window.
+        #[arg(long, default_value = "14d")]
+        since: String,
     },
     /// Puts an earlier version back in force (default: the one before the current).
     Rollback {
@@ -114,6 +131,22 @@ fn action(v: &Value) -> String {
         Some("rollback") => format!(
             "rollback to {}",
             v.pointer("/action/to").map_or("-".into(), Value::to_string)
+        ),
+        Some("pilot") => format!(
+            "pilot on {}",
+            v.pointer("/action/queues")
+                .and_then(Value::as_array)
+                .map(|q| q
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(","))
+                .unwrap_or_default()
+        ),
+        Some("promote") => format!(
+            "promote pilot {}",
+            v.pointer("/action/pilot")
+                .map_or("-".into(), Value::to_string)
         ),
         Some(k) => k.to_string(),
         None => "-".into(),
@@ -183,6 +216,33 @@ fn print_version(v: &Value, out: &mut String) {
     }
 }
 
+/// A pilot's live figures against its prediction and the other queues.
+fn pilot_text(p: &Value) -> String {
+    let f = |x: &Value| {
+        format!(
+            "{} jobs started, avg wait {}, p95 wait {}",
+            x["jobs"],
+            whatif::human(x["avg_wait"].as_f64().unwrap_or(0.0)),
+            whatif::human(x["p95_wait"].as_f64().unwrap_or(0.0))
+        )
+    };
+    let mut out = format!(
+        "# pilot since {}\n# pilot queues (live): {}\n# other queues (live): {}\n",
+        when(p["since"].as_u64().unwrap_or(0)),
+        f(&p["pilot"]),
+        f(&p["others"])
+    );
+    for (q, x) in p["predicted"].as_object().into_iter().flatten() {
+        out.push_str(&format!(
+            "# queue {q}: predicted avg wait {}, p95 wait {}; live: {}\n",
+            whatif::human(x["avg_wait"].as_f64().unwrap_or(0.0)),
+            whatif::human(x["p95_wait"].as_f64().unwrap_or(0.0)),
+            p["live"].get(q).map_or("no job started yet".into(), f)
+        ));
+    }
+    out
+}
+
 fn emit(c: &Conn, v: &Value, text: String) -> Result<()> {
     match c.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
@@ -199,7 +259,7 @@ pub fn run(c: &Conn, cmd: PolicyCmd) -> Result<()> {
                 Some(n) => c.get(&format!("/v1/policy/versions/{n}"))?,
                 None => c.get("/v1/policy")?,
             };
-            let text = format!(
+            let mut text = format!(
                 "# policy version {} ({}) by {} at {}: {}\n{}\n",
                 v["version"],
                 action(&v),
@@ -208,6 +268,10 @@ pub fn run(c: &Conn, cmd: PolicyCmd) -> Result<()> {
                 v["reason"].as_str().unwrap_or("-"),
                 serde_json::to_string_pretty(&v["policy"])?
             );
+            if version.is_none() && v.pointer("/action/kind") == Some(&json!("pilot")) {
+                let p = c.get("/v1/policy/pilot")?;
+                text.push_str(&pilot_text(&p));
+            }
             emit(c, &v, text)
         }
         PolicyCmd::Diff { a, b } => {
@@ -244,15 +308,32 @@ pub fn run(c: &Conn, cmd: PolicyCmd) -> Result<()> {
             reason,
             force,
             since,
+            pilot,
         } => {
             let body = json!({
                 "policy": read(&file)?,
                 "reason": reason,
                 "force": force,
                 "since_seconds": since_seconds(&since)?,
+                "pilot": pilot,
             });
             let v = c.post("/v1/policy/apply", "application/json", &body.to_string())?;
             let mut text = format!("applied: policy version {} in force\n", v["version"]);
+            print_version(&v, &mut text);
+            emit(c, &v, text)
+        }
+        PolicyCmd::Promote {
+            reason,
+            force,
+            since,
+        } => {
+            let body = json!({
+                "reason": reason,
+                "force": force,
+                "since_seconds": since_seconds(&since)?,
+            });
+            let v = c.post("/v1/policy/promote", "application/json", &body.to_string())?;
+            let mut text = format!("promoted: policy version {} in force\n", v["version"]);
             print_version(&v, &mut text);
             emit(c, &v, text)
         }

@@ -19,7 +19,7 @@ const HISTORY_JOBS: u64 = 300;
 /// Quotas without borrowing, so a queue's quota is what it gets.
 fn config() -> String {
     server_config(
-        "  - name: research\n    quota: { nominal: { gpus: 8 }, borrowing_limit: { gpus: 0 } }\n  - name: vision\n    quota: { nominal: { gpus: 8 }, borrowing_limit: { gpus: 0 } }\nusers:\n  - { name: alice, token: alice-token, queues: [vision] }\ngates: { max_p95_wait_worse_pct: 10, max_utilisation_drop_points: 2, min_jain: 0.9 }\n",
+        "  - name: research\n    quota: { nominal: { gpus: 8 }, borrowing_limit: { gpus: 0 } }\n  - name: vision\n    quota: { nominal: { gpus: 8 }, borrowing_limit: { gpus: 0 } }\nusers:\n  - { name: alice, token: alice-token, queues: [vision] }\n  - { name: bob, token: bob-token-1, queues: [research] }\ngates: { max_p95_wait_worse_pct: 10, max_utilisation_drop_points: 2, min_jain: 0.9 }\n",
     )
 }
 
@@ -289,6 +289,61 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
     let same = ok(&cli(&c, ADMIN, &["policy", "diff", "1", "3"]));
     assert!(same.contains("the same policy"), "{same}");
 
+    // A pilot: non-preemptible jobs allowed in vision first, then everywhere.
+    let mut both = v1["policy"].clone();
+    for q in both["queues"].as_array_mut().expect("queues") {
+        q["allow_non_preemptible"] = true.into();
+    }
+    let pilot_file = c.dir.path().join("non-preemptible.yaml");
+    std::fs::write(&pilot_file, both.to_string()).expect("pilot file");
+    let pilot_file = pilot_file.to_str().expect("path");
+    // Quotas are not pilotable: they move GPUs between queues.
+    refused(
+        &cli(&c, ADMIN, &["policy", "apply", file, "--reason", "x", "--pilot", "vision"]),
+        "422",
+        &["queues[vision]: only allowed_priorities, allow_non_preemptible and time_limit are pilotable"],
+    );
+    let out = ok(&cli(
+        &c,
+        ADMIN,
+        &[
+            "policy",
+            "apply",
+            pilot_file,
+            "--pilot",
+            "vision",
+            "--reason",
+            "checkpoint-free eval jobs",
+        ],
+    ));
+    assert!(out.contains("policy version 4 in force"), "{out}");
+    let pinned = |token: &str, queue: &str| {
+        let spec = c.dir.path().join(format!("pinned-{queue}.yaml"));
+        std::fs::write(
+            &spec,
+            format!("name: eval\nqueue: {queue}\nreplicas: 1\npreemptible: false\nresources: {{ gpus: 1 }}\nrun: {{ command: [\"true\"] }}\n"),
+        )
+        .expect("spec");
+        cli(&c, token, &["submit", spec.to_str().expect("path")])
+    };
+    ok(&pinned("alice-token", "vision"));
+    refused(&pinned("bob-token-1", "research"), "403", &["preemptible"]);
+    let show = ok(&cli(&c, ADMIN, &["policy", "show"]));
+    for w in [
+        "(pilot on vision)",
+        "# pilot queues (live):",
+        "# other queues (live):",
+    ] {
+        assert!(show.contains(w), "{w:?} not in:\n{show}");
+    }
+    let out = ok(&cli(
+        &c,
+        ADMIN,
+        &["policy", "promote", "--reason", "the pilot went well"],
+    ));
+    assert!(out.contains("policy version 5 in force"), "{out}");
+    ok(&pinned("bob-token-1", "research"));
+
     // The decision log tells the whole story, to users too.
     let log = ok(&cli(&c, "alice-token", &["policy", "log"]));
     for w in [
@@ -300,6 +355,9 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
         "gate FAIL max_p95_wait_worse_pct queue vision",
         "version 3 (rollback to 1) by admin",
         "vision needs its GPUs back",
+        "version 4 (pilot on vision) by admin",
+        "version 5 (promote pilot 4) by admin",
+        "the pilot went well",
         "after (so far)",
     ] {
         assert!(log.contains(w), "{w:?} not in the log:\n{log}");

@@ -59,6 +59,8 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/v1/policy/what-if", post(what_if))
         .route("/v1/policy/apply", post(apply))
         .route("/v1/policy/rollback", post(rollback))
+        .route("/v1/policy/promote", post(promote))
+        .route("/v1/policy/pilot", get(pilot_status))
 }
 
 fn bad(field: &str, msg: &str) -> ApiError {
@@ -159,6 +161,23 @@ pub struct ApplyRequest {
     /// Why (required; the decision log keeps it).
     pub reason: String,
     /// Apply even if a gate fails.
+    #[serde(default)]
+    pub force: bool,
+    /// The what-if's history window, seconds (default 14 days).
+    #[serde(default)]
+    pub since_seconds: Option<u64>,
+    /// Pilot: apply the candidate to these queues only.
+    #[serde(default)]
+    pub pilot: Option<Vec<String>>,
+}
+
+/// Body of `POST /v1/policy/promote`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromoteRequest {
+    /// Why (required).
+    pub reason: String,
+    /// Promote even if a gate fails.
     #[serde(default)]
     pub force: bool,
     /// The what-if's history window, seconds (default 14 days).
@@ -345,42 +364,227 @@ fn install_and_commit(app: &App, v: &PolicyVersion, base: &PolicyVersion) -> Api
     Ok(())
 }
 
+/// A change to propose: the policy to put in force and what makes it.
+struct Proposal {
+    policy: Policy,
+    action: Action,
+    reason: String,
+    force: bool,
+    since: u64,
+    author: String,
+}
+
+/// Runs the what-if of the proposal against the version in force, refuses
+/// it when a gate fails (unless forced), else installs and stores it.
+fn propose(app: &App, p: Proposal) -> ApiResult<PolicyVersion> {
+    let (base, answer) = evaluate(app, &p.policy, p.since)?;
+    if let Action::Promote { pilot } = &p.action {
+        if base.version != *pilot {
+            return Err(PolicyError::Conflict(base.version).into());
+        }
+    }
+    let failed = answer.gates.iter().any(|g| !g.passed);
+    if failed && !p.force {
+        return Err(PolicyError::GateFailed(answer.table).into());
+    }
+    let v = PolicyVersion {
+        version: base.version + 1,
+        policy: p.policy,
+        author: p.author,
+        at: now(),
+        reason: p.reason,
+        action: p.action,
+        previous: Some(base.version),
+        diff: answer.diff,
+        evidence: answer.what_if,
+        gates: answer.gates,
+        forced: failed,
+        after: None,
+    };
+    install_and_commit(app, &v, &base)?;
+    Ok(v)
+}
+
 async fn apply(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
-    let p = authenticate_admin(&app, &headers, "change the scheduling policy")?;
+    let who = authenticate_admin(&app, &headers, "change the scheduling policy")?;
     let req: ApplyRequest = json_body(&read(&app, body).await?)?;
     check_reason(&req.reason)?;
     let since = since_of(req.since_seconds)?;
     let candidate = parse_policy(req.policy).await?;
     let app2 = app.clone();
     let v = blocking(move || {
-        let (base, answer) = evaluate(&app2, &candidate, since)?;
-        let failed = answer.gates.iter().any(|g| !g.passed);
-        if failed && !req.force {
-            return Err(PolicyError::GateFailed(answer.table).into());
-        }
-        let v = PolicyVersion {
-            version: base.version + 1,
-            policy: candidate,
-            author: p.name(),
-            at: now(),
-            reason: req.reason,
-            action: Action::Apply,
-            previous: Some(base.version),
-            diff: answer.diff,
-            evidence: answer.what_if,
-            gates: answer.gates,
-            forced: failed,
-            after: None,
+        let (policy, action) = match req.pilot {
+            None => (candidate, Action::Apply),
+            Some(queues) => {
+                let base = {
+                    let c = lock(&app2)?;
+                    super::check(&candidate, &app2.cfg, &c)?;
+                    super::current(&c.store)?.ok_or_else(|| {
+                        ApiError::new(StatusCode::CONFLICT, "no policy version stored yet")
+                    })?
+                };
+                let eff = super::pilot_policy(&base.policy, &candidate, &queues)?;
+                (
+                    eff,
+                    Action::Pilot {
+                        queues,
+                        candidate: Box::new(candidate),
+                    },
+                )
+            }
         };
-        install_and_commit(&app2, &v, &base)?;
-        Ok(v)
+        propose(
+            &app2,
+            Proposal {
+                policy,
+                action,
+                reason: req.reason,
+                force: req.force,
+                since,
+                author: who.name(),
+            },
+        )
     })
     .await?;
     Ok((StatusCode::CREATED, Json(v)))
+}
+
+async fn promote(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
+    let who = authenticate_admin(&app, &headers, "promote a policy pilot")?;
+    let req: PromoteRequest = json_body(&read(&app, body).await?)?;
+    check_reason(&req.reason)?;
+    let since = since_of(req.since_seconds)?;
+    let app2 = app.clone();
+    let v = blocking(move || {
+        let base = {
+            let c = lock(&app2)?;
+            super::current(&c.store)?.ok_or_else(|| {
+                ApiError::new(StatusCode::CONFLICT, "no policy version stored yet")
+            })?
+        };
+        let Action::Pilot { candidate, .. } = base.action else {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "version {} is not a pilot: nothing to promote",
+                    base.version
+                ),
+            ));
+        };
+        propose(
+            &app2,
+            Proposal {
+                policy: *candidate,
+                action: Action::Promote {
+                    pilot: base.version,
+                },
+                reason: req.reason,
+                force: req.force,
+                since,
+                author: who.name(),
+            },
+        )
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(v)))
+}
+
+/// A pilot's live figures against its prediction and the other queues.
+#[derive(Serialize)]
+pub struct PilotStatus {
+    /// The pilot version.
+    pub version: u64,
+    /// Its queues.
+    pub queues: Vec<String>,
+    /// Since when.
+    pub since: Time,
+    /// Live figures of jobs started since, pilot queues together.
+    pub pilot: super::LiveFigures,
+    /// Live figures of jobs started since in every other queue.
+    pub others: super::LiveFigures,
+    /// Per queue (all queues), live.
+    pub live: std::collections::BTreeMap<String, super::LiveFigures>,
+    /// The what-if's prediction for the pilot queues (candidate side).
+    pub predicted: std::collections::BTreeMap<String, whatif::Figures>,
+}
+
+async fn pilot_status(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<PilotStatus>> {
+    authenticate_person(&app, &headers)?;
+    let t = now();
+    let app2 = app.clone();
+    blocking(move || {
+        let c = lock(&app2)?;
+        let v = super::current(&c.store)?
+            .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "no policy version stored yet"))?;
+        let Action::Pilot { queues, .. } = &v.action else {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("version {} is not a pilot", v.version),
+            ));
+        };
+        let live = super::live_figures(&c, v.at, t.saturating_add(1));
+        let (mut pw, mut ow) = (Vec::new(), Vec::new());
+        for (r, _) in c.jobs.values() {
+            let Some(s) = r
+                .events
+                .iter()
+                .find(|e| e.kind == "scheduled")
+                .map(|e| e.at)
+            else {
+                continue;
+            };
+            if s < v.at {
+                continue;
+            }
+            let w = s.saturating_sub(r.submitted_at) as f64;
+            if queues.contains(&r.spec.queue) {
+                pw.push(w);
+            } else {
+                ow.push(w);
+            }
+        }
+        let fig = |v: &mut Vec<f64>| {
+            let s = gangway_sim::metrics::Stats::of(v);
+            super::LiveFigures {
+                jobs: s.n,
+                avg_wait: s.mean,
+                p95_wait: s.p95,
+            }
+        };
+        let predicted = v
+            .evidence
+            .as_ref()
+            .map(|w| {
+                w.candidate
+                    .queues
+                    .iter()
+                    .filter(|(q, _)| queues.contains(q))
+                    .map(|(q, f)| (q.clone(), f.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Json(PilotStatus {
+            version: v.version,
+            queues: queues.clone(),
+            since: v.at,
+            pilot: fig(&mut pw),
+            others: fig(&mut ow),
+            live: live.queues,
+            predicted,
+        }))
+    })
+    .await
 }
 
 async fn rollback(

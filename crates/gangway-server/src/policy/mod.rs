@@ -232,6 +232,81 @@ pub enum Action {
         /// The version restored.
         to: u64,
     },
+    /// `policy apply --pilot`: the candidate's changes to these queues only
+    /// (the version's policy); `promote` applies the whole candidate.
+    Pilot {
+        /// The pilot queues.
+        queues: Vec<String>,
+        /// The whole candidate.
+        candidate: Box<Policy>,
+    },
+    /// `policy promote`: a pilot's whole candidate.
+    Promote {
+        /// The pilot version promoted.
+        pilot: u64,
+    },
+}
+
+/// Most queues one pilot may name.
+pub const MAX_PILOT_QUEUES: usize = 64;
+
+/// The policy of a pilot of `candidate` on `queues`: `current` with the
+/// candidate's settings for those queues only. Pilotable are the settings
+/// that govern only the queue's own jobs: `allowed_priorities` (which
+/// classes order its jobs), `allow_non_preemptible` (the preemption rule for
+/// its jobs) and `time_limit`. Anything else moves GPUs or order between
+/// queues (quotas, weights, the tree, the scheduler's knobs) or judges
+/// changes (gates), so a candidate that changes it is refused for a pilot
+/// with the setting named; apply it without `--pilot`.
+pub fn pilot_policy(
+    current: &Policy,
+    candidate: &Policy,
+    queues: &[String],
+) -> Result<Policy, PolicyError> {
+    let refuse = |m: String| Err(PolicyError::Invalid(m));
+    if queues.is_empty() || queues.len() > MAX_PILOT_QUEUES {
+        return refuse(format!("pilot: name 1 to {MAX_PILOT_QUEUES} queues"));
+    }
+    for q in queues {
+        if current.queue(q).is_none() {
+            return refuse(format!("pilot: queue {q} does not exist"));
+        }
+    }
+    if current.scheduler != candidate.scheduler {
+        return refuse(
+            "scheduler: cluster-wide knobs are not pilotable; apply without --pilot".into(),
+        );
+    }
+    if current.gates != candidate.gates {
+        return refuse("gates: not pilotable; apply without --pilot".into());
+    }
+    let names = |p: &Policy| p.queues.iter().map(|q| q.name.clone()).collect::<Vec<_>>();
+    if names(current) != names(candidate) {
+        return refuse(
+            "queues: adding, removing or reordering queues is not pilotable; apply without --pilot"
+                .into(),
+        );
+    }
+    let mut out = current.clone();
+    for (mine, theirs) in out.queues.iter_mut().zip(&candidate.queues) {
+        let mut masked = theirs.clone();
+        masked.allowed_priorities = mine.allowed_priorities.clone();
+        masked.allow_non_preemptible = mine.allow_non_preemptible;
+        masked.time_limit = mine.time_limit.clone();
+        if masked != *mine {
+            return refuse(format!(
+                "queues[{}]: only allowed_priorities, allow_non_preemptible and time_limit are pilotable (quota, weight and parent move GPUs between queues); apply without --pilot",
+                mine.name
+            ));
+        }
+        if queues.contains(&mine.name) {
+            *mine = theirs.clone();
+        }
+    }
+    if out == *current {
+        return refuse("pilot: the candidate changes nothing in the pilot queues".into());
+    }
+    Ok(out)
 }
 
 /// The result of one gate.
