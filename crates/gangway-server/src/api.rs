@@ -59,6 +59,8 @@ pub struct App {
     pub history: Mutex<crate::dashboard::QueueHistory>,
     /// The configuration as the policy in force shapes it (submissions are checked against it).
     pub policy: crate::policy::Live,
+    /// Policy and SLO metrics (rendered with `metrics`).
+    pub watch: crate::policy::watch::Watch,
 }
 
 /// A submission handed to the group-commit writer.
@@ -941,7 +943,7 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<R
         return Err(forbidden("only the admin and metrics tokens read /metrics"));
     }
     // A snapshot the scheduler loop refreshes: a scrape never walks the jobs.
-    let text = app.metrics.render();
+    let text = crate::policy::watch::render(&app);
     Ok((
         [(
             header::CONTENT_TYPE,

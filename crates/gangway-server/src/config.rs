@@ -156,6 +156,10 @@ pub struct ServerConfig {
     /// Targets a policy change must meet in the what-if (see `gangway policy apply`).
     #[serde(default)]
     pub gates: crate::policy::Gates,
+    /// Per queue, the p95 wait it promises (seconds): exported as
+    /// `gangway_queue_slo_p95_wait_seconds`, alerted on by `gangway alerts`.
+    #[serde(default)]
+    pub slo_p95_wait_seconds: std::collections::BTreeMap<String, u64>,
 }
 
 fn six_hundred() -> u64 {
@@ -230,6 +234,7 @@ impl ServerConfig {
             master_ports: Default::default(),
             scheduler: Default::default(),
             gates: Default::default(),
+            slo_p95_wait_seconds: Default::default(),
         }
     }
 
@@ -315,6 +320,18 @@ impl ServerConfig {
         c.gates
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        for (q, t) in &c.slo_p95_wait_seconds {
+            if q.is_empty() || q.len() > 253 {
+                return Err(ConfigError::Invalid(
+                    "slo_p95_wait_seconds: queue names are 1 to 253 bytes".into(),
+                ));
+            }
+            if *t == 0 || *t > gangway_core::job::MAX_TIME_LIMIT_SECONDS {
+                return Err(ConfigError::Invalid(format!(
+                    "slo_p95_wait_seconds.{q}: must be between 1 second and 366 days"
+                )));
+            }
+        }
         if let Some(root) = &c.checkpoint_root {
             if !root.starts_with('/') {
                 return Err(ConfigError::Invalid(

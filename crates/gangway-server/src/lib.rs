@@ -117,6 +117,7 @@ pub fn open_with_audit(
         fenced: std::sync::atomic::AtomicBool::new(false),
         history: Mutex::new(dashboard::QueueHistory::default()),
         policy: live,
+        watch: policy::watch::Watch::new(),
     }))
 }
 
@@ -156,6 +157,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {
                 at.store(now, std::sync::atomic::Ordering::Relaxed);
                 app.metrics.refresh(&c);
+                app.watch.refresh(&app.cfg, &c, now);
             }
             Some(r)
         })
@@ -219,7 +221,7 @@ pub fn metrics_router(app: Arc<App>) -> axum::Router {
                         axum::http::header::CONTENT_TYPE,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    app.metrics.render(),
+                    policy::watch::render(&app),
                 )
             }
         }),

@@ -142,6 +142,9 @@ enum Command {
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
+    /// Prints Prometheus alert rules (SLO breach, wait drift after a policy
+    /// change, run-time prediction drift) for `rule_files:`.
+    Alerts,
     /// The versioned scheduling policy: show, diff, what-if, apply, rollback, log.
     Policy {
         #[command(subcommand)]
@@ -362,5 +365,9 @@ fn run() -> Result<()> {
         Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
         Command::Policy { cmd } => policy_cmd::run(c, cmd),
+        Command::Alerts => {
+            print!("{}", gangway_server::policy::watch::alert_rules());
+            Ok(())
+        }
     }
 }

@@ -362,6 +362,21 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
     ] {
         assert!(log.contains(w), "{w:?} not in the log:\n{log}");
     }
+    // The watch metrics are exported with the server's, in one exposition.
+    let metrics = ureq::get(&format!("{}/metrics", c.addr))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .call()
+        .expect("metrics")
+        .into_string()
+        .expect("text");
+    for m in [
+        "gangway_policy_version ",
+        "gangway_queue_wait_p95_seconds{queue=\"vision\"}",
+        "gangway_runtime_prediction_error_ratio ",
+    ] {
+        assert!(metrics.contains(m), "{m:?} not in /metrics");
+    }
+    assert_eq!(metrics.matches("# EOF").count(), 1);
     let json: Value =
         serde_json::from_str(&ok(&cli(&c, ADMIN, &["policy", "log", "-o", "json"]))).expect("json");
     let v2 = &json[1];
@@ -372,4 +387,43 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
         .expect("gates")
         .iter()
         .any(|g| g["passed"] == false));
+}
+
+#[test]
+fn the_alert_rules_pass_promtool() {
+    let out = Command::new(BIN).arg("alerts").output().expect("alerts");
+    let rules = ok(&out);
+    for name in [
+        "GangwayQueueWaitSLOBreach",
+        "GangwayWaitDriftAfterPolicyChange",
+        "GangwayRuntimePredictionDrift",
+    ] {
+        assert!(rules.contains(name), "{name}");
+    }
+    if Command::new("promtool").arg("--version").output().is_err() {
+        agents::skip_or_fail("GANGWAY_REQUIRE_PROMTOOL", "promtool is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(&file, &rules).expect("write");
+    let check = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // promtool checks more than YAML: a broken expression fails it.
+    std::fs::write(&file, rules.replace("> 2", "> > 2")).expect("write");
+    let bad = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    assert!(!bad.status.success());
 }

@@ -13,6 +13,7 @@
 //! it takes effect at the next cycle, and no pending or running job is lost.
 
 pub mod api;
+pub mod watch;
 pub mod whatif;
 
 use crate::config::ServerConfig;
