@@ -1218,6 +1218,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/audit", get(audit_log))
         .merge(crate::dashboard::routes())
         .merge(crate::policy::api::routes())
+        .merge(crate::backup::routes())
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))

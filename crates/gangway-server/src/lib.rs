@@ -6,6 +6,7 @@ pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod authz;
+pub mod backup;
 pub mod config;
 pub mod control;
 pub mod dashboard;
@@ -41,6 +42,9 @@ pub enum ServeError {
     /// Network.
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
+    /// The store's schema version, or a backup.
+    #[error(transparent)]
+    Backup(#[from] backup::BackupError),
     /// The stored scheduling policy.
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
@@ -67,6 +71,7 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
     private_dir(data_dir)?;
     let path = data_dir.join("gangway.redb");
     let store = RedbStore::open(&path)?;
+    backup::prepare(&store, Some(data_dir), api::now())?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -94,6 +99,7 @@ pub fn open_with_audit(
     role: ha::Role,
     audit: audit::AuditLog,
 ) -> Result<Arc<App>, ServeError> {
+    backup::prepare(&*store, None, api::now())?;
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
