@@ -272,6 +272,31 @@ pub fn prepare<S: Store + ?Sized>(
     Ok(written)
 }
 
+/// `POST /v1/admin/backup` (admin): the whole store, read under the state
+/// lock so no write of this server lands halfway.
+pub fn routes() -> axum::Router<std::sync::Arc<crate::api::App>> {
+    axum::Router::new().route("/v1/admin/backup", axum::routing::post(online))
+}
+
+async fn online(
+    axum::extract::State(app): axum::extract::State<std::sync::Arc<crate::api::App>>,
+    headers: axum::http::HeaderMap,
+) -> Result<axum::Json<Backup>, crate::api::ApiError> {
+    crate::api::authenticate_admin(&app, &headers, "take backups")?;
+    let now = crate::api::now();
+    let app2 = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let c = crate::api::lock(&app2)?;
+        take(&c.store, now)
+            .map(axum::Json)
+            .map_err(|e| crate::api::ApiError::from(ControlError::from(e)))
+    })
+    .await
+    .map_err(|e| {
+        crate::api::ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    })?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,29 +351,4 @@ mod tests {
         )
         .is_err());
     }
-}
-
-/// `POST /v1/admin/backup` (admin): the whole store, read under the state
-/// lock so no write of this server lands halfway.
-pub fn routes() -> axum::Router<std::sync::Arc<crate::api::App>> {
-    axum::Router::new().route("/v1/admin/backup", axum::routing::post(online))
-}
-
-async fn online(
-    axum::extract::State(app): axum::extract::State<std::sync::Arc<crate::api::App>>,
-    headers: axum::http::HeaderMap,
-) -> Result<axum::Json<Backup>, crate::api::ApiError> {
-    crate::api::authenticate_admin(&app, &headers, "take backups")?;
-    let now = crate::api::now();
-    let app2 = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let c = crate::api::lock(&app2)?;
-        take(&c.store, now)
-            .map(axum::Json)
-            .map_err(|e| crate::api::ApiError::from(ControlError::from(e)))
-    })
-    .await
-    .map_err(|e| {
-        crate::api::ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-    })?
 }

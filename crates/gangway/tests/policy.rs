@@ -200,6 +200,61 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
             assert!(body.contains(w), "{w}: {body}");
         }
     }
+    // Who may do what: people read, only admins change or replay.
+    for path in [
+        "/v1/policy/apply",
+        "/v1/policy/what-if",
+        "/v1/policy/rollback",
+        "/v1/policy/promote",
+        "/v1/admin/backup",
+    ] {
+        let body = serde_json::json!({ "reason": "x" });
+        let (code, _) = post_json(&c, "alice-token", path, &body);
+        assert_eq!(code, 403, "alice on {path}");
+        let (code, _) = post_json(&c, "wrong-token", path, &body);
+        assert_eq!(code, 401, "unknown token on {path}");
+    }
+    for path in ["/v1/policy", "/v1/policy/log", "/v1/policy/versions/1"] {
+        let code = match ureq::get(&format!("{}{path}", c.addr))
+            .set("Authorization", "Bearer agent-secret")
+            .call()
+        {
+            Err(ureq::Error::Status(s, _)) => s,
+            other => panic!("{path}: {other:?}"),
+        };
+        assert_eq!(code, 403, "the join token on {path}");
+    }
+    for (body, field) in [
+        (
+            serde_json::json!({ "policy": "{}", "since_seconds": 0 }),
+            "since_seconds",
+        ),
+        (
+            serde_json::json!({ "policy": "{}", "since_seconds": 400 * 86_400 }),
+            "since_seconds",
+        ),
+        (serde_json::json!({ "policy": "{}", "extra": 1 }), "extra"),
+    ] {
+        let (code, text) = post_json(&c, ADMIN, "/v1/policy/what-if", &body);
+        assert!(code == 400 && text.contains(field), "{code} {text}");
+    }
+    let (code, text) = post_json(
+        &c,
+        ADMIN,
+        "/v1/policy/apply",
+        &serde_json::json!({ "policy": "{}", "reason": "r".repeat(3000) }),
+    );
+    assert!(code == 400 && text.contains("reason"), "{code} {text}");
+    let (code, text) = post_json(
+        &c,
+        ADMIN,
+        "/v1/policy/apply",
+        &serde_json::json!({ "policy": candidate.to_string(), "reason": "r", "pilot": ["nope"] }),
+    );
+    assert!(
+        code == 422 && text.contains("queue nope does not exist"),
+        "{code} {text}"
+    );
     // Dropping a queue is fine while it holds no live job (research has
     // only finished history)...
     let (code, body) = post_json(
@@ -426,4 +481,85 @@ fn the_alert_rules_pass_promtool() {
         .output()
         .expect("promtool");
     assert!(!bad.status.success());
+}
+
+#[test]
+fn the_what_if_runs_offline_from_an_exported_history() {
+    use gangway_server::history::HistoryEntry;
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut lines = String::new();
+    for i in 0..200u64 {
+        let queue = if i % 2 == 0 { "research" } else { "vision" };
+        let mut rec = JobRecord::submitted(
+            JobId(i + 1),
+            "alice",
+            JobSpec::new("train", queue, 1, 2),
+            10_000 + i * 60,
+        );
+        rec.state = JobState::Succeeded;
+        for (at, kind) in [
+            (10_030 + i * 60, "scheduled"),
+            (10_930 + i * 60, "finished"),
+        ] {
+            rec.events.push(JobEvent {
+                at,
+                kind: kind.into(),
+                message: String::new(),
+            });
+        }
+        lines.push_str(
+            &serde_json::to_string(&HistoryEntry::from_record(&rec, 99_999)).expect("row"),
+        );
+        lines.push('\n');
+    }
+    let history = dir.path().join("history.jsonl");
+    std::fs::write(&history, lines).expect("history");
+    let current = dir.path().join("server.yaml");
+    std::fs::write(&current, config()).expect("config");
+    let cluster = dir.path().join("cluster.yaml");
+    std::fs::write(
+        &cluster,
+        "name: lab\nnode_groups:\n  - { count: 2, gpus: 8 }\n",
+    )
+    .expect("cluster");
+    let candidate = dir.path().join("candidate.yaml");
+    std::fs::write(
+        &candidate,
+        "queues:\n  - name: default\n  - name: research\n    quota: { nominal: { gpus: 8 }, borrowing_limit: { gpus: 0 } }\n  - name: vision\n    quota: { nominal: { gpus: 4 }, borrowing_limit: { gpus: 0 } }\ngates: { max_p95_wait_worse_pct: 10, max_utilisation_drop_points: 2, min_jain: 0.9 }\n",
+    )
+    .expect("candidate");
+    let p = |x: &std::path::Path| x.to_str().expect("path").to_string();
+    let out = Command::new(BIN)
+        .args([
+            "policy",
+            "what-if",
+            &p(&candidate),
+            "--history",
+            &p(&history),
+        ])
+        .args(["--current", &p(&current), "--cluster", &p(&cluster)])
+        .env_remove("GANGWAY_ADDR")
+        .output()
+        .expect("what-if");
+    let text = ok(&out);
+    for w in [
+        "change: queues.vision.quota.nominal.gpus: 8 -> 4",
+        "what-if: 200 jobs of this cluster's history on 16 GPUs",
+        "FAIL max_p95_wait_worse_pct queue vision",
+        "pass max_p95_wait_worse_pct queue research",
+    ] {
+        assert!(text.contains(w), "{w:?} not in:\n{text}");
+    }
+    // --history needs the policy in force and the nodes.
+    let out = Command::new(BIN)
+        .args([
+            "policy",
+            "what-if",
+            &p(&candidate),
+            "--history",
+            &p(&history),
+        ])
+        .output()
+        .expect("what-if");
+    assert!(!out.status.success());
 }
