@@ -367,6 +367,10 @@ mod tests {
         assert_eq!(c.limits_of("alice").max_pending_jobs, 1000);
         let prod = c.queues.iter().find(|q| q.name == "prod").expect("prod");
         assert!(prod.allow_non_preemptible);
+        // A fresh cluster's policy changes are gated out of the box.
+        assert_eq!(c.gates.max_p95_wait_worse_pct, Some(10.0));
+        assert_eq!(c.gates.max_utilisation_drop_points, Some(2.0));
+        assert_eq!(c.gates.min_jain, Some(0.9));
     }
 
     #[test]
@@ -379,6 +383,10 @@ mod tests {
             "users: [{ name: agent, token: user-token-1 }]\n",
             "users: [{ name: u, token: short }]\n",
             "max_body_bytes: 10\n",
+            "gates: { min_jain: 2 }\n",
+            "gates: { max_p95_wait_worse_pct: -1 }\n",
+            "slo_p95_wait_seconds: { research: 0 }\n",
+            "scheduler: { backfil: true }\n",
         ] {
             assert!(
                 ServerConfig::from_yaml(&format!("{base}{bad}")).is_err(),

@@ -128,6 +128,26 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
     std::fs::write(&file, candidate.to_string()).expect("candidate");
     let file = file.to_str().expect("path");
 
+    // What `policy show` prints is a policy file `apply` reads; unchanged, it
+    // is refused as nothing to apply.
+    let same = c.dir.path().join("same.yaml");
+    std::fs::write(&same, ok(&cli(&c, ADMIN, &["policy", "show"]))).expect("write");
+    refused(
+        &cli(
+            &c,
+            ADMIN,
+            &[
+                "policy",
+                "apply",
+                same.to_str().expect("path"),
+                "--reason",
+                "r",
+            ],
+        ),
+        "422",
+        &["the candidate is the policy in force (version 1); nothing to apply"],
+    );
+
     // The gate refuses it, showing the what-if table.
     let reason = "vision moves half its work to the new cluster";
     let err = refused(

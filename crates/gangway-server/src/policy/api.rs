@@ -378,6 +378,13 @@ struct Proposal {
 /// it when a gate fails (unless forced), else installs and stores it.
 fn propose(app: &App, p: Proposal) -> ApiResult<PolicyVersion> {
     let (base, answer) = evaluate(app, &p.policy, p.since)?;
+    if answer.diff.is_empty() && p.action == Action::Apply {
+        return Err(PolicyError::Invalid(format!(
+            "the candidate is the policy in force (version {}); nothing to apply",
+            base.version
+        ))
+        .into());
+    }
     if let Action::Promote { pilot } = &p.action {
         if base.version != *pilot {
             return Err(PolicyError::Conflict(base.version).into());

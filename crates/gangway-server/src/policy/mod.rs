@@ -919,6 +919,38 @@ mod tests {
     }
 
     #[test]
+    fn a_pilot_takes_only_the_pilot_queues_own_rules() {
+        let base = Policy::from_config(&cfg());
+        let mut cand = base.clone();
+        for q in &mut cand.queues {
+            q.allow_non_preemptible = true;
+        }
+        let p = pilot_policy(&base, &cand, &["a".into()]).expect("pilotable");
+        assert!(p.queue("a").expect("a").allow_non_preemptible);
+        assert!(!p.queue("lab").expect("lab").allow_non_preemptible);
+        let mut quota = cand.clone();
+        quota.queues[0].quota.nominal.gpus = Some(8);
+        let e = pilot_policy(&base, &quota, &["a".into()]).expect_err("quota");
+        assert!(
+            e.to_string()
+                .contains("queues[lab]: only allowed_priorities"),
+            "{e}"
+        );
+        let mut knob = cand.clone();
+        knob.scheduler.backfill = false;
+        assert!(pilot_policy(&base, &knob, &["a".into()])
+            .expect_err("knob")
+            .to_string()
+            .contains("scheduler"));
+        assert!(pilot_policy(&base, &cand, &["zzz".into()]).is_err());
+        assert!(pilot_policy(&base, &cand, &[]).is_err());
+        assert!(pilot_policy(&base, &base, &["a".into()])
+            .expect_err("no change")
+            .to_string()
+            .contains("changes nothing"));
+    }
+
+    #[test]
     fn the_day_after_a_change_is_measured_and_stored_once_over() {
         let dir = tempfile::tempdir().expect("tmp");
         let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
