@@ -172,6 +172,16 @@ fn print_version(v: &Value, out: &mut String) {
     for d in v["diff"].as_array().into_iter().flatten() {
         let _ = writeln!(out, "  change: {}", d.as_str().unwrap_or("-"));
     }
+    let judged = matches!(
+        v.pointer("/action/kind").and_then(Value::as_str),
+        Some("apply" | "pilot" | "promote")
+    );
+    if judged && v["evidence"].is_null() {
+        let _ = writeln!(
+            out,
+            "  evidence: none (no nodes or no finished jobs to replay; gates not evaluated)"
+        );
+    }
     if let Some(w) = v.get("evidence").filter(|w| !w.is_null()) {
         if let Ok(w) = serde_json::from_value::<whatif::WhatIf>(w.clone()) {
             for line in whatif::table(&w).lines() {
