@@ -634,8 +634,9 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
 
 /// At start (and when a replica becomes leader): loads the current version
 /// and installs it, or seeds version 1 from the configuration file when the
-/// store has none. A store whose current version cannot be installed is
-/// reported, and the file's queues stay in force.
+/// store has none. A current version that cannot be installed is an error
+/// naming it: the server does not schedule under a policy other than the
+/// one the store says is in force.
 pub fn load_or_seed<S: Store>(
     c: &mut Control<S>,
     cfg: &ServerConfig,
@@ -643,7 +644,12 @@ pub fn load_or_seed<S: Store>(
 ) -> Result<Policy, PolicyError> {
     match current(&c.store)? {
         Some(v) => {
-            install(c, &v.policy)?;
+            install(c, &v.policy).map_err(|e| {
+                PolicyError::Invalid(format!(
+                    "the policy version in force ({}) cannot be installed: {e}",
+                    v.version
+                ))
+            })?;
             Ok(v.policy)
         }
         None => {
