@@ -283,7 +283,12 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
         "/v1/policy/what-if",
         &serde_json::json!({ "policy": dropped.to_string() }),
     );
-    assert_eq!(code, 200, "{body}");
+    assert!(
+        code == 200
+            && body
+                .contains("queue research: 150 of 150 jobs cannot run under the candidate policy"),
+        "{code} {body}"
+    );
 
     // --force with a reason applies it: version 2, forced, reason kept.
     let out = ok(&cli(

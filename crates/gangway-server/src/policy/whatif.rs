@@ -372,6 +372,16 @@ pub fn table(w: &WhatIf) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    for (side, s) in [("current", &w.current), ("candidate", &w.candidate)] {
+        for (q, f) in &s.queues {
+            if f.rejected > 0 {
+                out.push_str(&format!(
+                    "queue {q}: {} of {} jobs cannot run under the {side} policy (rejected, e.g. the queue is gone)\n",
+                    f.rejected, f.jobs
+                ));
+            }
+        }
+    }
     for (why, n) in &w.skipped {
         out.push_str(&format!("left out: {n} ({why})\n"));
     }
