@@ -15,6 +15,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
+#[path = "state_policy.rs"]
+mod policy;
+
 /// Most GPUs one node may have (free masks are `u64`).
 pub const MAX_GPUS_PER_NODE: usize = 64;
 /// Most distinct (model, memory) GPU classes in one cluster.

@@ -57,6 +57,10 @@ pub struct App {
     pub fenced: std::sync::atomic::AtomicBool,
     /// Queue usage over the last hours (the dashboard's chart).
     pub history: Mutex<crate::dashboard::QueueHistory>,
+    /// The configuration as the policy in force shapes it (submissions are checked against it).
+    pub policy: crate::policy::Live,
+    /// Policy and SLO metrics (rendered with `metrics`).
+    pub watch: crate::policy::watch::Watch,
 }
 
 /// A submission handed to the group-commit writer.
@@ -402,12 +406,13 @@ async fn submit(
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
-    crate::limits::check_submission(&app.cfg, &p, &spec)?;
+    let live = app.policy.config();
+    crate::limits::check_submission(&live, &p, &spec)?;
     let max_pending = match &p {
         Principal::User { name, .. } => Some(app.cfg.limits_of(name).max_pending_jobs),
         _ => None,
     };
-    crate::admission::admit(&app.cfg, &spec)
+    crate::admission::admit(&live, &spec)
         .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
     let key = match headers.get("idempotency-key") {
         None => None,
@@ -951,7 +956,7 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<R
         return Err(forbidden("only the admin and metrics tokens read /metrics"));
     }
     // A snapshot the scheduler loop refreshes: a scrape never walks the jobs.
-    let text = app.metrics.render();
+    let text = crate::policy::watch::render(&app);
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -1229,6 +1234,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}/update", post(crate::workflow_api::update))
         .route("/v1/history", get(crate::history::list))
         .merge(crate::dashboard::routes())
+        .merge(crate::policy::api::routes())
+        .merge(crate::backup::routes())
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))

@@ -149,6 +149,17 @@ pub struct ServerConfig {
     /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
     #[serde(default)]
     pub master_ports: gangway_core::agent::PortRange,
+    /// Scheduler knobs (backfill, preemption, fair share): part of the
+    /// versioned policy, seeded from here at the first start.
+    #[serde(default)]
+    pub scheduler: crate::policy::SchedulerKnobs,
+    /// Targets a policy change must meet in the what-if (see `gangway policy apply`).
+    #[serde(default)]
+    pub gates: crate::policy::Gates,
+    /// Per queue, the p95 wait it promises (seconds): exported as
+    /// `gangway_queue_slo_p95_wait_seconds`, alerted on by `gangway alerts`.
+    #[serde(default)]
+    pub slo_p95_wait_seconds: std::collections::BTreeMap<String, u64>,
 }
 
 fn six_hundred() -> u64 {
@@ -221,6 +232,9 @@ impl ServerConfig {
             default_unix_user: nobody(),
             checkpoint_root: None,
             master_ports: Default::default(),
+            scheduler: Default::default(),
+            gates: Default::default(),
+            slo_p95_wait_seconds: Default::default(),
         }
     }
 
@@ -303,6 +317,21 @@ impl ServerConfig {
                 }
             }
         }
+        c.gates
+            .check()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        for (q, t) in &c.slo_p95_wait_seconds {
+            if q.is_empty() || q.len() > 253 {
+                return Err(ConfigError::Invalid(
+                    "slo_p95_wait_seconds: queue names are 1 to 253 bytes".into(),
+                ));
+            }
+            if *t == 0 || *t > gangway_core::job::MAX_TIME_LIMIT_SECONDS {
+                return Err(ConfigError::Invalid(format!(
+                    "slo_p95_wait_seconds.{q}: must be between 1 second and 366 days"
+                )));
+            }
+        }
         if let Some(root) = &c.checkpoint_root {
             if !root.starts_with('/') {
                 return Err(ConfigError::Invalid(
@@ -338,6 +367,10 @@ mod tests {
         assert_eq!(c.limits_of("alice").max_pending_jobs, 1000);
         let prod = c.queues.iter().find(|q| q.name == "prod").expect("prod");
         assert!(prod.allow_non_preemptible);
+        // A fresh cluster's policy changes are gated out of the box.
+        assert_eq!(c.gates.max_p95_wait_worse_pct, Some(10.0));
+        assert_eq!(c.gates.max_utilisation_drop_points, Some(2.0));
+        assert_eq!(c.gates.min_jain, Some(0.9));
     }
 
     #[test]
@@ -350,6 +383,10 @@ mod tests {
             "users: [{ name: agent, token: user-token-1 }]\n",
             "users: [{ name: u, token: short }]\n",
             "max_body_bytes: 10\n",
+            "gates: { min_jain: 2 }\n",
+            "gates: { max_p95_wait_worse_pct: -1 }\n",
+            "slo_p95_wait_seconds: { research: 0 }\n",
+            "scheduler: { backfil: true }\n",
         ] {
             assert!(
                 ServerConfig::from_yaml(&format!("{base}{bad}")).is_err(),

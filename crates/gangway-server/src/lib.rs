@@ -6,6 +6,7 @@ pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod authz;
+pub mod backup;
 pub mod config;
 pub mod control;
 pub mod dashboard;
@@ -15,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub mod nodes;
 pub mod openapi;
+pub mod policy;
 pub mod records;
 pub mod workflow;
 pub mod workflow_api;
@@ -42,6 +44,12 @@ pub enum ServeError {
     /// Network.
     #[error("serving: {0}")]
     Io(#[from] std::io::Error),
+    /// The store's schema version, or a backup.
+    #[error(transparent)]
+    Backup(#[from] backup::BackupError),
+    /// The stored scheduling policy.
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
 }
 
 /// The store behind the server: redb or etcd, chosen at start.
@@ -65,6 +73,7 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
     private_dir(data_dir)?;
     let path = data_dir.join("gangway.redb");
     let store = RedbStore::open(&path)?;
+    backup::prepare(&store, Some(data_dir), api::now())?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -92,10 +101,14 @@ pub fn open_with_audit(
     role: ha::Role,
     audit: audit::AuditLog,
 ) -> Result<Arc<App>, ServeError> {
+    backup::prepare(&*store, None, api::now())?;
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
     control.contract = cfg.contract();
+    let policy = policy::load_or_seed(&mut control, &cfg, api::now())?;
+    let live = policy::Live::new(&cfg);
+    live.set(&policy);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
         tokens: authz::ConfigTokens::new(&cfg),
@@ -111,6 +124,8 @@ pub fn open_with_audit(
         role: std::sync::RwLock::new(role),
         fenced: std::sync::atomic::AtomicBool::new(false),
         history: Mutex::new(dashboard::QueueHistory::default()),
+        policy: live,
+        watch: policy::watch::Watch::new(),
     }))
 }
 
@@ -144,11 +159,13 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 app.cfg.grace_kill_margin_seconds,
             );
             let r = expired.and_then(|_| c.cycle(now));
+            policy::tick(&c, now);
             // The /metrics snapshot, at most once a second.
             let at = &app.metrics_at;
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {
                 at.store(now, std::sync::atomic::Ordering::Relaxed);
                 app.metrics.refresh(&c);
+                app.watch.refresh(&app.cfg, &c, now);
             }
             Some(r)
         })
@@ -212,7 +229,7 @@ pub fn metrics_router(app: Arc<App>) -> axum::Router {
                         axum::http::header::CONTENT_TYPE,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )],
-                    app.metrics.render(),
+                    policy::watch::render(&app),
                 )
             }
         }),

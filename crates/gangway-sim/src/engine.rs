@@ -195,6 +195,31 @@ impl Engine {
         queues.sort();
         queues.dedup();
         let state = spec.build(&queues, StateConfig::default())?;
+        let cfg = policy.config();
+        Ok(Self::from_parts(trace, policy, state, cfg, opts))
+    }
+
+    /// Prepares a run of `trace` on a cluster state built by the caller (nodes
+    /// and queue tree) with the core configured by `cfg`; jobs keep submit
+    /// order within their queue and priority class, as on a live server. The
+    /// policy what-if replays a cluster's own history this way, once per
+    /// candidate policy.
+    pub fn with_state(
+        trace: &Trace,
+        state: ClusterState,
+        cfg: gangway_sched::SchedulerConfig,
+        opts: SimOptions,
+    ) -> Self {
+        Self::from_parts(trace, Policy::Capacity, state, cfg, opts)
+    }
+
+    fn from_parts(
+        trace: &Trace,
+        policy: Policy,
+        state: ClusterState,
+        cfg: gangway_sched::SchedulerConfig,
+        opts: SimOptions,
+    ) -> Self {
         let n = opts.limit.unwrap_or(trace.jobs.len()).min(trace.jobs.len());
         let jobs: Vec<SimJob> = trace.jobs[..n]
             .iter()
@@ -226,7 +251,7 @@ impl Engine {
             rng: 0,
             now: 0,
             rec,
-            cfg: policy.config(),
+            cfg,
             watch: std::env::var("GANGWAY_SIM_WATCH")
                 .ok()
                 .and_then(|w| w.parse().ok()),
@@ -245,7 +270,7 @@ impl Engine {
             let t = e.next_failure_gap();
             e.push(t, Ev::NodeDown(0));
         }
-        Ok(e)
+        e
     }
 
     fn push(&mut self, t: Time, ev: Ev) {

@@ -1,11 +1,13 @@
 //! `gangway`: one binary for Gangway's subcommands.
 
+mod admin_cmd;
 mod bench;
 mod bench_api;
 mod bench_chaos;
 mod bench_dashboard;
 mod client;
 mod local;
+mod policy_cmd;
 mod sim;
 mod workflow;
 
@@ -158,6 +160,19 @@ enum Command {
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
+    /// Whole-store backup and restore (rollback paths for Gangway itself).
+    Admin {
+        #[command(subcommand)]
+        cmd: admin_cmd::AdminCmd,
+    },
+    /// Prints Prometheus alert rules (SLO breach, wait drift after a policy
+    /// change, run-time prediction drift) for `rule_files:`.
+    Alerts,
+    /// The versioned scheduling policy: show, diff, what-if, apply, rollback, log.
+    Policy {
+        #[command(subcommand)]
+        cmd: policy_cmd::PolicyCmd,
+    },
     /// Benchmarks that print figures (`metric: value unit`).
     Bench {
         #[command(subcommand)]
@@ -242,6 +257,7 @@ fn server(
             // The store is etcd; the audit log stays in this replica's data dir.
             gangway_server::private_dir(data_dir)?;
             let audit = gangway_server::audit::AuditLog::open(&data_dir.join("audit.log"))?;
+            gangway_server::backup::prepare(e, Some(data_dir), gangway_server::api::now())?;
             gangway_server::open_with_audit(
                 cfg,
                 std::sync::Arc::new(e.clone()),
@@ -376,5 +392,11 @@ fn run() -> Result<()> {
         Command::Usage { from, to } => client::usage(c, from, to),
         Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
+        Command::Policy { cmd } => policy_cmd::run(c, cmd),
+        Command::Admin { cmd } => admin_cmd::run(c, cmd),
+        Command::Alerts => {
+            print!("{}", gangway_server::policy::watch::alert_rules());
+            Ok(())
+        }
     }
 }

@@ -312,4 +312,25 @@ fn the_dashboard_shows_the_grid_a_pending_reason_a_placement_and_cancels() {
         api(&addr, "GET", &format!("/v1/jobs/{small}"), None)["state"],
         "cancelled"
     );
+
+    // The decision log page shows a policy change: what, who, why.
+    let mut p = api(&addr, "GET", "/v1/policy", None)["policy"].clone();
+    p["scheduler"]["max_reservations"] = 2.into();
+    let reason = "two reservations for the big gangs";
+    let v = api(
+        &addr,
+        "POST",
+        "/v1/policy/apply",
+        Some(json!({ "policy": p.to_string(), "reason": reason, "force": true })),
+    );
+    assert_eq!(v["version"], 2, "{v}");
+    browser.goto(&format!("{addr}/#/policy"));
+    browser.wait_js(
+        "the decision log",
+        &format!(
+            "const r = document.querySelector(\"tr.policy-version[data-version='2']\"); return !!r && r.textContent.includes({}) && r.textContent.includes('scheduler.max_reservations: 1 -> 2') && r.textContent.includes('apply')",
+            json!(reason)
+        ),
+        json!(true),
+    );
 }

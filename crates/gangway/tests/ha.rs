@@ -425,3 +425,71 @@ fn a_frozen_leader_wakes_up_deposed_and_steps_down_without_writing() {
     assert_eq!(id, 11);
     reps.kill(old);
 }
+
+/// Answer of an admin call to `url`, error statuses included.
+fn call(url: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let r = ureq::request(
+        if body.is_some() { "POST" } else { "GET" },
+        &format!("{url}{path}"),
+    )
+    .set("Authorization", &format!("Bearer {ADMIN}"))
+    .timeout(Duration::from_secs(10));
+    let r = match body {
+        Some(b) => r.send_json(b),
+        None => r.call(),
+    };
+    match r {
+        Ok(x) => (x.status(), x.into_json().unwrap_or(Value::Null)),
+        Err(ureq::Error::Status(s, x)) => (s, x.into_json().unwrap_or(Value::Null)),
+        Err(e) => (0, json!(e.to_string())),
+    }
+}
+
+#[test]
+fn a_new_leader_schedules_with_the_policy_version_in_force() {
+    let Some(etcd) = EtcdProcess::start() else {
+        return;
+    };
+    let mut reps = replicas(&etcd, 2);
+    let leader = wait_leader(&reps);
+    register_node(&reps);
+    let url = reps.all[leader].url();
+    // Version 2 caps the default queue at 2 GPUs (the file says unlimited).
+    let (_, v1) = call(&url, "/v1/policy", None);
+    let mut p = v1["policy"].clone();
+    p["queues"][0]["quota"] = json!({ "nominal": { "gpus": 2 }, "borrowing_limit": { "gpus": 0 } });
+    let (code, v2) = call(
+        &url,
+        "/v1/policy/apply",
+        Some(json!({ "policy": p.to_string(), "reason": "cap default at 2 GPUs" })),
+    );
+    assert_eq!(code, 201, "{v2}");
+    // The leader dies; the follower that takes over reads version 2 from etcd.
+    reps.kill(leader);
+    let next = wait_leader(&reps);
+    assert_ne!(next, leader);
+    let url = reps.all[next].url();
+    let (_, cur) = call(&url, "/v1/policy", None);
+    assert_eq!(cur["version"], 2, "{cur}");
+    let job =
+        || json!({ "name": "j", "queue": "default", "replicas": 1, "resources": { "gpus": 2 } });
+    let (code, a) = call(&url, "/v1/jobs", Some(job()));
+    assert_eq!(code, 201, "{a}");
+    let (_, b) = call(&url, "/v1/jobs", Some(job()));
+    let b = b["id"].as_u64().expect("id");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, j) = call(&url, &format!("/v1/jobs/{b}"), None);
+        if j["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("queue default is at its limit 2/2 GPUs"))
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            reps.dump();
+            panic!("job {b} should wait on the cap of version 2: {j:#}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

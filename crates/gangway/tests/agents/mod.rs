@@ -78,6 +78,25 @@ impl Drop for Cluster {
     }
 }
 
+/// `gangway server` with `dir/server.yaml` on `data_dir`, logging to `dir/server.log`.
+fn spawn_server(dir: &Path, data_dir: &Path, listen: &str) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .expect("log");
+    Command::new(BIN)
+        .args(["server", "--config"])
+        .arg(dir.join("server.yaml"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", listen])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn server")
+}
+
 /// Kills every rank that recorded its pid (orphans of a killed agent).
 pub fn kill_recorded_ranks(out: &Path) {
     for (_, pid) in pids(out, None) {
@@ -134,7 +153,11 @@ impl Cluster {
     }
 
     pub fn start_with(listen_ip: &str, config: &str) -> Cluster {
-        let dir = tempfile::tempdir().expect("tmp");
+        Self::start_in(tempfile::tempdir().expect("tmp"), listen_ip, config)
+    }
+
+    /// [`Cluster::start_with`] in `dir`, whose `data/` may already hold a store.
+    pub fn start_in(dir: tempfile::TempDir, listen_ip: &str, config: &str) -> Cluster {
         // Ranks run as an unprivileged account: let them reach the rank
         // script and the checkpoint root in here.
         let _ = Command::new("chmod")
@@ -149,19 +172,9 @@ impl Cluster {
         std::fs::write(&script, RANK_SCRIPT).expect("script");
         let cfg = dir.path().join("server.yaml");
         std::fs::write(&cfg, config).expect("config");
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
-        let server = Command::new(BIN)
-            .args(["server", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--listen", &format!("{listen_ip}:{port}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn server");
-        let addr = format!("http://{listen_ip}:{port}");
+        let listen = format!("{listen_ip}:{}", free_port());
+        let server = spawn_server(dir.path(), &dir.path().join("data"), &listen);
+        let addr = format!("http://{listen}");
         let c = Cluster {
             dir,
             addr,
@@ -175,6 +188,19 @@ impl Cluster {
             ureq::get(&format!("{}/healthz", c.addr)).call().ok()
         });
         c
+    }
+
+    /// Stops the server and starts another with the same configuration on
+    /// the same address, on the store in `data_dir` (a restored backup, an
+    /// upgrade); agents keep running and reconnect.
+    pub fn replace_server(&mut self, data_dir: &Path) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let listen = self.addr.trim_start_matches("http://").to_string();
+        self.server = spawn_server(self.dir.path(), data_dir, &listen);
+        wait_for("server up", 20, || {
+            ureq::get(&format!("{}/healthz", self.addr)).call().ok()
+        });
     }
 
     /// Starts `gangway agent` for `node` with `gpus` declared GPUs; `prefix`
