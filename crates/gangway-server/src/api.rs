@@ -442,49 +442,20 @@ async fn submit(
     Ok(res)
 }
 
-/// Filters of the job list.
-#[derive(Deserialize)]
-pub struct JobFilter {
-    queue: Option<String>,
-    state: Option<String>,
-    user: Option<String>,
-    /// Skip this many matching jobs.
-    offset: Option<usize>,
-    /// Return at most this many.
-    limit: Option<usize>,
-    /// Newest first.
-    #[serde(default)]
-    desc: bool,
-}
-
 async fn list_jobs(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Query(f): Query<JobFilter>,
-) -> ApiResult<Json<Vec<JobView>>> {
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
+    Query(q): Query<crate::listing::JobQuery>,
+) -> ApiResult<Response> {
     let p = authenticate_person(&app, &headers)?;
+    let page = q
+        .check()
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     let c = lock(&app)?;
-    let state = match &f.state {
-        Some(s) => Some(serde_json::from_value::<JobState>(json!(s)).map_err(|_| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("state: unknown state {s:?}"),
-            )
-        })?),
-        None => None,
-    };
-    let all: Box<dyn Iterator<Item = &(JobRecord, u64)>> = if f.desc {
-        Box::new(c.jobs.values().rev())
-    } else {
-        Box::new(c.jobs.values())
-    };
-    let out = all
-        .map(|(r, _)| r)
-        .filter(|r| f.queue.as_ref().is_none_or(|q| &r.spec.queue == q))
-        .filter(|r| f.user.as_ref().is_none_or(|u| &r.user == u))
-        .filter(|r| state.is_none_or(|s| r.state == s))
-        .skip(f.offset.unwrap_or(0))
-        .take(f.limit.unwrap_or(usize::MAX))
+    let (jobs, next) = page.select(&c.jobs);
+    let out: Vec<JobView> = jobs
+        .into_iter()
         .map(|r| {
             view(
                 &c,
@@ -493,7 +464,19 @@ async fn list_jobs(
             )
         })
         .collect();
-    Ok(Json(out))
+    drop(c);
+    let mut res = Json(out).into_response();
+    if let Some(n) = next {
+        let h = res.headers_mut();
+        if let Ok(v) = header::HeaderValue::from_str(&n) {
+            h.insert("x-next-cursor", v);
+        }
+        let link = crate::listing::next_link(raw.as_deref().unwrap_or(""), &n);
+        if let Ok(v) = header::HeaderValue::from_str(&link) {
+            h.insert(header::LINK, v);
+        }
+    }
+    Ok(res)
 }
 
 async fn get_job(

@@ -12,6 +12,7 @@ pub mod dashboard;
 pub mod ha;
 pub mod history;
 pub mod limits;
+pub mod listing;
 pub mod metrics;
 pub mod nodes;
 pub mod openapi;

@@ -732,3 +732,108 @@ fn sync_answers_assignments_and_refuses_reports_about_an_old_attempt() {
         (Some("scheduled"), Some(1))
     );
 }
+
+/// GET with the answer's headers (`X-Next-Cursor`, `Link`, `Content-Type`).
+fn get_with_headers(s: &Server, path: &str, token: &str) -> (u16, Value, Vec<(String, String)>) {
+    let r = ureq::get(&format!("{}{path}", s.base))
+        .set("Authorization", &format!("Bearer {token}"))
+        .call();
+    let resp = match r {
+        Ok(x) | Err(ureq::Error::Status(_, x)) => x,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let headers = resp
+        .headers_names()
+        .into_iter()
+        .filter_map(|n| Some((n.clone(), resp.header(&n)?.to_string())))
+        .collect();
+    (
+        resp.status(),
+        resp.into_json().unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn job_lists_are_paged_with_a_cursor_and_filter_by_state_lists_and_activity() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let (code, v) = s.submit("alice-token", &job(&format!("j{i}"), "research", 1, 4));
+        assert_eq!(code, 201, "{v}");
+        ids.push(v["id"].as_u64().expect("id"));
+    }
+    // One runs (scheduled), one is cancelled, five wait.
+    s.wait_job(ids[0], |j| j["state"] == "scheduled");
+    let (code, _) = s.post(
+        &format!("/v1/jobs/{}/cancel", ids[6]),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(code, 200);
+    // Pages of 3 walk every job once, in order, then stop.
+    for desc in [false, true] {
+        let mut seen = Vec::new();
+        let mut path = format!("/v1/jobs?limit=3&desc={desc}");
+        let mut pages = 0;
+        loop {
+            let (code, page, h) = get_with_headers(&s, &path, "alice-token");
+            assert_eq!(code, 200, "{page}");
+            let page = page.as_array().expect("a page is an array").clone();
+            assert!(page.len() <= 3);
+            seen.extend(page.iter().map(|j| j["id"].as_u64().expect("id")));
+            pages += 1;
+            match header(&h, "x-next-cursor") {
+                Some(c) => {
+                    let link = header(&h, "link").expect("a Link header beside the cursor");
+                    assert!(
+                        link.contains(&format!("cursor={c}")) && link.contains("limit=3"),
+                        "{link}"
+                    );
+                    path = format!("/v1/jobs?limit=3&desc={desc}&cursor={c}");
+                }
+                None => break,
+            }
+        }
+        let mut want = ids.clone();
+        if desc {
+            want.reverse();
+        }
+        assert_eq!(seen, want, "desc={desc}");
+        assert_eq!(pages, 3);
+    }
+    // Comma lists of states, and active=true (everything not ended).
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?state=scheduled,cancelled", "alice-token");
+    let got: Vec<u64> = l
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|j| j["id"].as_u64().expect("id"))
+        .collect();
+    assert_eq!(got, vec![ids[0], ids[6]]);
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true", "alice-token");
+    assert_eq!(l.as_array().expect("list").len(), 6);
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true&user=bob", "alice-token");
+    assert_eq!(l.as_array().expect("list").len(), 0);
+    // Refusals name the parameter, as JSON.
+    for (q, field) in [
+        ("limit=5001", "limit"),
+        ("limit=0", "limit"),
+        ("state=pending,sleeping", "state"),
+        ("cursor=nonsense", "cursor"),
+    ] {
+        let (code, v, _) = get_with_headers(&s, &format!("/v1/jobs?{q}"), "alice-token");
+        assert_eq!(code, 400, "{q}: {v}");
+        let msg = v["error"].as_str().unwrap_or_default();
+        assert!(msg.starts_with(&format!("{field}:")), "{q}: {v}");
+    }
+}

@@ -12,6 +12,8 @@ pub enum Output {
     Table,
     /// JSON for scripts.
     Json,
+    /// A wider table: ISO-8601 times and every detail.
+    Wide,
 }
 
 /// Where the server is and who we are.
@@ -159,6 +161,14 @@ impl Conn {
         &self,
         call: impl Fn(&str) -> Result<ureq::Response, Box<ureq::Error>>,
     ) -> Result<Value> {
+        self.send_paged(call).map(|(v, _)| v)
+    }
+
+    /// Like `send`, with the answer's next-page cursor (`X-Next-Cursor`).
+    fn send_paged(
+        &self,
+        call: impl Fn(&str) -> Result<ureq::Response, Box<ureq::Error>>,
+    ) -> Result<(Value, Option<String>)> {
         let addrs = self.addrs();
         let mut last = None;
         for a in &addrs {
@@ -178,9 +188,13 @@ impl Conn {
         )
     }
 
-    fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<Value> {
+    fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<(Value, Option<String>)> {
         match r {
-            Ok(resp) => Ok(resp.into_json().context("decoding the server's answer")?),
+            Ok(resp) => {
+                let next = resp.header("x-next-cursor").map(str::to_string);
+                let v = resp.into_json().context("decoding the server's answer")?;
+                Ok((v, next))
+            }
             Err(ureq::Error::Status(code, resp)) => {
                 let body: Value = resp.into_json().unwrap_or(Value::Null);
                 let msg = body
@@ -196,6 +210,17 @@ impl Conn {
     /// GET a path.
     pub fn get(&self, path: &str) -> Result<Value> {
         self.send(|a| {
+            gangway_agent::tls::http()
+                .get(&format!("{a}{path}"))
+                .set("Authorization", &self.bearer())
+                .call()
+                .map_err(Box::new)
+        })
+    }
+
+    /// GET one page of a paged list: the page and the next page's cursor.
+    pub fn get_page(&self, path: &str) -> Result<(Value, Option<String>)> {
+        self.send_paged(|a| {
             gangway_agent::tls::http()
                 .get(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
@@ -230,10 +255,11 @@ impl Conn {
         })
     }
 
-    fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
+    /// Prints `v` as JSON (`-o json`) or through `table`.
+    pub fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
-            Output::Table => print!("{}", table(v)),
+            Output::Table | Output::Wide => print!("{}", table(v)),
         }
         Ok(())
     }
@@ -468,45 +494,6 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
     }
 }
 
-/// `gangway queue`.
-pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&str>) -> Result<()> {
-    let mut q = Vec::new();
-    if let Some(x) = queue {
-        q.push(format!("queue={x}"));
-    }
-    if let Some(x) = state {
-        q.push(format!("state={x}"));
-    }
-    if let Some(x) = user {
-        q.push(format!("user={x}"));
-    }
-    let path = if q.is_empty() {
-        "/v1/jobs".to_string()
-    } else {
-        format!("/v1/jobs?{}", q.join("&"))
-    };
-    let v = c.get(&path)?;
-    c.print(&v, |v| {
-        let mut out = format!(
-            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "REASON"
-        );
-        for j in v.as_array().into_iter().flatten() {
-            out += &format!(
-                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
-                s(j, "id"),
-                at(j, "/spec/name"),
-                at(j, "/spec/queue"),
-                s(j, "user"),
-                s(j, "state"),
-                gpus(j),
-                j.get("reason").and_then(Value::as_str).unwrap_or("")
-            );
-        }
-        out
-    })
-}
-
 /// `gangway describe ID` / `gangway why ID`.
 pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
     let v = c.get(&format!("/v1/jobs/{id}"))?;
@@ -517,6 +504,7 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
                 None => format!("job {id} is {}\n", s(j, "state")),
             };
         }
+        let now = crate::human::now();
         let mut out = format!(
             "job {id}: {}\n  queue {}  user {}  state {}  gpus {}\n",
             at(j, "/spec/name"),
@@ -525,21 +513,29 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             s(j, "state"),
             gpus(j)
         );
+        if let Some(t) = j.get("submitted_at").and_then(Value::as_u64) {
+            out += &format!("  submitted {}\n", crate::human::both(t, now));
+        }
         if let Some(r) = j.get("reason").and_then(Value::as_str) {
-            out += &format!("  waiting: {r}\n");
+            match j.get("reason_code").and_then(Value::as_str) {
+                Some(code) => out += &format!("  waiting: {code}: {r}\n"),
+                None => out += &format!("  waiting: {r}\n"),
+            }
+        }
+        if let Some(t) = j.get("estimated_start").and_then(Value::as_u64) {
+            out += &format!("  estimated start {}\n", crate::human::both(t, now));
         }
         out += &contract_lines(j);
-        for p in j
+        let placement = j
             .get("placement")
             .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            out += &format!(
-                "  rank group on {} GPUs {}\n",
-                s(p, "node"),
-                p.get("gpus").map_or("[]".into(), |g| g.to_string())
-            );
+            .cloned()
+            .unwrap_or_default();
+        if !placement.is_empty() {
+            out += "  placement:\n";
+            for line in crate::human::rank_groups(&placement) {
+                out += &format!("    {line}\n");
+            }
         }
         out += "  events:\n";
         for e in j
@@ -548,12 +544,11 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             .into_iter()
             .flatten()
         {
-            out += &format!(
-                "    {} {:<11} {}\n",
-                s(e, "at"),
-                s(e, "kind"),
-                s(e, "message")
-            );
+            let when = e
+                .get("at")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), |t| crate::human::both(t, now));
+            out += &format!("    {when} {:<11} {}\n", s(e, "kind"), s(e, "message"));
         }
         out
     })
@@ -699,13 +694,15 @@ pub fn audit(c: &Conn, since: Option<u64>, limit: Option<usize>) -> Result<()> {
     let v = c.get(&format!("/v1/audit?{}", q.join("&")))?;
     c.print(&v, |v| {
         let mut out = format!(
-            "{:<11} {:<16} {:<40} {:<20} {}\n",
+            "{:<20} {:<16} {:<40} {:<20} {}\n",
             "AT", "WHO", "ACTION", "TARGET", "RESULT"
         );
         for e in v.as_array().into_iter().flatten() {
             out += &format!(
-                "{:<11} {:<16} {:<40} {:<20} {} {}\n",
-                at(e, "/at"),
+                "{:<20} {:<16} {:<40} {:<20} {} {}\n",
+                e.get("at")
+                    .and_then(Value::as_u64)
+                    .map_or_else(|| "-".into(), crate::human::iso),
                 s(e, "who"),
                 s(e, "action"),
                 e.get("target").and_then(Value::as_str).unwrap_or("-"),
@@ -751,7 +748,13 @@ pub fn usage(c: &Conn, from: Option<u64>, to: Option<u64>) -> Result<()> {
     }
     let v = c.get(&format!("/v1/usage?{}", q.join("&")))?;
     c.print(&v, |v| {
-        let mut out = String::from("GPU-hours by queue:\n");
+        let span = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), crate::human::iso)
+        };
+        let mut out = format!("from {} to {}\n", span("from"), span("to"));
+        out += "GPU-hours by queue:\n";
         for (k, h) in v["gpu_hours_by_queue"].as_object().into_iter().flatten() {
             out += &format!("  {k:<16} {:>10.2}\n", h.as_f64().unwrap_or(0.0));
         }

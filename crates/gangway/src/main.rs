@@ -5,7 +5,9 @@ mod bench_api;
 mod bench_chaos;
 mod bench_dashboard;
 mod client;
+mod human;
 mod local;
+mod queue;
 mod sim;
 
 use anyhow::{Context, Result};
@@ -87,18 +89,8 @@ enum Command {
         /// The job file.
         file: PathBuf,
     },
-    /// Lists jobs.
-    Queue {
-        /// Only this queue.
-        #[arg(long)]
-        queue: Option<String>,
-        /// Only this state (pending, scheduled, running, ...).
-        #[arg(long)]
-        state: Option<String>,
-        /// Only this user.
-        #[arg(long)]
-        user: Option<String>,
-    },
+    /// Lists the jobs that have not ended (`--all`: every job).
+    Queue(queue::QueueArgs),
     /// Shows a job, its events and why it waits.
     Describe {
         /// Job id.
@@ -121,8 +113,8 @@ enum Command {
     },
     /// Prints the audit log: every state-changing call, who made it and its result (admin).
     Audit {
-        /// Only entries at or after this time (seconds since the epoch).
-        #[arg(long)]
+        /// Only entries at or after this time: ISO-8601, a span before now (`2h`) or epoch seconds.
+        #[arg(long, value_parser = human::parse_when)]
         since: Option<u64>,
         /// At most this many (the latest).
         #[arg(long)]
@@ -132,11 +124,11 @@ enum Command {
     Queues,
     /// GPU-hours per queue and user over a time range.
     Usage {
-        /// Start, seconds since the epoch.
-        #[arg(long)]
+        /// Start: ISO-8601, a span before now (`7d`) or epoch seconds.
+        #[arg(long, value_parser = human::parse_when)]
         from: Option<u64>,
-        /// End, seconds since the epoch.
-        #[arg(long)]
+        /// End: ISO-8601, a span before now or epoch seconds (default: now).
+        #[arg(long, value_parser = human::parse_when)]
         to: Option<u64>,
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
@@ -333,9 +325,7 @@ fn run() -> Result<()> {
             client::logs_of(c, id, which, attempt, follow)
         }
         Command::Submit { file } => client::submit(c, &file),
-        Command::Queue { queue, state, user } => {
-            client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())
-        }
+        Command::Queue(a) => queue::run(c, &a),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
         Command::Cancel { id } => client::cancel(c, id),
