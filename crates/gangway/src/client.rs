@@ -374,6 +374,10 @@ fn with_submit_dir(text: &str) -> Result<Option<String>> {
     Ok(Some(serde_json::to_string(&v)?))
 }
 
+fn self_json(c: &Conn) -> bool {
+    c.output == Output::Json
+}
+
 /// Which ranks `gangway logs` prints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ranks {
@@ -476,7 +480,14 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
             Err(e) => return Err(e),
         };
         let data = chunk.get("data").and_then(Value::as_str).unwrap_or("");
-        print!("{data}");
+        if self_json(c) {
+            // One JSON object per chunk (JSON lines): data and next_offset.
+            if !data.is_empty() || offset == 0 {
+                println!("{}", serde_json::to_string(&chunk)?);
+            }
+        } else {
+            print!("{data}");
+        }
         std::io::stdout().flush()?;
         offset = chunk
             .get("next_offset")

@@ -9,6 +9,7 @@ mod human;
 mod local;
 mod queue;
 mod sim;
+mod wait;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -88,6 +89,16 @@ enum Command {
     Submit {
         /// The job file.
         file: PathBuf,
+        /// Follow the job until it ends (a line at each change: why it
+        /// waits, where it runs, how it ended) and exit with its outcome:
+        /// 0 when it succeeds, else its failing rank's exit code or 1.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Prints a shell completion script: `source <(gangway completions bash)`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
     /// Lists the jobs that have not ended (`--all`: every job).
     Queue(queue::QueueArgs),
@@ -269,6 +280,11 @@ fn server(
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<wait::JobOutcome>().is_some() => {
+            let code = e.downcast_ref::<wait::JobOutcome>().map_or(1, |o| o.code);
+            eprintln!("{e}");
+            std::process::ExitCode::from(code)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -278,6 +294,12 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
+        return Ok(());
+    }
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;
     match cli.command {
@@ -324,7 +346,13 @@ fn run() -> Result<()> {
             };
             client::logs_of(c, id, which, attempt, follow)
         }
-        Command::Submit { file } => client::submit(c, &file),
+        Command::Submit { file, wait: false } => client::submit(c, &file),
+        Command::Submit { file, wait: true } => {
+            let id = client::submit_id(c, &file)?;
+            eprintln!("job {id} submitted");
+            wait::wait(c, id, std::time::Duration::from_millis(500))
+        }
+        Command::Completions { .. } => Ok(()),
         Command::Queue(a) => queue::run(c, &a),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
