@@ -1198,6 +1198,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))
+        .layer(axum::middleware::from_fn(crate::errors::json_errors))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(app)
 }

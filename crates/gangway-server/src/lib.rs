@@ -9,6 +9,7 @@ pub mod authz;
 pub mod config;
 pub mod control;
 pub mod dashboard;
+pub mod errors;
 pub mod ha;
 pub mod history;
 pub mod limits;

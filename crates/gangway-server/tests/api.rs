@@ -837,3 +837,52 @@ fn job_lists_are_paged_with_a_cursor_and_filter_by_state_lists_and_activity() {
         assert!(msg.starts_with(&format!("{field}:")), "{q}: {v}");
     }
 }
+
+#[test]
+fn every_error_is_json_including_path_query_route_and_method_rejections() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let send = |method: &str, path: &str| {
+        let r = ureq::request(method, &format!("{}{path}", s.base))
+            .set("Authorization", "Bearer admin-secret")
+            .call();
+        match r {
+            Ok(x) => panic!("{method} {path} answered {}", x.status()),
+            Err(ureq::Error::Status(code, x)) => {
+                let ct = x.content_type().to_string();
+                let body = x.into_string().expect("body");
+                (code, ct, body)
+            }
+            Err(e) => panic!("transport error: {e}"),
+        }
+    };
+    for (method, path, code, says) in [
+        // Path extraction: a job id that is not a number.
+        ("GET", "/v1/jobs/seven", 400, "seven"),
+        ("POST", "/v1/jobs/-1/cancel", 400, "-1"),
+        ("POST", "/v1/nodes/n0/gpus/x/clear", 400, "x"),
+        // Query extraction: a number or boolean that is not one.
+        ("GET", "/v1/jobs?limit=many", 400, "limit"),
+        ("GET", "/v1/jobs?active=maybe", 400, "active"),
+        ("GET", "/v1/usage?from=yesterday", 400, "from"),
+        ("GET", "/v1/audit?since=-5", 400, "since"),
+        // Our own refusals stay as they were.
+        ("GET", "/v1/jobs?limit=0", 400, "limit:"),
+        ("GET", "/v1/jobs/999", 404, "job 999 does not exist"),
+        // No such route, and a route without this method.
+        ("GET", "/v1/nope", 404, "no such route: GET /v1/nope"),
+        (
+            "DELETE",
+            "/v1/jobs",
+            405,
+            "method DELETE not allowed on /v1/jobs",
+        ),
+    ] {
+        let (got, ct, body) = send(method, path);
+        assert_eq!(got, code, "{method} {path}: {body}");
+        assert_eq!(ct, "application/json", "{method} {path}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("a JSON body");
+        let msg = v["error"].as_str().expect("an error field");
+        assert!(msg.contains(says), "{method} {path}: {msg}");
+    }
+}
