@@ -921,15 +921,11 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<R
         return Err(forbidden("only the admin and metrics tokens read /metrics"));
     }
     // A snapshot the scheduler loop refreshes: a scrape never walks the jobs.
-    let text = app.metrics.render();
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response())
+    let format = crate::metrics::Format::negotiate(
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+    );
+    let text = app.metrics.render_as(format);
+    Ok(([(header::CONTENT_TYPE, format.content_type())], text).into_response())
 }
 
 /// Which audit entries to read.

@@ -204,15 +204,17 @@ where
 pub fn metrics_router(app: Arc<App>) -> axum::Router {
     axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
             let app = app.clone();
             async move {
+                let format = metrics::Format::negotiate(
+                    headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok()),
+                );
                 (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    app.metrics.render(),
+                    [(axum::http::header::CONTENT_TYPE, format.content_type())],
+                    app.metrics.render_as(format),
                 )
             }
         }),

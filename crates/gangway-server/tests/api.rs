@@ -886,3 +886,93 @@ fn every_error_is_json_including_path_query_route_and_method_rejections() {
         assert!(msg.contains(says), "{method} {path}: {msg}");
     }
 }
+
+/// `promtool check metrics` on `text`: `None` when promtool is not
+/// installed (a failure instead when GANGWAY_REQUIRE_PROMTOOL is set).
+fn promtool(text: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("GANGWAY_REQUIRE_PROMTOOL").is_none(),
+                "promtool is required: {e}"
+            );
+            eprintln!("skipping promtool: {e}");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    Some((
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
+}
+
+#[test]
+fn metrics_speak_prometheus_text_by_default_and_openmetrics_when_asked() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let id = s.submit("alice-token", &job("m", "research", 1, 2)).1["id"]
+        .as_u64()
+        .expect("id");
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    let scrape = |accept: Option<&str>| {
+        let mut r =
+            ureq::get(&format!("{}/metrics", s.base)).set("Authorization", "Bearer admin-secret");
+        if let Some(a) = accept {
+            r = r.set("Accept", a);
+        }
+        let resp = r.call().expect("metrics");
+        let ct = resp.content_type().to_string();
+        let full_ct = resp.header("content-type").unwrap_or("").to_string();
+        (ct, full_ct, resp.into_string().expect("text"))
+    };
+    // No Accept header (curl, promtool): text format 0.0.4.
+    let (ct, full, text) = scrape(None);
+    assert_eq!(ct, "text/plain", "{full}");
+    assert!(full.contains("version=0.0.4"), "{full}");
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(
+        text.contains("# HELP gangway_api_requests_total "),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE gangway_decisions_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("gangway_api_requests_total{route=\"/v1/jobs\",status=\"201\"} 1"),
+        "{text}"
+    );
+    if let Some((ok, said)) = promtool(&text) {
+        assert!(ok, "promtool check metrics: {said}\n{text}");
+    }
+    // What Prometheus sends: OpenMetrics preferred.
+    let (ct, full, om) = scrape(Some(
+        "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    ));
+    assert_eq!(ct, "application/openmetrics-text", "{full}");
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    assert!(om.contains("# TYPE gangway_decisions counter"), "{om}");
+    // Preferring text gets text.
+    let (ct, _, _) = scrape(Some("application/openmetrics-text;q=0.1, text/plain;q=0.9"));
+    assert_eq!(ct, "text/plain");
+}
