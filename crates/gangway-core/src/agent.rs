@@ -231,7 +231,7 @@ pub struct CheckpointCleanup {
 }
 
 /// A page of a rank's log, as the agent serves it and the server relays it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LogChunk {
     /// Text (invalid UTF-8 replaced).
     pub data: String,

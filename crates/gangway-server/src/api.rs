@@ -338,7 +338,7 @@ async fn parse_spec(body: Bytes, json_body: bool) -> ApiResult<JobSpec> {
 }
 
 /// A job as the API shows it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct JobView {
     /// The stored record.
     #[serde(flatten)]
@@ -369,6 +369,25 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/jobs", tag = "jobs",
+    summary = "Submit a job",
+    description = "A job spec as JSON (`Content-Type: application/json`) or YAML (anything else). Plain users submit to their queues only; the owner is the token's user. With `Idempotency-Key` (1-128 of `[A-Za-z0-9-_.:]`), a retry returns the first submission's job.",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: the same key (per user) never creates a second job")),
+    request_body(content((JobSpec = "application/json"), (String = "application/yaml")), description = "The job spec"),
+    responses(
+        (status = 201, description = "Accepted and stored", body = crate::openapi::Submitted),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn submit(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -442,6 +461,24 @@ async fn submit(
     Ok(res)
 }
 
+#[utoipa::path(
+    get, path = "/v1/jobs", tag = "jobs",
+    summary = "List jobs, a page at a time",
+    description = "Filters combine. The answer is one page (an array); when more may follow, the `X-Next-Cursor` header holds the next page's cursor and `Link` its URL (`rel=next`). Other users' jobs show with environment values redacted.",
+    params(crate::listing::JobQuery),
+    responses(
+        (status = 200, description = "One page of jobs", body = Vec<JobView>,
+            headers(("X-Next-Cursor" = String, description = "Cursor of the next page (absent on the last)"),
+                    ("Link" = String, description = "URL of the next page, rel=next"))),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn list_jobs(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -479,6 +516,22 @@ async fn list_jobs(
     Ok(res)
 }
 
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}", tag = "jobs",
+    summary = "A job with its events, placement, why it waits and its estimated start",
+    params(("id" = u64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job (env values redacted unless owner or admin)", body = JobView),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn get_job(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -494,6 +547,23 @@ async fn get_job(
     Ok(Json(view(&c, rec, access)))
 }
 
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    summary = "Cancel a job (owner or admin)",
+    params(("id" = u64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Cancelled (running ranks get their checkpoint signal)", body = crate::openapi::Cancelled),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn cancel_job(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -517,6 +587,19 @@ async fn cancel_job(
     Ok(Json(json!({ "id": id, "state": "cancelled" })))
 }
 
+#[utoipa::path(
+    get, path = "/v1/queues", tag = "queues",
+    summary = "Queues with quota, weight, allowed priorities and current usage",
+    responses(
+        (status = 200, description = "Every queue", body = Vec<Object>),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn queues(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -544,6 +627,19 @@ async fn queues(
     Ok(Json(json!(out)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/nodes", tag = "nodes",
+    summary = "Nodes, their GPUs (allocated, healthy), readiness and jobs",
+    responses(
+        (status = 200, description = "Every node, registered or waiting for approval", body = Vec<Object>),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn nodes(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -593,6 +689,26 @@ async fn nodes(
     Ok(Json(json!(out)))
 }
 
+#[utoipa::path(
+    post, path = "/v1/nodes", tag = "nodes",
+    summary = "Register a node",
+    description = "The join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token).",
+    request_body(content = NodeSpec, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Re-registered", body = Object),
+        (status = 201, description = "Registered: node_token and log_token", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn register_node(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -658,6 +774,25 @@ fn node_auth(app: &App, headers: &HeaderMap, node: &str) -> ApiResult<()> {
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/agent/{name}/report", tag = "agent",
+    summary = "An agent reports a job on its node (node token)",
+    params(("name" = String, Path, description = "Node name")),
+    request_body(content = Object, content_type = "application/json", description = "`job`, optional `attempt`, `state` (running, failing or exited) and `exit_code` (failing, exited)"),
+    responses(
+        (status = 200, description = "The job's state after the report", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn agent_report(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -692,6 +827,25 @@ async fn agent_report(
     Ok(Json(json!({ "job": r.job, "state": state })))
 }
 
+#[utoipa::path(
+    post, path = "/v1/agent/{name}/sync", tag = "agent",
+    summary = "An agent's heartbeat: GPU health and task states in, the node's assignments out (node token)",
+    params(("name" = String, Path, description = "Node name")),
+    request_body(content = Object, content_type = "application/json", description = "gangway_core::agent::SyncRequest"),
+    responses(
+        (status = 200, description = "gangway_core::agent::SyncResponse: assignments and cleanup", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn agent_sync(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -720,7 +874,8 @@ async fn agent_sync(
 }
 
 /// Which log to read.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LogQuery {
     /// Rank (default 0).
     rank: Option<u32>,
@@ -730,6 +885,23 @@ pub struct LogQuery {
     offset: Option<u64>,
 }
 
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/logs", tag = "jobs",
+    summary = "A rank's log, relayed from its agent (owner or admin)",
+    params(("id" = u64, Path, description = "Job id"), LogQuery),
+    responses(
+        (status = 200, description = "A chunk of the log and the offset to ask for next", body = LogChunk),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 502, description = "the node's agent did not answer as expected", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn job_logs(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -831,6 +1003,23 @@ async fn job_logs(
     r.map(Json)
 }
 
+#[utoipa::path(
+    post, path = "/v1/nodes/{name}/gpus/{index}/{action}", tag = "nodes",
+    summary = "Mark a GPU healthy (`healthy`, `clear`) or `unhealthy` (admin)",
+    params(("name" = String, Path, description = "Node name"), ("index" = u32, Path, description = "GPU index"),
+           ("action" = String, Path, description = "healthy, clear or unhealthy")),
+    responses(
+        (status = 200, description = "The GPU's health now", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn gpu_health(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -854,6 +1043,24 @@ async fn gpu_health(
     ))
 }
 
+#[utoipa::path(
+    post, path = "/v1/nodes/{name}/{action}", tag = "nodes",
+    summary = "approve, cordon, drain, uncordon or delete a node (admin)",
+    params(("name" = String, Path, description = "Node name"),
+           ("action" = String, Path, description = "approve, cordon, drain, uncordon or delete")),
+    responses(
+        (status = 200, description = "What changed", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn cordon(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -889,12 +1096,28 @@ async fn cordon(
 }
 
 /// Range of the usage report (seconds since the epoch).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UsageRange {
     from: Option<u64>,
     to: Option<u64>,
 }
 
+#[utoipa::path(
+    get, path = "/v1/usage", tag = "queues",
+    summary = "GPU-hours per queue and per user over a time range",
+    params(UsageRange),
+    responses(
+        (status = 200, description = "from, to, gpu_hours_by_queue, gpu_hours_by_user", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn usage(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -915,6 +1138,22 @@ async fn usage(
     ))
 }
 
+#[utoipa::path(
+    get, path = "/metrics", tag = "operations",
+    summary = "Prometheus metrics (admin or metrics token)",
+    description = "Prometheus text format 0.0.4 by default; OpenMetrics 1.0.0 when the Accept header prefers `application/openmetrics-text`.",
+    params(("Accept" = Option<String>, Header, description = "Content negotiation")),
+    responses(
+        (status = 200, description = "The metrics", content(
+            (String = "text/plain; version=0.0.4"),
+            (String = "application/openmetrics-text; version=1.0.0"))),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
     let p = authenticate(&app, &headers)?;
     if !matches!(p, Principal::Admin | Principal::Metrics) {
@@ -929,7 +1168,8 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<R
 }
 
 /// Which audit entries to read.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Only entries at or after this time (seconds since the epoch).
     since: Option<u64>,
@@ -937,6 +1177,21 @@ pub struct AuditQuery {
     limit: Option<usize>,
 }
 
+#[utoipa::path(
+    get, path = "/v1/audit", tag = "operations",
+    summary = "The audit log: every state-changing call with who, what, target and result (admin)",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "Entries, oldest first", body = Vec<AuditEntry>),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn audit_log(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -1034,6 +1289,20 @@ async fn security_headers(req: axum::extract::Request, next: axum::middleware::N
     res
 }
 
+#[utoipa::path(
+    get, path = "/healthz", tag = "operations",
+    summary = "Liveness",
+    responses((status = 200, description = "ok", body = String, content_type = "text/plain"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "operations",
+    summary = "This document",
+    responses((status = 200, description = "OpenAPI document", body = Object))
+)]
 async fn openapi() -> Json<serde_json::Value> {
     Json(crate::openapi::document())
 }
@@ -1159,6 +1428,11 @@ async fn forward(
     }
 }
 
+#[utoipa::path(
+    get, path = "/v1/leader", tag = "operations",
+    summary = "Whether this replica leads, and whom it forwards to",
+    responses((status = 200, description = "leader, and leader_url on a follower", body = Object))
+)]
 async fn leader(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     let role = app
         .role
@@ -1174,7 +1448,7 @@ async fn leader(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 /// The router.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/v1/leader", get(leader))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))

@@ -17,7 +17,8 @@ pub const MAX_PAGE: usize = 5_000;
 const MAX_PARAM: usize = 1024;
 
 /// The query of `GET /v1/jobs`, as sent.
-#[derive(Deserialize, Default, Debug)]
+#[derive(Deserialize, Default, Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct JobQuery {
     /// Only this queue.
     pub queue: Option<String>,

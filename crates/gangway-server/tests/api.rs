@@ -976,3 +976,149 @@ fn metrics_speak_prometheus_text_by_default_and_openmetrics_when_asked() {
     let (ct, _, _) = scrape(Some("application/openmetrics-text;q=0.1, text/plain;q=0.9"));
     assert_eq!(ct, "text/plain");
 }
+
+/// Every `.route("PATH", get(..).post(..))` in the server's sources, as
+/// (METHOD, PATH): the router's route list, read where it is written, so a
+/// route added anywhere under src/ is seen.
+fn routes_in_sources() -> Vec<(String, String)> {
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("src dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    files(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut paths,
+    );
+    let mut out = Vec::new();
+    for f in paths {
+        let src = std::fs::read_to_string(&f).expect("source");
+        let mut rest = src.as_str();
+        while let Some(i) = rest.find(".route(\"") {
+            rest = &rest[i + 8..];
+            let Some(end) = rest.find('"') else { break };
+            let path = rest[..end].to_string();
+            // The method router: up to the parenthesis closing `.route(`.
+            let (mut depth, mut stop) = (1i32, rest.len());
+            for (k, ch) in rest.char_indices().skip(end + 1) {
+                match ch {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            stop = k;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let expr = &rest[end + 1..stop];
+            for m in ["get", "post", "put", "delete", "patch"] {
+                let mut e = expr;
+                while let Some(j) = e.find(&format!("{m}(")) {
+                    let before = e[..j].chars().next_back();
+                    if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                        out.push((m.to_uppercase(), path.clone()));
+                    }
+                    e = &e[j + m.len() + 1..];
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn the_openapi_document_covers_every_route_and_every_documented_route_exists() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let doc: Value = ureq::get(&format!("{}/openapi.json", s.base))
+        .call()
+        .expect("openapi")
+        .into_json()
+        .expect("json");
+    assert_eq!(
+        doc,
+        gangway_server::openapi::document(),
+        "served = generated"
+    );
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    let routes = routes_in_sources();
+    assert!(
+        routes.len() >= 20,
+        "the route scan found too few: {routes:?}"
+    );
+    let missing: Vec<String> = routes
+        .iter()
+        .filter(|(m, p)| !doc["paths"][p][m.to_lowercase()].is_object())
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from the OpenAPI document (add #[utoipa::path] to the handler and list it in gangway_server::openapi::ApiDoc): {missing:?}"
+    );
+    // The other way: every documented operation is routed, and documents
+    // its parameters and JSON errors.
+    let public = ["/", "/healthz", "/openapi.json", "/v1/leader"];
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("operations") {
+            let concrete = path
+                .replace("{id}", "1")
+                .replace("{name}", "n0")
+                .replace("{index}", "0")
+                .replace("{action}", "cordon");
+            let r = ureq::request(&method.to_uppercase(), &format!("{}{concrete}", s.base))
+                .set("Authorization", "Bearer admin-secret")
+                .call();
+            if let Err(ureq::Error::Status(code, resp)) = r {
+                let body = resp.into_string().unwrap_or_default();
+                assert!(
+                    code != 405 && !body.contains("no such route"),
+                    "{method} {path} is documented but not routed: {code} {body}"
+                );
+            }
+            for (i, seg) in path
+                .split('/')
+                .enumerate()
+                .filter(|(_, s)| s.starts_with('{'))
+            {
+                let name = seg.trim_matches(['{', '}']);
+                assert!(
+                    op["parameters"].as_array().is_some_and(|ps| ps
+                        .iter()
+                        .any(|p| p["name"] == name && p["in"] == "path")),
+                    "{method} {path}: path parameter {name} (segment {i}) undocumented"
+                );
+            }
+            if !public.contains(&path.as_str()) {
+                assert!(op["security"].is_array(), "{method} {path}: no security");
+                let e401 = &op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"];
+                assert_eq!(
+                    e401, "#/components/schemas/ErrorBody",
+                    "{method} {path}: 401 is not the JSON error"
+                );
+            }
+        }
+    }
+    // The job list documents its filters and the spec its fields.
+    let params: Vec<&str> = doc["paths"]["/v1/jobs"]["get"]["parameters"]
+        .as_array()
+        .expect("list parameters")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for p in ["state", "active", "user", "queue", "cursor", "limit"] {
+        assert!(params.contains(&p), "GET /v1/jobs lacks {p}: {params:?}");
+    }
+    assert!(doc["components"]["schemas"]["JobSpec"]["properties"]["replicas"].is_object());
+    assert!(doc["components"]["schemas"]["JobView"].is_object());
+}

@@ -95,6 +95,8 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Prints the API's OpenAPI document (what `/openapi.json` serves).
+    Openapi,
     /// Prints a shell completion script: `source <(gangway completions bash)`.
     Completions {
         /// The shell.
@@ -353,6 +355,13 @@ fn run() -> Result<()> {
             wait::wait(c, id, std::time::Duration::from_millis(500))
         }
         Command::Completions { .. } => Ok(()),
+        Command::Openapi => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&gangway_server::openapi::document())?
+            );
+            Ok(())
+        }
         Command::Queue(a) => queue::run(c, &a),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
