@@ -200,7 +200,7 @@ impl JobPage {
         self.queue.as_deref().is_none_or(|q| j.queue() == q)
             && self.user.as_deref().is_none_or(|u| j.user() == u)
             && (self.states.is_empty() || self.states.contains(&j.state()))
-            && self.active.is_none_or(|a| a == !j.state().is_terminal())
+            && self.active.is_none_or(|a| a != j.state().is_terminal())
     }
 
     /// One page of `jobs` (in id order) and the cursor of the next page, if
