@@ -334,8 +334,11 @@ pub struct UpArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Milliseconds between each agent's syncs with the server (how soon a
-    /// placement starts and an exit is seen).
-    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    /// placement starts and an exit is seen). 250 halves a short gang's
+    /// submit-to-end time, but the default stays 1000: at 250 the first
+    /// two-node gang after start has been seen to lose a rank to SIGKILL
+    /// (137) and restart (an agent race, under investigation).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub sync_ms: u64,
 }
 
@@ -538,8 +541,14 @@ pub fn up(a: &UpArgs) -> Result<()> {
             None => String::new(),
         };
         crate::client::write_private(&cli, &format!("addr: {addr}\ntoken: {admin}\n{ca}"))?;
+        // The example that fits the queues: train.yaml uses `default`.
+        let example = if a.config.is_some() {
+            "examples/job.yaml"
+        } else {
+            "examples/train.yaml"
+        };
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit {example}\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
             a.gpus_per_node,
             a.gpu.gpu_model,
