@@ -334,11 +334,8 @@ pub struct UpArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Milliseconds between each agent's syncs with the server (how soon a
-    /// placement starts and an exit is seen). 250 halves a short gang's
-    /// submit-to-end time, but the default stays 1000: at 250, on a loaded
-    /// machine, a two-node gang of instant ranks has been seen to lose a
-    /// rank to a spurious exit 137 and restart (an agent race, reported).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    /// placement starts and an exit is seen).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub sync_ms: u64,
 }
 

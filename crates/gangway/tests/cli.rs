@@ -223,3 +223,46 @@ fn completions_are_generated_for_each_shell() {
         .expect("run");
     assert!(!o.status.success());
 }
+
+#[test]
+fn the_first_gang_of_instant_ranks_on_a_fresh_cluster_ends_without_a_restart() {
+    // Regression: the supervisor's exit-code directory was created only after
+    // the first rank started, so a rank that ended at once left no exit code
+    // and a fast sync reported it killed (137), restarting the gang.
+    for round in 0..3 {
+        let dir = tempfile::tempdir().expect("tmp");
+        let data = dir.path().join("up");
+        let _up = Up(up(
+            &data,
+            free_port(),
+            &["--nodes", "2", "--gpus-per-node", "4", "--sync-ms", "50"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gangway up"));
+        let cfg = data.join("cli.yaml");
+        wait_for("up's CLI config", 60, || cfg.exists().then_some(()));
+        let spec = dir.path().join("instant.yaml");
+        std::fs::write(
+            &spec,
+            "name: instant\nqueue: default\nreplicas: 2\nresources: { gpus: 4 }\nrun: { command: [sh, -c, \"exit 0\"] }\n",
+        )
+        .expect("job file");
+        let o = cli(
+            &cfg,
+            &[
+                "submit",
+                "--wait",
+                "-o",
+                "json",
+                spec.to_str().expect("path"),
+            ],
+        );
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "round {round}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("job json");
+        assert_eq!(v["restarts"], 0, "round {round}: {err}\n{v}");
+        assert!(v["failure"].is_null(), "round {round}: {}", v["failure"]);
+    }
+}
