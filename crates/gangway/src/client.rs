@@ -510,8 +510,23 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
     let v = c.get(&format!("/v1/jobs/{id}"))?;
     c.print(&v, |j| {
         if why_only {
+            let start = j
+                .get("estimated_start")
+                .and_then(Value::as_u64)
+                .map(|t| {
+                    format!(
+                        "  estimated start {}\n",
+                        crate::human::both(t, crate::human::now())
+                    )
+                })
+                .unwrap_or_default();
+            let code = j
+                .get("reason_code")
+                .and_then(Value::as_str)
+                .map(|c| format!("{c}: "))
+                .unwrap_or_default();
             return match j.get("reason").and_then(Value::as_str) {
-                Some(r) => format!("job {id} ({}): {r}\n", s(j, "state")),
+                Some(r) => format!("job {id} ({}): {code}{r}\n{start}", s(j, "state")),
                 None => format!("job {id} is {}\n", s(j, "state")),
             };
         }
@@ -636,9 +651,10 @@ pub fn nodes(c: &Conn) -> Result<()> {
     let v = c.get("/v1/nodes")?;
     c.print(&v, |v| {
         let mut out = format!(
-            "{:<16} {:<10} {:>5} {:>5} {:>9}  {}\n",
-            "NODE", "LEAF", "GPUS", "USED", "UNHEALTHY", "STATUS"
+            "{:<16} {:<10} {:>5} {:>5} {:>9}  {:<16} {}\n",
+            "NODE", "LEAF", "GPUS", "USED", "UNHEALTHY", "STATUS", "LAST SEEN"
         );
+        let now = crate::human::now();
         for n in v.as_array().into_iter().flatten() {
             let g = n
                 .get("gpus")
@@ -662,8 +678,12 @@ pub fn nodes(c: &Conn) -> Result<()> {
             } else {
                 "Ready"
             };
+            let seen = n
+                .get("last_heartbeat")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), |t| crate::human::relative(t, now));
             out += &format!(
-                "{:<16} {:<10} {:>5} {:>5} {:>9}  {status}\n",
+                "{:<16} {:<10} {:>5} {:>5} {:>9}  {status:<16} {seen}\n",
                 s(n, "name"),
                 s(n, "leaf"),
                 g.len(),

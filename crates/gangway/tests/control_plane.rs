@@ -419,6 +419,12 @@ fn queue_shows_active_jobs_pages_through_all_and_describe_groups_ranks() {
         "{wide}"
     );
     assert!(wide.contains("node-a,node-b"), "{wide}");
+    // Nodes say when they were last heard from, in words.
+    let nodes = stdout(&cli(&s.addr, "alice-token", &["nodes"]));
+    assert!(
+        nodes.contains("LAST SEEN") && !nodes.contains(&epoch),
+        "{nodes}"
+    );
     // A bad state is refused by the server, naming the field.
     let out = cli(
         &s.addr,
