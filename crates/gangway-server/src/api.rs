@@ -591,7 +591,7 @@ async fn cancel_job(
     get, path = "/v1/queues", tag = "queues",
     summary = "Queues with quota, weight, allowed priorities and current usage",
     responses(
-        (status = 200, description = "Every queue", body = Vec<Object>),
+        (status = 200, description = "Every queue", body = Vec<crate::openapi::QueueView>),
         (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
         (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
         (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
@@ -631,7 +631,7 @@ async fn queues(
     get, path = "/v1/nodes", tag = "nodes",
     summary = "Nodes, their GPUs (allocated, healthy), readiness and jobs",
     responses(
-        (status = 200, description = "Every node, registered or waiting for approval", body = Vec<Object>),
+        (status = 200, description = "Every node, registered or waiting for approval", body = Vec<crate::openapi::NodeView>),
         (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
         (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
         (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
@@ -749,7 +749,7 @@ async fn register_node(
 }
 
 /// An agent's report.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReportBody {
     job: u64,
@@ -778,7 +778,7 @@ fn node_auth(app: &App, headers: &HeaderMap, node: &str) -> ApiResult<()> {
     post, path = "/v1/agent/{name}/report", tag = "agent",
     summary = "An agent reports a job on its node (node token)",
     params(("name" = String, Path, description = "Node name")),
-    request_body(content = Object, content_type = "application/json", description = "`job`, optional `attempt`, `state` (running, failing or exited) and `exit_code` (failing, exited)"),
+    request_body(content = ReportBody, content_type = "application/json", description = "`state` is running, failing or exited; `exit_code` is required with failing and exited"),
     responses(
         (status = 200, description = "The job's state after the report", body = Object),
         (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
@@ -831,9 +831,9 @@ async fn agent_report(
     post, path = "/v1/agent/{name}/sync", tag = "agent",
     summary = "An agent's heartbeat: GPU health and task states in, the node's assignments out (node token)",
     params(("name" = String, Path, description = "Node name")),
-    request_body(content = Object, content_type = "application/json", description = "gangway_core::agent::SyncRequest"),
+    request_body(content = SyncRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "gangway_core::agent::SyncResponse: assignments and cleanup", body = Object),
+        (status = 200, description = "The node's desired assignments and checkpoint cleanups", body = SyncResponse),
         (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
         (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
         (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
@@ -1108,7 +1108,7 @@ pub struct UsageRange {
     summary = "GPU-hours per queue and per user over a time range",
     params(UsageRange),
     responses(
-        (status = 200, description = "from, to, gpu_hours_by_queue, gpu_hours_by_user", body = Object),
+        (status = 200, description = "GPU-hours by queue and by user", body = crate::openapi::UsageView),
         (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
         (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
         (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
@@ -1431,7 +1431,7 @@ async fn forward(
 #[utoipa::path(
     get, path = "/v1/leader", tag = "operations",
     summary = "Whether this replica leads, and whom it forwards to",
-    responses((status = 200, description = "leader, and leader_url on a follower", body = Object))
+    responses((status = 200, description = "leader, and leader_url on a follower", body = crate::openapi::LeaderView))
 )]
 async fn leader(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     let role = app

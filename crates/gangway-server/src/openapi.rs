@@ -34,6 +34,99 @@ pub struct Cancelled {
     pub state: String,
 }
 
+/// One queue in `GET /v1/queues` (the handler builds it as JSON; the
+/// contract test checks the served keys against this schema).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct QueueView {
+    /// Queue name.
+    pub name: String,
+    /// Parent queue (cohort), if any.
+    pub parent: Option<String>,
+    /// Fair-share weight.
+    pub weight: u32,
+    /// Nominal quota, borrowing and lending limits.
+    #[schema(value_type = Object)]
+    pub quota: serde_json::Value,
+    /// Priority classes plain users may use here (empty: all but critical).
+    pub allowed_priorities: Vec<gangway_core::PriorityClass>,
+    /// Whether plain users may submit non-preemptible jobs here.
+    pub allow_non_preemptible: bool,
+    /// Resources its running jobs use now (gpus, cpu_millis, memory_mib).
+    #[schema(value_type = Object)]
+    pub usage: serde_json::Value,
+}
+
+/// One GPU of a node in `GET /v1/nodes`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct GpuView {
+    /// Device index.
+    pub index: u32,
+    /// Model.
+    pub model: String,
+    /// Memory in GiB.
+    pub memory_gib: u32,
+    /// Healthy.
+    pub healthy: bool,
+    /// Bound to a job.
+    pub allocated: bool,
+}
+
+/// One node in `GET /v1/nodes`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// Leaf switch / rack.
+    pub leaf: String,
+    /// Address other nodes reach it at.
+    pub address: String,
+    /// Takes no new work.
+    pub cordoned: bool,
+    /// Why it was cordoned (automatic cordons say so).
+    pub cordon_reason: Option<String>,
+    /// Heard from recently.
+    pub ready: bool,
+    /// Last heartbeat, seconds since the epoch.
+    pub last_heartbeat: Option<u64>,
+    /// Its GPUs.
+    pub gpus: Vec<GpuView>,
+    /// Jobs with ranks on it.
+    pub jobs: Vec<u64>,
+    /// Joined with the join token, waiting for an admin's approval.
+    pub pending_approval: bool,
+}
+
+/// `GET /v1/usage`: GPU-hours over a range.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct UsageView {
+    /// Start, seconds since the epoch.
+    pub from: u64,
+    /// End, seconds since the epoch.
+    pub to: u64,
+    /// GPU-hours per queue.
+    pub gpu_hours_by_queue: std::collections::BTreeMap<String, f64>,
+    /// GPU-hours per user.
+    pub gpu_hours_by_user: std::collections::BTreeMap<String, f64>,
+}
+
+/// `GET /v1/whoami`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WhoAmI {
+    /// The token's principal (user name, `admin`...).
+    pub name: String,
+    /// Whether it is the admin token.
+    pub admin: bool,
+}
+
+/// `GET /v1/leader`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LeaderView {
+    /// Whether this replica leads.
+    pub leader: bool,
+    /// Where a follower forwards to (absent on the leader).
+    pub leader_url: Option<String>,
+}
+
 /// Adds the bearer-token scheme the operations name.
 struct Bearer;
 

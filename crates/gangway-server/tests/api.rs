@@ -1122,3 +1122,91 @@ fn the_openapi_document_covers_every_route_and_every_documented_route_exists() {
     assert!(doc["components"]["schemas"]["JobSpec"]["properties"]["replicas"].is_object());
     assert!(doc["components"]["schemas"]["JobView"].is_object());
 }
+
+#[test]
+fn answers_built_as_json_match_their_documented_schemas() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let id = s.submit("alice-token", &job("x", "research", 1, 2)).1["id"]
+        .as_u64()
+        .expect("id");
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    let doc = gangway_server::openapi::document();
+    let schemas = &doc["components"]["schemas"];
+    // Every key served is documented, and every required one is served.
+    let check = |what: &str, v: &Value, schema: &str| {
+        let sch = &schemas[schema];
+        let props = sch["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema} has no properties"));
+        let obj = v
+            .as_object()
+            .unwrap_or_else(|| panic!("{what}: not an object: {v}"));
+        for k in obj.keys() {
+            assert!(
+                props.contains_key(k),
+                "{what}: key {k} is not in schema {schema}"
+            );
+        }
+        for r in sch["required"].as_array().into_iter().flatten() {
+            let r = r.as_str().expect("name");
+            assert!(
+                obj.contains_key(r),
+                "{what}: required {r} of {schema} missing: {v}"
+            );
+        }
+    };
+    let (_, qs) = s.get("/v1/queues", "alice-token");
+    for q in qs.as_array().expect("queues") {
+        check("GET /v1/queues", q, "QueueView");
+    }
+    let (_, ns) = s.get("/v1/nodes", "alice-token");
+    for n in ns.as_array().expect("nodes") {
+        check("GET /v1/nodes", n, "NodeView");
+        for g in n["gpus"].as_array().expect("gpus") {
+            check("GET /v1/nodes gpus", g, "GpuView");
+        }
+    }
+    check(
+        "GET /v1/usage",
+        &s.get("/v1/usage", "alice-token").1,
+        "UsageView",
+    );
+    check(
+        "GET /v1/whoami",
+        &s.get("/v1/whoami", "alice-token").1,
+        "WhoAmI",
+    );
+    check(
+        "GET /v1/leader",
+        &s.get("/v1/leader", "alice-token").1,
+        "LeaderView",
+    );
+    let (_, j) = s.get(&format!("/v1/jobs/{id}"), "alice-token");
+    // JobView flattens JobRecord: its own keys plus the record's.
+    let view = &schemas["JobView"];
+    let mut keys: Vec<String> = Vec::new();
+    let mut collect = |sch: &Value| {
+        keys.extend(
+            sch["properties"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.clone()),
+        );
+    };
+    collect(view);
+    for part in view["allOf"].as_array().into_iter().flatten() {
+        match part["$ref"].as_str() {
+            Some(r) => collect(&schemas[r.trim_start_matches("#/components/schemas/")]),
+            None => collect(part),
+        }
+    }
+    for k in j.as_object().expect("job").keys() {
+        assert!(
+            keys.contains(k),
+            "GET /v1/jobs/{{id}}: key {k} undocumented ({keys:?})"
+        );
+    }
+}

@@ -141,7 +141,7 @@ async fn page() -> Response {
 #[utoipa::path(
     get, path = "/v1/whoami", tag = "dashboard",
     summary = "Who the token belongs to",
-    responses((status = 200, description = "name and admin", body = Object),
+    responses((status = 200, description = "name and admin", body = crate::openapi::WhoAmI),
         (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
         (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
         (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
