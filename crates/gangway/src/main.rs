@@ -302,6 +302,16 @@ fn run() -> Result<()> {
         clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
         return Ok(());
     }
+    // A flag accepted and ignored is a surprise: the daemons print logs.
+    let daemon = matches!(
+        cli.command,
+        Command::Up(_) | Command::Server { .. } | Command::Agent(_)
+    );
+    if daemon && cli.conn.output != client::Output::Table {
+        anyhow::bail!(
+            "--output is for the client commands; `up`, `server` and `agent` print logs (see --log-json)"
+        );
+    }
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;
     match cli.command {

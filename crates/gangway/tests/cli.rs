@@ -266,3 +266,33 @@ fn the_first_gang_of_instant_ranks_on_a_fresh_cluster_ends_without_a_restart() {
         assert!(v["failure"].is_null(), "round {round}: {}", v["failure"]);
     }
 }
+
+#[test]
+fn up_refuses_flags_it_would_ignore() {
+    let o = Command::new(BIN)
+        .args(["up", "-o", "json", "--no-tls", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--output is for the client commands"),
+        "{}",
+        text(&o.stderr)
+    );
+    // --gpus is --gpus-per-node (it used to be accepted and ignored).
+    let help = text(
+        &Command::new(BIN)
+            .args(["up", "--help"])
+            .output()
+            .expect("help")
+            .stdout,
+    );
+    assert!(
+        help.contains("--gpus-per-node") && help.contains("aliases: --gpus"),
+        "{help}"
+    );
+    assert!(
+        help.contains("--sync-ms") && help.contains("--config"),
+        "{help}"
+    );
+}
