@@ -288,7 +288,7 @@ fn up_refuses_flags_it_would_ignore() {
             .stdout,
     );
     assert!(
-        help.contains("--gpus-per-node") && help.contains("aliases: --gpus"),
+        help.contains("--gpus-per-node") && help.contains("[alias: --gpus]"),
         "{help}"
     );
     assert!(
