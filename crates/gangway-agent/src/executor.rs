@@ -539,6 +539,13 @@ impl Executor {
         let join = self.track.join(&container);
         let exit_file = l.exit_file.clone();
         let _ = std::fs::remove_file(&exit_file);
+        // The supervisor writes the exit code there: on a fresh state dir the
+        // directory must exist before the rank starts (it used to be created
+        // after, when the rank was recorded, so an instant first rank left no
+        // exit file and could be reported killed, 137).
+        if let Some(dir) = exit_file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let Some(sup) = crate::supervisor::Supervisor::new(&exit_file) else {
             note(&l.log, "bad exit file path");
             let _ = exits.send((k, 125));

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Health of one GPU as the agent sees it (NVML or its declared inventory).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuHealth {
     /// Device index.
@@ -20,7 +20,7 @@ pub struct GpuHealth {
 }
 
 /// What the ranks of one job attempt on this node are doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case", tag = "state")]
 pub enum TaskState {
     /// Every rank of the attempt on this node has started.
@@ -42,7 +42,7 @@ pub enum TaskState {
 
 /// One job attempt's status on the reporting node (serde's `flatten` rules
 /// out `deny_unknown_fields` here).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskReport {
     /// Job.
     pub job: JobId,
@@ -81,7 +81,7 @@ impl TaskReport {
 /// A checkpoint as a rank announced it: the contents of
 /// `$GANGWAY_CHECKPOINT_DIR/LATEST` (`{"step": N, "path": "..."}`), the path
 /// made absolute, and when the file was written.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointReport {
     /// Training step the checkpoint holds.
@@ -93,7 +93,7 @@ pub struct CheckpointReport {
 }
 
 /// Why a rank failed, as its node saw it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RankFailure {
     /// Global rank.
@@ -113,7 +113,7 @@ pub struct RankFailure {
 }
 
 /// The body of `POST /v1/agent/{node}/sync`: heartbeat, GPU health and task states.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SyncRequest {
     /// Every GPU's health.
@@ -123,7 +123,7 @@ pub struct SyncRequest {
 }
 
 /// One rank to run on this node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RankAssignment {
     /// Global rank (`RANK`).
@@ -135,7 +135,7 @@ pub struct RankAssignment {
 }
 
 /// One job attempt the node should run (or, with `stop`, checkpoint and stop).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Assignment {
     /// Job.
@@ -198,7 +198,7 @@ pub struct Assignment {
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
 /// server fills it in and the agent enforces it again before starting a rank.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RankRules {
     /// Unix account the ranks run as (the owner's `unix_user`); the owner's
@@ -211,7 +211,7 @@ pub struct RankRules {
 }
 
 /// The answer to a sync: the whole desired state of the node.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SyncResponse {
     /// Everything that should run here; anything else must not.
@@ -221,7 +221,7 @@ pub struct SyncResponse {
 }
 
 /// A checkpoint directory to remove from this node's view of the root.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointCleanup {
     /// Job whose directory it was.
@@ -234,7 +234,7 @@ pub struct CheckpointCleanup {
 }
 
 /// A page of a rank's log, as the agent serves it and the server relays it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LogChunk {
     /// Text (invalid UTF-8 replaced).
     pub data: String,

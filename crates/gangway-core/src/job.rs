@@ -7,7 +7,19 @@ use std::fmt;
 use thiserror::Error;
 
 /// Cluster-unique job id, assigned at submission.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(transparent)]
 pub struct JobId(pub u64);
 
@@ -20,7 +32,18 @@ impl fmt::Display for JobId {
 /// Priority classes, as Kueue's WorkloadPriorityClass or Slurm's QOS.
 /// Higher classes are scheduled first and may preempt lower, preemptible ones.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum PriorityClass {
@@ -72,7 +95,7 @@ impl fmt::Display for PriorityClass {
 }
 
 /// What one replica (rank group on one node) needs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicaResources {
     /// Whole GPUs per replica, all on the same node.
@@ -99,7 +122,9 @@ impl ReplicaResources {
 }
 
 /// Where the replicas of a gang must sit relative to each other.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TopologyConstraint {
     /// One node when the gang fits in one node, otherwise the fewest leaf switches.
@@ -114,7 +139,7 @@ pub enum TopologyConstraint {
 }
 
 /// How a preempted job saves its work.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointPolicy {
     /// Seconds between the checkpoint signal and the kill.
@@ -178,7 +203,7 @@ pub fn check_checkpoint_dir(dir: &str) -> Result<(), &'static str> {
 
 /// A time span as written in a spec: whole seconds (`5400`) or text
 /// (`"01:30:00"`, `"1h30m"`, `"2-00:00:00"`, `"90m"`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum TimeSpan {
     /// Seconds.
@@ -281,7 +306,7 @@ pub fn format_time_span(secs: u64) -> String {
 }
 
 /// What happens when a rank or its node fails.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RestartPolicy {
     /// Attempts after the first before the job is failed.
@@ -301,7 +326,7 @@ impl Default for RestartPolicy {
 
 /// A data volume mounted into every rank (Docker bind mount; for the process
 /// executor the source path is simply visible at its own path).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Mount {
     /// Path on the node.
@@ -314,7 +339,7 @@ pub struct Mount {
 }
 
 /// What each rank runs: a command, optionally inside a container image.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunSpec {
     /// Program and arguments of every rank (`["python", "train.py"]`).
@@ -330,7 +355,7 @@ pub struct RunSpec {
 }
 
 /// A job as a user submits it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// Human name; not required to be unique.
@@ -614,7 +639,7 @@ pub fn signal_number(name: &str) -> Option<i32> {
 }
 
 /// The lifecycle of a job (see docs/ARCHITECTURE.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Waiting for quota or GPUs.

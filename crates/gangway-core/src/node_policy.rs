@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Host paths a queue may let its jobs mount (Docker bind mounts).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MountPolicy {
     /// Source prefixes that may be mounted (read-only unless also in `read_write`).
@@ -21,7 +21,7 @@ pub struct MountPolicy {
 
 /// A queue's rules for its ranks on the nodes. The default is the restricted
 /// one: no root, no host network, no host paths, no loader variables.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodePolicy {
     /// Ranks may run as root (uid 0).

@@ -6,7 +6,19 @@ use serde::{Deserialize, Serialize};
 /// Slurm's where the meaning matches (`squeue -o %r`), so scripts written for
 /// Slurm keep working; the serialized form is the variant name, and a code once
 /// published is never renamed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 pub enum ReasonCode {
     /// Waiting for GPUs (or CPU, memory) held by running jobs to be freed.
     Resources,

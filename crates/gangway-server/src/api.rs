@@ -345,7 +345,7 @@ async fn parse_spec(body: Bytes, json_body: bool) -> ApiResult<JobSpec> {
 }
 
 /// A job as the API shows it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct JobView {
     /// The stored record.
     #[serde(flatten)]
@@ -383,6 +383,25 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/jobs", tag = "jobs",
+    summary = "Submit a job",
+    description = "A job spec as JSON (`Content-Type: application/json`) or YAML (anything else). Plain users submit to their queues only; the owner is the token's user. With `Idempotency-Key` (1-128 of `[A-Za-z0-9-_.:]`), a retry returns the first submission's job.",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: the same key (per user) never creates a second job")),
+    request_body(content((JobSpec = "application/json"), (String = "application/yaml")), description = "The job spec"),
+    responses(
+        (status = 201, description = "Accepted and stored", body = crate::openapi::Submitted),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn submit(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -457,49 +476,38 @@ async fn submit(
     Ok(res)
 }
 
-/// Filters of the job list.
-#[derive(Deserialize)]
-pub struct JobFilter {
-    queue: Option<String>,
-    state: Option<String>,
-    user: Option<String>,
-    /// Skip this many matching jobs.
-    offset: Option<usize>,
-    /// Return at most this many.
-    limit: Option<usize>,
-    /// Newest first.
-    #[serde(default)]
-    desc: bool,
-}
-
+#[utoipa::path(
+    get, path = "/v1/jobs", tag = "jobs",
+    summary = "List jobs, a page at a time",
+    description = "Filters combine. The answer is one page (an array); when more may follow, the `X-Next-Cursor` header holds the next page's cursor and `Link` its URL (`rel=next`). Other users' jobs show with environment values redacted.",
+    params(crate::listing::JobQuery),
+    responses(
+        (status = 200, description = "One page of jobs", body = Vec<JobView>,
+            headers(("X-Next-Cursor" = String, description = "Cursor of the next page (absent on the last)"),
+                    ("Link" = String, description = "URL of the next page, rel=next"))),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn list_jobs(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-    Query(f): Query<JobFilter>,
-) -> ApiResult<Json<Vec<JobView>>> {
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
+    Query(q): Query<crate::listing::JobQuery>,
+) -> ApiResult<Response> {
     let p = authenticate_person(&app, &headers)?;
+    let page = q
+        .check()
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
     let c = lock(&app)?;
-    let state = match &f.state {
-        Some(s) => Some(serde_json::from_value::<JobState>(json!(s)).map_err(|_| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("state: unknown state {s:?}"),
-            )
-        })?),
-        None => None,
-    };
-    let all: Box<dyn Iterator<Item = &(JobRecord, u64)>> = if f.desc {
-        Box::new(c.jobs.values().rev())
-    } else {
-        Box::new(c.jobs.values())
-    };
-    let out = all
-        .map(|(r, _)| r)
-        .filter(|r| f.queue.as_ref().is_none_or(|q| &r.spec.queue == q))
-        .filter(|r| f.user.as_ref().is_none_or(|u| &r.user == u))
-        .filter(|r| state.is_none_or(|s| r.state == s))
-        .skip(f.offset.unwrap_or(0))
-        .take(f.limit.unwrap_or(usize::MAX))
+    let (jobs, next) = page.select(&c.jobs);
+    let out: Vec<JobView> = jobs
+        .into_iter()
         .map(|r| {
             view(
                 &c,
@@ -508,9 +516,37 @@ async fn list_jobs(
             )
         })
         .collect();
-    Ok(Json(out))
+    drop(c);
+    let mut res = Json(out).into_response();
+    if let Some(n) = next {
+        let h = res.headers_mut();
+        if let Ok(v) = header::HeaderValue::from_str(&n) {
+            h.insert("x-next-cursor", v);
+        }
+        let link = crate::listing::next_link(raw.as_deref().unwrap_or(""), &n);
+        if let Ok(v) = header::HeaderValue::from_str(&link) {
+            h.insert(header::LINK, v);
+        }
+    }
+    Ok(res)
 }
 
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}", tag = "jobs",
+    summary = "A job with its events, placement, why it waits and its estimated start",
+    params(("id" = u64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "The job (env values redacted unless owner or admin)", body = JobView),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn get_job(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -526,6 +562,23 @@ async fn get_job(
     Ok(Json(view(&c, rec, access)))
 }
 
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
+    summary = "Cancel a job (owner or admin)",
+    params(("id" = u64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Cancelled (running ranks get their checkpoint signal)", body = crate::openapi::Cancelled),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn cancel_job(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -552,6 +605,19 @@ async fn cancel_job(
     ))
 }
 
+#[utoipa::path(
+    get, path = "/v1/queues", tag = "queues",
+    summary = "Queues with quota, weight, allowed priorities and current usage",
+    responses(
+        (status = 200, description = "Every queue", body = Vec<crate::openapi::QueueView>),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn queues(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -579,6 +645,19 @@ async fn queues(
     Ok(Json(json!(out)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/nodes", tag = "nodes",
+    summary = "Nodes, their GPUs (allocated, healthy), readiness and jobs",
+    responses(
+        (status = 200, description = "Every node, registered or waiting for approval", body = Vec<crate::openapi::NodeView>),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn nodes(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -628,6 +707,26 @@ async fn nodes(
     Ok(Json(json!(out)))
 }
 
+#[utoipa::path(
+    post, path = "/v1/nodes", tag = "nodes",
+    summary = "Register a node",
+    description = "The join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token).",
+    request_body(content = NodeSpec, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Re-registered", body = Object),
+        (status = 201, description = "Registered: node_token and log_token", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn register_node(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -668,7 +767,7 @@ async fn register_node(
 }
 
 /// An agent's report.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReportBody {
     job: u64,
@@ -693,6 +792,25 @@ fn node_auth(app: &App, headers: &HeaderMap, node: &str) -> ApiResult<()> {
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/agent/{name}/report", tag = "agent",
+    summary = "An agent reports a job on its node (node token)",
+    params(("name" = String, Path, description = "Node name")),
+    request_body(content = ReportBody, content_type = "application/json", description = "`state` is running, failing or exited; `exit_code` is required with failing and exited"),
+    responses(
+        (status = 200, description = "The job's state after the report", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn agent_report(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -727,6 +845,25 @@ async fn agent_report(
     Ok(Json(json!({ "job": r.job, "state": state })))
 }
 
+#[utoipa::path(
+    post, path = "/v1/agent/{name}/sync", tag = "agent",
+    summary = "An agent's heartbeat: GPU health and task states in, the node's assignments out (node token)",
+    params(("name" = String, Path, description = "Node name")),
+    request_body(content = SyncRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The node's desired assignments and checkpoint cleanups", body = SyncResponse),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn agent_sync(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -755,7 +892,8 @@ async fn agent_sync(
 }
 
 /// Which log to read.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LogQuery {
     /// Rank (default 0).
     rank: Option<u32>,
@@ -765,6 +903,23 @@ pub struct LogQuery {
     offset: Option<u64>,
 }
 
+#[utoipa::path(
+    get, path = "/v1/jobs/{id}/logs", tag = "jobs",
+    summary = "A rank's log, relayed from its agent (owner or admin)",
+    params(("id" = u64, Path, description = "Job id"), LogQuery),
+    responses(
+        (status = 200, description = "A chunk of the log and the offset to ask for next", body = LogChunk),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 502, description = "the node's agent did not answer as expected", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn job_logs(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -866,6 +1021,23 @@ async fn job_logs(
     r.map(Json)
 }
 
+#[utoipa::path(
+    post, path = "/v1/nodes/{name}/gpus/{index}/{action}", tag = "nodes",
+    summary = "Mark a GPU healthy (`healthy`, `clear`) or `unhealthy` (admin)",
+    params(("name" = String, Path, description = "Node name"), ("index" = u32, Path, description = "GPU index"),
+           ("action" = String, Path, description = "healthy, clear or unhealthy")),
+    responses(
+        (status = 200, description = "The GPU's health now", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn gpu_health(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -889,6 +1061,24 @@ async fn gpu_health(
     ))
 }
 
+#[utoipa::path(
+    post, path = "/v1/nodes/{name}/{action}", tag = "nodes",
+    summary = "approve, cordon, drain, uncordon or delete a node (admin)",
+    params(("name" = String, Path, description = "Node name"),
+           ("action" = String, Path, description = "approve, cordon, drain, uncordon or delete")),
+    responses(
+        (status = 200, description = "What changed", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn cordon(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -924,12 +1114,28 @@ async fn cordon(
 }
 
 /// Range of the usage report (seconds since the epoch).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct UsageRange {
     from: Option<u64>,
     to: Option<u64>,
 }
 
+#[utoipa::path(
+    get, path = "/v1/usage", tag = "queues",
+    summary = "GPU-hours per queue and per user over a time range",
+    params(UsageRange),
+    responses(
+        (status = 200, description = "GPU-hours by queue and by user", body = crate::openapi::UsageView),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn usage(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -950,25 +1156,38 @@ async fn usage(
     ))
 }
 
+#[utoipa::path(
+    get, path = "/metrics", tag = "operations",
+    summary = "Prometheus metrics (admin or metrics token)",
+    description = "Prometheus text format 0.0.4 by default; OpenMetrics 1.0.0 when the Accept header prefers `application/openmetrics-text`.",
+    params(("Accept" = Option<String>, Header, description = "Content negotiation")),
+    responses(
+        (status = 200, description = "The metrics", content(
+            (String = "text/plain; version=0.0.4"),
+            (String = "application/openmetrics-text; version=1.0.0"))),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<Response> {
     let p = authenticate(&app, &headers)?;
     if !matches!(p, Principal::Admin | Principal::Metrics) {
         return Err(forbidden("only the admin and metrics tokens read /metrics"));
     }
     // A snapshot the scheduler loop refreshes: a scrape never walks the jobs.
-    let text = crate::policy::watch::render(&app);
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response())
+    let format = crate::metrics::Format::negotiate(
+        headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
+    );
+    let text = crate::policy::watch::render(&app, format);
+    Ok(([(header::CONTENT_TYPE, format.content_type())], text).into_response())
 }
 
 /// Which audit entries to read.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Only entries at or after this time (seconds since the epoch).
     since: Option<u64>,
@@ -976,6 +1195,21 @@ pub struct AuditQuery {
     limit: Option<usize>,
 }
 
+#[utoipa::path(
+    get, path = "/v1/audit", tag = "operations",
+    summary = "The audit log: every state-changing call with who, what, target and result (admin)",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "Entries, oldest first", body = Vec<AuditEntry>),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 async fn audit_log(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -1073,6 +1307,20 @@ async fn security_headers(req: axum::extract::Request, next: axum::middleware::N
     res
 }
 
+#[utoipa::path(
+    get, path = "/healthz", tag = "operations",
+    summary = "Liveness",
+    responses((status = 200, description = "ok", body = String, content_type = "text/plain"))
+)]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "operations",
+    summary = "This document",
+    responses((status = 200, description = "OpenAPI document", body = Object))
+)]
 async fn openapi() -> Json<serde_json::Value> {
     Json(crate::openapi::document())
 }
@@ -1198,6 +1446,11 @@ async fn forward(
     }
 }
 
+#[utoipa::path(
+    get, path = "/v1/leader", tag = "operations",
+    summary = "Whether this replica leads, and whom it forwards to",
+    responses((status = 200, description = "leader, and leader_url on a follower", body = crate::openapi::LeaderView))
+)]
 async fn leader(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     let role = app
         .role
@@ -1213,7 +1466,7 @@ async fn leader(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 /// The router.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/v1/leader", get(leader))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
@@ -1239,6 +1492,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))
         .layer(axum::middleware::from_fn_with_state(app.clone(), forward))
+        .layer(axum::middleware::from_fn(crate::errors::json_errors))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(app)
 }

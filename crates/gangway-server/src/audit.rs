@@ -14,7 +14,7 @@ use std::sync::Mutex;
 const IN_MEMORY: usize = 10_000;
 
 /// One audited call.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     /// Seconds since the epoch.
     pub at: u64,

@@ -10,9 +10,11 @@ pub mod backup;
 pub mod config;
 pub mod control;
 pub mod dashboard;
+pub mod errors;
 pub mod ha;
 pub mod history;
 pub mod limits;
+pub mod listing;
 pub mod metrics;
 pub mod nodes;
 pub mod openapi;
@@ -221,15 +223,17 @@ where
 pub fn metrics_router(app: Arc<App>) -> axum::Router {
     axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
             let app = app.clone();
             async move {
+                let format = metrics::Format::negotiate(
+                    headers
+                        .get(axum::http::header::ACCEPT)
+                        .and_then(|v| v.to_str().ok()),
+                );
                 (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    policy::watch::render(&app),
+                    [(axum::http::header::CONTENT_TYPE, format.content_type())],
+                    policy::watch::render(&app, format),
                 )
             }
         }),

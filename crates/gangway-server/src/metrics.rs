@@ -135,10 +135,151 @@ impl Metrics {
         self.gpus_unhealthy.set(unhealthy as i64);
     }
 
-    /// The text format of the last snapshot and the live counters.
+    /// The OpenMetrics text of the last snapshot and the live counters.
     pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// The snapshot in the format a scrape asked for.
+    pub fn render_as(&self, f: Format) -> String {
+        match f {
+            Format::OpenMetrics => self.render(),
+            Format::Text => openmetrics_to_text(&self.render()),
+        }
+    }
+}
+
+/// The exposition formats `/metrics` speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text format 0.0.4 (the default).
+    Text,
+    /// OpenMetrics 1.0.0 (when the Accept header prefers it).
+    OpenMetrics,
+}
+
+impl Format {
+    /// The Content-Type of an answer in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// Content negotiation: OpenMetrics when the Accept header rates it at
+    /// least as high as the text format (Prometheus asks so), else the text
+    /// format; no header, `*/*` or anything unknown get the text format.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let (mut om, mut text) = (0.0f32, 0.0f32);
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';').map(str::trim);
+            let media = parts.next().unwrap_or("").to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.strip_prefix("q="))
+                .find_map(|q| q.parse::<f32>().ok())
+                .unwrap_or(1.0)
+                .clamp(0.0, 1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => om = om.max(q),
+                "text/plain" | "text/*" | "*/*" => text = text.max(q),
+                _ => {}
+            }
+        }
+        if om > 0.0 && om >= text {
+            Format::OpenMetrics
+        } else {
+            Format::Text
+        }
+    }
+}
+
+/// Rewrites OpenMetrics text as Prometheus text format 0.0.4: counters'
+/// HELP and TYPE name the `_total` series (the family name alone leaves
+/// `_total` without help text, as promtool says), `unknown` is `untyped`,
+/// and the `# UNIT` and `# EOF` lines go.
+pub fn openmetrics_to_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, t)| t.trim() == "counter")
+        .map(|(n, _)| n)
+        .collect();
+    let mut out = String::with_capacity(om.len());
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let tail = if p == "# TYPE " && tail.trim() == "unknown" {
+                    "untyped"
+                } else {
+                    tail
+                };
+                if counters.contains(name) {
+                    out += &format!("{p}{name}_total {tail}\n");
+                } else {
+                    out += &format!("{p}{name} {tail}\n");
+                }
+            }
+            None => {
+                // A counter's `_created` series is OpenMetrics-only.
+                let series = line.split(['{', ' ']).next().unwrap_or("");
+                let created = series
+                    .strip_suffix("_created")
+                    .is_some_and(|f| counters.contains(f));
+                if !created {
+                    out += line;
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_headers_choose_the_format() {
+        assert_eq!(Format::negotiate(None), Format::Text);
+        assert_eq!(Format::negotiate(Some("*/*")), Format::Text);
+        assert_eq!(Format::negotiate(Some("text/plain")), Format::Text);
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text; version=1.0.0")),
+            Format::OpenMetrics
+        );
+        // What Prometheus sends: OpenMetrics preferred.
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")),
+            Format::OpenMetrics
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0.2, text/plain;q=0.9")),
+            Format::Text
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0")),
+            Format::Text
+        );
+    }
+
+    #[test]
+    fn the_text_format_names_counters_by_their_total_series() {
+        let om = "# HELP x_d Decisions.\n# TYPE x_d counter\nx_d_total{k=\"a\"} 1\nx_d_created 5\n# HELP x_g G.\n# TYPE x_g gauge\n# UNIT x_g seconds\nx_g 2\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_text(om),
+            "# HELP x_d_total Decisions.\n# TYPE x_d_total counter\nx_d_total{k=\"a\"} 1\n# HELP x_g G.\n# TYPE x_g gauge\nx_g 2\n"
+        );
     }
 }

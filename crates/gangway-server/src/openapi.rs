@@ -1,55 +1,191 @@
-//! The OpenAPI document served at `/openapi.json`.
+//! The OpenAPI document served at `/openapi.json` (and printed by
+//! `gangway openapi`), generated with `utoipa` from the handlers'
+//! `#[utoipa::path]` annotations and the API types' `ToSchema` derives, so
+//! it follows the code. A new route is added to [`ApiDoc`]'s `paths(...)`;
+//! the completeness test (crates/gangway-server/tests/openapi.rs) names any
+//! route of the router the document lacks.
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::OpenApi;
 
-fn op(summary: &str, ok: &str) -> Value {
-    json!({
-        "summary": summary,
-        "security": [{ "bearer": [] }],
-        "responses": {
-            ok: { "description": "success" },
-            "400": { "description": "malformed request (names the field)" },
-            "401": { "description": "missing or unknown token" },
-            "403": { "description": "token not allowed to do this, or a queue or user rule refuses it (names the rule)" },
-            "404": { "description": "no such object" },
-            "413": { "description": "body larger than max_body_bytes" },
-            "422": { "description": "valid request the cluster or queue can never satisfy" },
-            "429": { "description": "request rate or waiting-job limit reached; retry later" }
-        }
-    })
+/// Every error answer: `{"error": "..."}`, the message naming the field or rule.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: String,
 }
 
-/// The document.
-pub fn document() -> Value {
-    json!({
-        "openapi": "3.0.3",
-        "info": { "title": "Gangway", "version": env!("CARGO_PKG_VERSION") },
-        "components": { "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } } },
-        "paths": {
-            "/v1/jobs": {
-                "post": op("Submit a job (YAML or JSON job spec)", "201"),
-                "get": op("List jobs; filter with ?queue=, ?state=, ?user=; page with ?offset=&limit=", "200")
-            },
-            "/v1/jobs/{id}": { "get": op("A job with its events and why it waits (env values redacted unless owner or admin)", "200") },
-            "/v1/jobs/{id}/cancel": { "post": op("Cancel a job, or every unfinished task of an array by its id (owner or admin)", "200") },
-            "/v1/jobs/{id}/hold": { "post": op("Hold a pending job or an array's pending tasks (owner: JobHeldUser; admin: JobHeldAdmin); 409 unless pending", "200") },
-            "/v1/jobs/{id}/release": { "post": op("Release a held job or array (an admin's hold by an admin only); 409 unless pending and held", "200") },
-            "/v1/jobs/{id}/update": { "post": op("Change a pending job: JSON {priority?, time_limit?, queue?, name?} (owner within the queue's rules, time limit only down; admin any); 409 unless pending", "200") },
-            "/v1/history": { "get": op("Finished jobs as accounting rows (HistoryEntry: start, end, nodes, exit code, GPU-hours); ?user=&queue=&state=a,b&since=&until=&cursor=&limit= (users: their own)", "200") },
-            "/v1/queues": { "get": op("Queues with quota and usage", "200") },
-            "/v1/usage": { "get": op("GPU-hours per queue and user over ?from=&to= (epoch seconds)", "200") },
-            "/v1/nodes": {
-                "get": op("Nodes and their GPUs", "200"),
-                "post": op("Register a node: the join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token)", "201")
-            },
-            "/v1/jobs/{id}/logs": { "get": op("A rank's log, relayed from its agent: ?rank=&attempt=&offset= (returns data and next_offset)", "200") },
-            "/v1/agent/{name}/report": { "post": op("An agent reports a job on its node: running, or exited with a code; optional attempt (node token)", "200") },
-            "/v1/agent/{name}/sync": { "post": op("An agent's heartbeat: GPU health and task states in, the node's desired assignments out (node token)", "200") },
-            "/v1/nodes/{name}/gpus/{index}/{action}": { "post": op("Mark a GPU healthy (clear) or unhealthy (admin)", "200") },
-            "/v1/nodes/{name}/{action}": { "post": op("approve, cordon, drain, uncordon or delete a node (admin)", "200") },
-            "/v1/audit": { "get": op("The audit log: every state-changing call with who, what, target and result; ?since=&limit= (admin)", "200") },
-            "/metrics": { "get": op("Prometheus metrics (admin or metrics token)", "200") },
-            "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "ok" } } } }
-        }
-    })
+/// The answer to an accepted submission.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Submitted {
+    /// The new job's id.
+    pub id: u64,
+    /// Always `pending`.
+    pub state: String,
+}
+
+/// The answer to a cancellation.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Cancelled {
+    /// The job.
+    pub id: u64,
+    /// Always `cancelled`.
+    pub state: String,
+}
+
+/// One queue in `GET /v1/queues` (the handler builds it as JSON; the
+/// contract test checks the served keys against this schema).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct QueueView {
+    /// Queue name.
+    pub name: String,
+    /// Parent queue (cohort), if any.
+    pub parent: Option<String>,
+    /// Fair-share weight.
+    pub weight: u32,
+    /// Nominal quota, borrowing and lending limits.
+    #[schema(value_type = Object)]
+    pub quota: serde_json::Value,
+    /// Priority classes plain users may use here (empty: all but critical).
+    pub allowed_priorities: Vec<gangway_core::PriorityClass>,
+    /// Whether plain users may submit non-preemptible jobs here.
+    pub allow_non_preemptible: bool,
+    /// Resources its running jobs use now (gpus, cpu_millis, memory_mib).
+    #[schema(value_type = Object)]
+    pub usage: serde_json::Value,
+}
+
+/// One GPU of a node in `GET /v1/nodes`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct GpuView {
+    /// Device index.
+    pub index: u32,
+    /// Model.
+    pub model: String,
+    /// Memory in GiB.
+    pub memory_gib: u32,
+    /// Healthy.
+    pub healthy: bool,
+    /// Bound to a job.
+    pub allocated: bool,
+}
+
+/// One node in `GET /v1/nodes`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// Leaf switch / rack.
+    pub leaf: String,
+    /// Address other nodes reach it at.
+    pub address: String,
+    /// Takes no new work.
+    pub cordoned: bool,
+    /// Why it was cordoned (automatic cordons say so).
+    pub cordon_reason: Option<String>,
+    /// Heard from recently.
+    pub ready: bool,
+    /// Last heartbeat, seconds since the epoch.
+    pub last_heartbeat: Option<u64>,
+    /// Its GPUs.
+    pub gpus: Vec<GpuView>,
+    /// Jobs with ranks on it.
+    pub jobs: Vec<u64>,
+    /// Joined with the join token, waiting for an admin's approval.
+    pub pending_approval: bool,
+}
+
+/// `GET /v1/usage`: GPU-hours over a range.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct UsageView {
+    /// Start, seconds since the epoch.
+    pub from: u64,
+    /// End, seconds since the epoch.
+    pub to: u64,
+    /// GPU-hours per queue.
+    pub gpu_hours_by_queue: std::collections::BTreeMap<String, f64>,
+    /// GPU-hours per user.
+    pub gpu_hours_by_user: std::collections::BTreeMap<String, f64>,
+}
+
+/// `GET /v1/whoami`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WhoAmI {
+    /// The token's principal (user name, `admin`...).
+    pub name: String,
+    /// Whether it is the admin token.
+    pub admin: bool,
+}
+
+/// `GET /v1/leader`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct LeaderView {
+    /// Whether this replica leads.
+    pub leader: bool,
+    /// Where a follower forwards to (absent on the leader).
+    pub leader_url: Option<String>,
+}
+
+/// Adds the bearer-token scheme the operations name.
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let c = doc.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A token from the server configuration: admin, a user's, the agents' join token, a node's own token or the metrics token",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document's paths and schemas.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Gangway",
+        description = "A GPU cluster scheduler for gangs of ranks. Every error answers JSON `{\"error\": \"...\"}`."
+    ),
+    paths(
+        crate::api::healthz,
+        crate::api::leader,
+        crate::api::openapi,
+        crate::api::metrics,
+        crate::api::submit,
+        crate::api::list_jobs,
+        crate::api::get_job,
+        crate::api::cancel_job,
+        crate::api::job_logs,
+        crate::api::queues,
+        crate::api::usage,
+        crate::api::nodes,
+        crate::api::register_node,
+        crate::api::cordon,
+        crate::api::gpu_health,
+        crate::api::agent_report,
+        crate::api::agent_sync,
+        crate::api::audit_log,
+        crate::dashboard::page,
+        crate::dashboard::whoami,
+        crate::dashboard::cluster,
+        crate::dashboard::queue_history,
+    ),
+    components(schemas(ErrorBody, Submitted, Cancelled, gangway_core::ReasonCode)),
+    modifiers(&Bearer)
+)]
+pub struct ApiDoc;
+
+/// The document as JSON.
+pub fn document() -> serde_json::Value {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    serde_json::to_value(&doc).unwrap_or_default()
 }

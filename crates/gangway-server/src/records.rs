@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One rank group's GPUs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReplicaOn {
     /// Node name.
     pub node: String,
@@ -14,7 +14,7 @@ pub struct ReplicaOn {
 }
 
 /// Something that happened to a job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobEvent {
     /// When.
     pub at: Time,
@@ -27,7 +27,7 @@ pub struct JobEvent {
 /// Why a gang on its nodes is being stopped (not by preemption, which is
 /// `JobState::Preempting`), and so what it becomes once every node reports
 /// none of its processes left: its GPUs stay booked until then.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case", tag = "cause")]
 pub enum Stopping {
     /// Cancelled by a user or admin: ends `Cancelled`.
@@ -43,7 +43,7 @@ pub enum Stopping {
 }
 
 /// The durable record of a job.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobRecord {
     /// Id.
     pub id: JobId,
@@ -119,7 +119,7 @@ pub struct JobRecord {
 }
 
 /// A checkpoint reported through `$GANGWAY_CHECKPOINT_DIR/LATEST`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CheckpointRecord {
     /// Training step.
     pub step: u64,
@@ -134,7 +134,7 @@ pub struct CheckpointRecord {
 }
 
 /// The first failing rank of an attempt.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FailureRecord {
     /// Attempt.
     pub attempt: u32,

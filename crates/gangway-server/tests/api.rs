@@ -890,6 +890,48 @@ fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
     );
     let (c, _) = s.post(
         &format!("/v1/jobs/{held}/release"),
+/// GET with the answer's headers (`X-Next-Cursor`, `Link`, `Content-Type`).
+fn get_with_headers(s: &Server, path: &str, token: &str) -> (u16, Value, Vec<(String, String)>) {
+    let r = ureq::get(&format!("{}{path}", s.base))
+        .set("Authorization", &format!("Bearer {token}"))
+        .call();
+    let resp = match r {
+        Ok(x) | Err(ureq::Error::Status(_, x)) => x,
+        Err(e) => panic!("transport error: {e}"),
+    };
+    let headers = resp
+        .headers_names()
+        .into_iter()
+        .filter_map(|n| Some((n.clone(), resp.header(&n)?.to_string())))
+        .collect();
+    (
+        resp.status(),
+        resp.into_json().unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn job_lists_are_paged_with_a_cursor_and_filter_by_state_lists_and_activity() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let (code, v) = s.submit("alice-token", &job(&format!("j{i}"), "research", 1, 4));
+        assert_eq!(code, 201, "{v}");
+        ids.push(v["id"].as_u64().expect("id"));
+    }
+    // One runs (scheduled), one is cancelled, five wait.
+    s.wait_job(ids[0], |j| j["state"] == "scheduled");
+    let (code, _) = s.post(
+        &format!("/v1/jobs/{}/cancel", ids[6]),
         "alice-token",
         "application/json",
         "",
@@ -1142,4 +1184,434 @@ fn history_lists_finished_jobs_to_their_owners_with_filters_and_pages() {
     assert_eq!(s.get("/v1/history?limit=0", "admin-secret").0, 400);
     assert_eq!(s.get("/v1/history", "agent-secret").0, 403);
     assert_eq!(s.get("/v1/history", "nobody").0, 401);
+    assert_eq!(code, 200);
+    // Pages of 3 walk every job once, in order, then stop.
+    for desc in [false, true] {
+        let mut seen = Vec::new();
+        let mut path = format!("/v1/jobs?limit=3&desc={desc}");
+        let mut pages = 0;
+        loop {
+            let (code, page, h) = get_with_headers(&s, &path, "alice-token");
+            assert_eq!(code, 200, "{page}");
+            let page = page.as_array().expect("a page is an array").clone();
+            assert!(page.len() <= 3);
+            seen.extend(page.iter().map(|j| j["id"].as_u64().expect("id")));
+            pages += 1;
+            match header(&h, "x-next-cursor") {
+                Some(c) => {
+                    let link = header(&h, "link").expect("a Link header beside the cursor");
+                    assert!(
+                        link.contains(&format!("cursor={c}")) && link.contains("limit=3"),
+                        "{link}"
+                    );
+                    path = format!("/v1/jobs?limit=3&desc={desc}&cursor={c}");
+                }
+                None => break,
+            }
+        }
+        let mut want = ids.clone();
+        if desc {
+            want.reverse();
+        }
+        assert_eq!(seen, want, "desc={desc}");
+        assert_eq!(pages, 3);
+    }
+    // Comma lists of states, and active=true (everything not ended).
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?state=scheduled,cancelled", "alice-token");
+    let got: Vec<u64> = l
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|j| j["id"].as_u64().expect("id"))
+        .collect();
+    assert_eq!(got, vec![ids[0], ids[6]]);
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true", "alice-token");
+    assert_eq!(l.as_array().expect("list").len(), 6);
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true&user=bob", "alice-token");
+    assert_eq!(l.as_array().expect("list").len(), 0);
+    // Refusals name the parameter, as JSON.
+    for (q, field) in [
+        ("limit=5001", "limit"),
+        ("limit=0", "limit"),
+        ("state=pending,sleeping", "state"),
+        ("cursor=nonsense", "cursor"),
+    ] {
+        let (code, v, _) = get_with_headers(&s, &format!("/v1/jobs?{q}"), "alice-token");
+        assert_eq!(code, 400, "{q}: {v}");
+        let msg = v["error"].as_str().unwrap_or_default();
+        assert!(msg.starts_with(&format!("{field}:")), "{q}: {v}");
+    }
+}
+
+#[test]
+fn every_error_is_json_including_path_query_route_and_method_rejections() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let send = |method: &str, path: &str| {
+        let r = ureq::request(method, &format!("{}{path}", s.base))
+            .set("Authorization", "Bearer admin-secret")
+            .call();
+        match r {
+            Ok(x) => panic!("{method} {path} answered {}", x.status()),
+            Err(ureq::Error::Status(code, x)) => {
+                let ct = x.content_type().to_string();
+                let body = x.into_string().expect("body");
+                (code, ct, body)
+            }
+            Err(e) => panic!("transport error: {e}"),
+        }
+    };
+    for (method, path, code, says) in [
+        // Path extraction: a job id that is not a number.
+        ("GET", "/v1/jobs/seven", 400, "seven"),
+        ("POST", "/v1/jobs/-1/cancel", 400, "-1"),
+        ("POST", "/v1/nodes/n0/gpus/x/clear", 400, "x"),
+        // Query extraction: a number or boolean that is not one.
+        ("GET", "/v1/jobs?limit=many", 400, "limit"),
+        ("GET", "/v1/jobs?active=maybe", 400, "active"),
+        ("GET", "/v1/usage?from=yesterday", 400, "from"),
+        ("GET", "/v1/audit?since=-5", 400, "since"),
+        // Our own refusals stay as they were.
+        ("GET", "/v1/jobs?limit=0", 400, "limit:"),
+        ("GET", "/v1/jobs/999", 404, "job 999 does not exist"),
+        // No such route, and a route without this method.
+        ("GET", "/v1/nope", 404, "no such route: GET /v1/nope"),
+        (
+            "DELETE",
+            "/v1/jobs",
+            405,
+            "method DELETE not allowed on /v1/jobs",
+        ),
+    ] {
+        let (got, ct, body) = send(method, path);
+        assert_eq!(got, code, "{method} {path}: {body}");
+        assert_eq!(ct, "application/json", "{method} {path}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("a JSON body");
+        let msg = v["error"].as_str().expect("an error field");
+        assert!(msg.contains(says), "{method} {path}: {msg}");
+    }
+}
+
+/// `promtool check metrics` on `text`: `None` when promtool is not
+/// installed (a failure instead when GANGWAY_REQUIRE_PROMTOOL is set).
+fn promtool(text: &str) -> Option<(bool, String)> {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var_os("GANGWAY_REQUIRE_PROMTOOL").is_none(),
+                "promtool is required: {e}"
+            );
+            eprintln!("skipping promtool: {e}");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("promtool");
+    Some((
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
+}
+
+#[test]
+fn metrics_speak_prometheus_text_by_default_and_openmetrics_when_asked() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let id = s.submit("alice-token", &job("m", "research", 1, 2)).1["id"]
+        .as_u64()
+        .expect("id");
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    let scrape = |accept: Option<&str>| {
+        let mut r =
+            ureq::get(&format!("{}/metrics", s.base)).set("Authorization", "Bearer admin-secret");
+        if let Some(a) = accept {
+            r = r.set("Accept", a);
+        }
+        let resp = r.call().expect("metrics");
+        let ct = resp.content_type().to_string();
+        let full_ct = resp.header("content-type").unwrap_or("").to_string();
+        (ct, full_ct, resp.into_string().expect("text"))
+    };
+    // No Accept header (curl, promtool): text format 0.0.4.
+    let (ct, full, text) = scrape(None);
+    assert_eq!(ct, "text/plain", "{full}");
+    assert!(full.contains("version=0.0.4"), "{full}");
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(
+        text.contains("# HELP gangway_api_requests_total "),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE gangway_decisions_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("gangway_api_requests_total{route=\"/v1/jobs\",status=\"201\"} 1"),
+        "{text}"
+    );
+    if let Some((ok, said)) = promtool(&text) {
+        assert!(ok, "promtool check metrics: {said}\n{text}");
+    }
+    // What Prometheus sends: OpenMetrics preferred.
+    let (ct, full, om) = scrape(Some(
+        "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    ));
+    assert_eq!(ct, "application/openmetrics-text", "{full}");
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    assert!(om.contains("# TYPE gangway_decisions counter"), "{om}");
+    // Preferring text gets text.
+    let (ct, _, _) = scrape(Some("application/openmetrics-text;q=0.1, text/plain;q=0.9"));
+    assert_eq!(ct, "text/plain");
+}
+
+/// Every `.route("PATH", get(..).post(..))` in the server's sources, as
+/// (METHOD, PATH): the router's route list, read where it is written, so a
+/// route added anywhere under src/ is seen.
+fn routes_in_sources() -> Vec<(String, String)> {
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("src dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    files(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut paths,
+    );
+    let mut out = Vec::new();
+    for f in paths {
+        let src = std::fs::read_to_string(&f).expect("source");
+        let mut rest = src.as_str();
+        while let Some(i) = rest.find(".route(\"") {
+            rest = &rest[i + 8..];
+            let Some(end) = rest.find('"') else { break };
+            let path = rest[..end].to_string();
+            // The method router: up to the parenthesis closing `.route(`.
+            let (mut depth, mut stop) = (1i32, rest.len());
+            for (k, ch) in rest.char_indices().skip(end + 1) {
+                match ch {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            stop = k;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let expr = &rest[end + 1..stop];
+            for m in ["get", "post", "put", "delete", "patch"] {
+                let mut e = expr;
+                while let Some(j) = e.find(&format!("{m}(")) {
+                    let before = e[..j].chars().next_back();
+                    if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                        out.push((m.to_uppercase(), path.clone()));
+                    }
+                    e = &e[j + m.len() + 1..];
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn the_openapi_document_covers_every_route_and_every_documented_route_exists() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    let doc: Value = ureq::get(&format!("{}/openapi.json", s.base))
+        .call()
+        .expect("openapi")
+        .into_json()
+        .expect("json");
+    assert_eq!(
+        doc,
+        gangway_server::openapi::document(),
+        "served = generated"
+    );
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    let routes = routes_in_sources();
+    assert!(
+        routes.len() >= 20,
+        "the route scan found too few: {routes:?}"
+    );
+    let missing: Vec<String> = routes
+        .iter()
+        .filter(|(m, p)| !doc["paths"][p][m.to_lowercase()].is_object())
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from the OpenAPI document (add #[utoipa::path] to the handler and list it in gangway_server::openapi::ApiDoc): {missing:?}"
+    );
+    // The other way: every documented operation is routed, and documents
+    // its parameters and JSON errors.
+    let public = ["/", "/healthz", "/openapi.json", "/v1/leader"];
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in ops.as_object().expect("operations") {
+            let concrete = path
+                .replace("{id}", "1")
+                .replace("{name}", "n0")
+                .replace("{index}", "0")
+                .replace("{action}", "cordon");
+            let r = ureq::request(&method.to_uppercase(), &format!("{}{concrete}", s.base))
+                .set("Authorization", "Bearer admin-secret")
+                .call();
+            if let Err(ureq::Error::Status(code, resp)) = r {
+                let body = resp.into_string().unwrap_or_default();
+                assert!(
+                    code != 405 && !body.contains("no such route"),
+                    "{method} {path} is documented but not routed: {code} {body}"
+                );
+            }
+            for (i, seg) in path
+                .split('/')
+                .enumerate()
+                .filter(|(_, s)| s.starts_with('{'))
+            {
+                let name = seg.trim_matches(['{', '}']);
+                assert!(
+                    op["parameters"].as_array().is_some_and(|ps| ps
+                        .iter()
+                        .any(|p| p["name"] == name && p["in"] == "path")),
+                    "{method} {path}: path parameter {name} (segment {i}) undocumented"
+                );
+            }
+            if !public.contains(&path.as_str()) {
+                assert!(op["security"].is_array(), "{method} {path}: no security");
+                let e401 = &op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"];
+                assert_eq!(
+                    e401, "#/components/schemas/ErrorBody",
+                    "{method} {path}: 401 is not the JSON error"
+                );
+            }
+        }
+    }
+    // The job list documents its filters and the spec its fields.
+    let params: Vec<&str> = doc["paths"]["/v1/jobs"]["get"]["parameters"]
+        .as_array()
+        .expect("list parameters")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for p in ["state", "active", "user", "queue", "cursor", "limit"] {
+        assert!(params.contains(&p), "GET /v1/jobs lacks {p}: {params:?}");
+    }
+    assert!(doc["components"]["schemas"]["JobSpec"]["properties"]["replicas"].is_object());
+    assert!(doc["components"]["schemas"]["JobView"].is_object());
+}
+
+#[test]
+fn answers_built_as_json_match_their_documented_schemas() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let id = s.submit("alice-token", &job("x", "research", 1, 2)).1["id"]
+        .as_u64()
+        .expect("id");
+    s.wait_job(id, |j| j["state"] == "scheduled");
+    let doc = gangway_server::openapi::document();
+    let schemas = &doc["components"]["schemas"];
+    // Every key served is documented, and every required one is served.
+    let check = |what: &str, v: &Value, schema: &str| {
+        let sch = &schemas[schema];
+        let props = sch["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema} has no properties"));
+        let obj = v
+            .as_object()
+            .unwrap_or_else(|| panic!("{what}: not an object: {v}"));
+        for k in obj.keys() {
+            assert!(
+                props.contains_key(k),
+                "{what}: key {k} is not in schema {schema}"
+            );
+        }
+        for r in sch["required"].as_array().into_iter().flatten() {
+            let r = r.as_str().expect("name");
+            assert!(
+                obj.contains_key(r),
+                "{what}: required {r} of {schema} missing: {v}"
+            );
+        }
+    };
+    let (_, qs) = s.get("/v1/queues", "alice-token");
+    for q in qs.as_array().expect("queues") {
+        check("GET /v1/queues", q, "QueueView");
+    }
+    let (_, ns) = s.get("/v1/nodes", "alice-token");
+    for n in ns.as_array().expect("nodes") {
+        check("GET /v1/nodes", n, "NodeView");
+        for g in n["gpus"].as_array().expect("gpus") {
+            check("GET /v1/nodes gpus", g, "GpuView");
+        }
+    }
+    check(
+        "GET /v1/usage",
+        &s.get("/v1/usage", "alice-token").1,
+        "UsageView",
+    );
+    check(
+        "GET /v1/whoami",
+        &s.get("/v1/whoami", "alice-token").1,
+        "WhoAmI",
+    );
+    check(
+        "GET /v1/leader",
+        &s.get("/v1/leader", "alice-token").1,
+        "LeaderView",
+    );
+    let (_, j) = s.get(&format!("/v1/jobs/{id}"), "alice-token");
+    // JobView flattens JobRecord: its own keys plus the record's.
+    let view = &schemas["JobView"];
+    let mut keys: Vec<String> = Vec::new();
+    let mut collect = |sch: &Value| {
+        keys.extend(
+            sch["properties"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.clone()),
+        );
+    };
+    collect(view);
+    for part in view["allOf"].as_array().into_iter().flatten() {
+        match part["$ref"].as_str() {
+            Some(r) => collect(&schemas[r.trim_start_matches("#/components/schemas/")]),
+            None => collect(part),
+        }
+    }
+    for k in j.as_object().expect("job").keys() {
+        assert!(
+            keys.contains(k),
+            "GET /v1/jobs/{{id}}: key {k} undocumented ({keys:?})"
+        );
+    }
 }

@@ -14,6 +14,8 @@ pub enum Output {
     Json,
     /// CSV (`gangway history` only).
     Csv,
+    /// A wider table: ISO-8601 times and every detail.
+    Wide,
 }
 
 /// Where the server is and who we are.
@@ -161,6 +163,14 @@ impl Conn {
         &self,
         call: impl Fn(&str) -> Result<ureq::Response, Box<ureq::Error>>,
     ) -> Result<Value> {
+        self.send_paged(call).map(|(v, _)| v)
+    }
+
+    /// Like `send`, with the answer's next-page cursor (`X-Next-Cursor`).
+    fn send_paged(
+        &self,
+        call: impl Fn(&str) -> Result<ureq::Response, Box<ureq::Error>>,
+    ) -> Result<(Value, Option<String>)> {
         let addrs = self.addrs();
         let mut last = None;
         for a in &addrs {
@@ -180,9 +190,13 @@ impl Conn {
         )
     }
 
-    fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<Value> {
+    fn handle(&self, r: Result<ureq::Response, ureq::Error>) -> Result<(Value, Option<String>)> {
         match r {
-            Ok(resp) => Ok(resp.into_json().context("decoding the server's answer")?),
+            Ok(resp) => {
+                let next = resp.header("x-next-cursor").map(str::to_string);
+                let v = resp.into_json().context("decoding the server's answer")?;
+                Ok((v, next))
+            }
             Err(ureq::Error::Status(code, resp)) => {
                 let body: Value = resp.into_json().unwrap_or(Value::Null);
                 let msg = body
@@ -198,6 +212,17 @@ impl Conn {
     /// GET a path.
     pub fn get(&self, path: &str) -> Result<Value> {
         self.send(|a| {
+            gangway_agent::tls::http()
+                .get(&format!("{a}{path}"))
+                .set("Authorization", &self.bearer())
+                .call()
+                .map_err(Box::new)
+        })
+    }
+
+    /// GET one page of a paged list: the page and the next page's cursor.
+    pub fn get_page(&self, path: &str) -> Result<(Value, Option<String>)> {
+        self.send_paged(|a| {
             gangway_agent::tls::http()
                 .get(&format!("{a}{path}"))
                 .set("Authorization", &self.bearer())
@@ -232,10 +257,11 @@ impl Conn {
         })
     }
 
-    pub(crate) fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
+    /// Prints `v` as JSON (`-o json`) or through `table`.
+    pub fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
-            Output::Table => print!("{}", table(v)),
+            Output::Table | Output::Wide => print!("{}", table(v)),
             Output::Csv => bail!("-o csv is available for `gangway history` only"),
         }
         Ok(())
@@ -284,8 +310,12 @@ pub fn submit(
 }
 
 /// Submits a job file and returns its id.
-pub fn submit_id(c: &Conn, file: &std::path::Path) -> Result<u64> {
-    let v = post_spec(c, file, &serde_json::Map::new())?;
+pub fn submit_id(
+    c: &Conn,
+    file: &std::path::Path,
+    extra: &serde_json::Map<String, Value>,
+) -> Result<u64> {
+    let v = post_spec(c, file, extra)?;
     v.get("id")
         .and_then(Value::as_u64)
         .context("the server's answer has no job id")
@@ -359,6 +389,10 @@ fn with_submit_dir(text: &str) -> Result<Option<String>> {
     let cwd = std::env::current_dir().context("finding the submission directory")?;
     run.insert("workdir".into(), Value::String(cwd.display().to_string()));
     Ok(Some(serde_json::to_string(&v)?))
+}
+
+fn self_json(c: &Conn) -> bool {
+    c.output == Output::Json
 }
 
 /// Which ranks `gangway logs` prints.
@@ -463,7 +497,14 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
             Err(e) => return Err(e),
         };
         let data = chunk.get("data").and_then(Value::as_str).unwrap_or("");
-        print!("{data}");
+        if self_json(c) {
+            // One JSON object per chunk (JSON lines): data and next_offset.
+            if !data.is_empty() || offset == 0 {
+                println!("{}", serde_json::to_string(&chunk)?);
+            }
+        } else {
+            print!("{data}");
+        }
         std::io::stdout().flush()?;
         offset = chunk
             .get("next_offset")
@@ -481,56 +522,32 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
     }
 }
 
-/// `gangway queue`.
-pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&str>) -> Result<()> {
-    let mut q = Vec::new();
-    if let Some(x) = queue {
-        q.push(format!("queue={x}"));
-    }
-    if let Some(x) = state {
-        q.push(format!("state={x}"));
-    }
-    if let Some(x) = user {
-        q.push(format!("user={x}"));
-    }
-    let path = if q.is_empty() {
-        "/v1/jobs".to_string()
-    } else {
-        format!("/v1/jobs?{}", q.join("&"))
-    };
-    let v = c.get(&path)?;
-    c.print(&v, |v| {
-        let mut out = format!(
-            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5} {:<10} {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "ARRAY", "REASON"
-        );
-        for j in v.as_array().into_iter().flatten() {
-            out += &format!(
-                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5} {:<10} {}\n",
-                s(j, "id"),
-                at(j, "/spec/name"),
-                at(j, "/spec/queue"),
-                s(j, "user"),
-                s(j, "state"),
-                gpus(j),
-                crate::workflow::array_label(j),
-                j.get("reason").and_then(Value::as_str).unwrap_or("")
-            );
-        }
-        out
-    })
-}
-
 /// `gangway describe ID` / `gangway why ID`.
 pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
     let v = c.get(&format!("/v1/jobs/{id}"))?;
     c.print(&v, |j| {
         if why_only {
+            let start = j
+                .get("estimated_start")
+                .and_then(Value::as_u64)
+                .map(|t| {
+                    format!(
+                        "  estimated start {}\n",
+                        crate::human::both(t, crate::human::now())
+                    )
+                })
+                .unwrap_or_default();
+            let code = j
+                .get("reason_code")
+                .and_then(Value::as_str)
+                .map(|c| format!("{c}: "))
+                .unwrap_or_default();
             return match j.get("reason").and_then(Value::as_str) {
-                Some(r) => format!("job {id} ({}): {r}\n", s(j, "state")),
+                Some(r) => format!("job {id} ({}): {code}{r}\n{start}", s(j, "state")),
                 None => format!("job {id} is {}\n", s(j, "state")),
             };
         }
+        let now = crate::human::now();
         let mut out = format!(
             "job {id}: {}\n  queue {}  user {}  state {}  gpus {}\n",
             at(j, "/spec/name"),
@@ -539,21 +556,29 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             s(j, "state"),
             gpus(j)
         );
+        if let Some(t) = j.get("submitted_at").and_then(Value::as_u64) {
+            out += &format!("  submitted {}\n", crate::human::both(t, now));
+        }
         if let Some(r) = j.get("reason").and_then(Value::as_str) {
-            out += &format!("  waiting: {r}\n");
+            match j.get("reason_code").and_then(Value::as_str) {
+                Some(code) => out += &format!("  waiting: {code}: {r}\n"),
+                None => out += &format!("  waiting: {r}\n"),
+            }
+        }
+        if let Some(t) = j.get("estimated_start").and_then(Value::as_u64) {
+            out += &format!("  estimated start {}\n", crate::human::both(t, now));
         }
         out += &contract_lines(j);
-        for p in j
+        let placement = j
             .get("placement")
             .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            out += &format!(
-                "  rank group on {} GPUs {}\n",
-                s(p, "node"),
-                p.get("gpus").map_or("[]".into(), |g| g.to_string())
-            );
+            .cloned()
+            .unwrap_or_default();
+        if !placement.is_empty() {
+            out += "  placement:\n";
+            for line in crate::human::rank_groups(&placement) {
+                out += &format!("    {line}\n");
+            }
         }
         out += "  events:\n";
         for e in j
@@ -562,12 +587,11 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             .into_iter()
             .flatten()
         {
-            out += &format!(
-                "    {} {:<11} {}\n",
-                s(e, "at"),
-                s(e, "kind"),
-                s(e, "message")
-            );
+            let when = e
+                .get("at")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), |t| crate::human::both(t, now));
+            out += &format!("    {when} {:<11} {}\n", s(e, "kind"), s(e, "message"));
         }
         out
     })
@@ -644,9 +668,10 @@ pub fn nodes(c: &Conn) -> Result<()> {
     let v = c.get("/v1/nodes")?;
     c.print(&v, |v| {
         let mut out = format!(
-            "{:<16} {:<10} {:>5} {:>5} {:>9}  {}\n",
-            "NODE", "LEAF", "GPUS", "USED", "UNHEALTHY", "STATUS"
+            "{:<16} {:<10} {:>5} {:>5} {:>9}  {:<16} {}\n",
+            "NODE", "LEAF", "GPUS", "USED", "UNHEALTHY", "STATUS", "LAST SEEN"
         );
+        let now = crate::human::now();
         for n in v.as_array().into_iter().flatten() {
             let g = n
                 .get("gpus")
@@ -670,8 +695,12 @@ pub fn nodes(c: &Conn) -> Result<()> {
             } else {
                 "Ready"
             };
+            let seen = n
+                .get("last_heartbeat")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), |t| crate::human::relative(t, now));
             out += &format!(
-                "{:<16} {:<10} {:>5} {:>5} {:>9}  {status}\n",
+                "{:<16} {:<10} {:>5} {:>5} {:>9}  {status:<16} {seen}\n",
                 s(n, "name"),
                 s(n, "leaf"),
                 g.len(),
@@ -713,13 +742,15 @@ pub fn audit(c: &Conn, since: Option<u64>, limit: Option<usize>) -> Result<()> {
     let v = c.get(&format!("/v1/audit?{}", q.join("&")))?;
     c.print(&v, |v| {
         let mut out = format!(
-            "{:<11} {:<16} {:<40} {:<20} {}\n",
+            "{:<20} {:<16} {:<40} {:<20} {}\n",
             "AT", "WHO", "ACTION", "TARGET", "RESULT"
         );
         for e in v.as_array().into_iter().flatten() {
             out += &format!(
-                "{:<11} {:<16} {:<40} {:<20} {} {}\n",
-                at(e, "/at"),
+                "{:<20} {:<16} {:<40} {:<20} {} {}\n",
+                e.get("at")
+                    .and_then(Value::as_u64)
+                    .map_or_else(|| "-".into(), crate::human::iso),
                 s(e, "who"),
                 s(e, "action"),
                 e.get("target").and_then(Value::as_str).unwrap_or("-"),
@@ -765,7 +796,13 @@ pub fn usage(c: &Conn, from: Option<u64>, to: Option<u64>) -> Result<()> {
     }
     let v = c.get(&format!("/v1/usage?{}", q.join("&")))?;
     c.print(&v, |v| {
-        let mut out = String::from("GPU-hours by queue:\n");
+        let span = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), crate::human::iso)
+        };
+        let mut out = format!("from {} to {}\n", span("from"), span("to"));
+        out += "GPU-hours by queue:\n";
         for (k, h) in v["gpu_hours_by_queue"].as_object().into_iter().flatten() {
             out += &format!("  {k:<16} {:>10.2}\n", h.as_f64().unwrap_or(0.0));
         }

@@ -37,12 +37,10 @@ impl From<ExecutorArg> for ExecutorKind {
     }
 }
 
-/// The declared GPU inventory.
+/// The declared GPUs' kind (the count is `--gpus` of `agent`,
+/// `--gpus-per-node` of `up`).
 #[derive(Args, Clone, Debug)]
 pub struct GpuArgs {
-    /// Declared GPU count.
-    #[arg(long, default_value_t = 8)]
-    pub gpus: u32,
     /// Declared GPU model.
     #[arg(long, default_value = "H100")]
     pub gpu_model: String,
@@ -97,6 +95,9 @@ pub struct AgentArgs {
     /// Where GPUs come from.
     #[arg(long, value_enum, default_value_t = InventoryArg::Auto)]
     pub inventory: InventoryArg,
+    /// Declared GPU count.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u32,
     #[command(flatten)]
     pub gpu: GpuArgs,
     /// How ranks run.
@@ -207,7 +208,7 @@ fn hostname() -> String {
 
 impl AgentArgs {
     fn config(&self) -> Result<AgentConfig> {
-        let declared = self.gpu.declared(self.gpu.gpus);
+        let declared = self.gpu.declared(self.gpus);
         let inventory = match self.inventory {
             InventoryArg::Auto => Inventory::Auto(Box::new(declared)),
             InventoryArg::Nvml => Inventory::Nvml,
@@ -293,7 +294,7 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 4)]
     pub nodes: u32,
     /// Declared GPUs per node.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, visible_alias = "gpus", default_value_t = 8)]
     pub gpus_per_node: u32,
     /// Nodes under one leaf switch.
     #[arg(long, default_value_t = 2)]
@@ -325,6 +326,63 @@ pub struct UpArgs {
     /// Plain HTTP instead of TLS with a throwaway CA.
     #[arg(long)]
     pub no_tls: bool,
+    /// Server configuration (as for `gangway server`): its queues, users
+    /// (with their tokens), limits and policies. `up` keeps its own admin
+    /// and join tokens, approves its own nodes, checkpoints under the data
+    /// directory and runs users' ranks as `--run-as` unless a user names a
+    /// `unix_user`. Without it: one unlimited `default` queue.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Milliseconds between each agent's syncs with the server (how soon a
+    /// placement starts and an exit is seen).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub sync_ms: u64,
+}
+
+/// `up`'s server configuration: `--config`'s, adapted to one machine, or a
+/// single unlimited `default` queue.
+fn up_config(
+    a: &UpArgs,
+    admin: &str,
+    join: &str,
+    run_as: &str,
+    dir: &std::path::Path,
+) -> Result<gangway_server::ServerConfig> {
+    let mut cfg = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let mut cfg = gangway_server::ServerConfig::from_yaml(&text)
+                .with_context(|| format!("in {}", path.display()))?;
+            cfg.admin_token = admin.to_string();
+            cfg.agent_token = join.to_string();
+            for u in &mut cfg.users {
+                if u.unix_user.is_none() {
+                    u.unix_user = Some(run_as.to_string());
+                }
+            }
+            cfg
+        }
+        None => {
+            let default_queue = gangway_core::QueueSpec::unlimited("default", None);
+            let mut cfg = gangway_server::ServerConfig::new(admin, join, vec![default_queue]);
+            cfg.node_not_ready_seconds = 5;
+            cfg.node_lost_seconds = 15;
+            cfg
+        }
+    };
+    // `--run-as root` is a deliberate choice; the queues must allow it then.
+    if run_as == "root" {
+        for q in &mut cfg.queues {
+            q.node.allow_root = true;
+        }
+    }
+    cfg.default_unix_user = run_as.to_string();
+    // Its own agents, started right here: nothing to approve.
+    cfg.node_approval = gangway_server::config::NodeApproval::Auto;
+    // One machine: one checkpoint root for every agent.
+    cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string());
+    Ok(cfg)
 }
 
 /// A throwaway CA and a certificate it signs for this machine's loopback
@@ -412,17 +470,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
         .unwrap_or_else(|| format!("admin-{}", gangway_server::control::fresh_token()));
     let join = format!("join-{}", gangway_server::control::fresh_token());
     let run_as = up_run_as(a.run_as.as_deref())?;
-    let mut default_queue = gangway_core::QueueSpec::unlimited("default", None);
-    // `--run-as root` is a deliberate choice; the queue must allow it then.
-    default_queue.node.allow_root = run_as == "root";
-    let mut cfg = gangway_server::ServerConfig::new(&admin, &join, vec![default_queue]);
-    cfg.node_not_ready_seconds = 5;
-    cfg.node_lost_seconds = 15;
-    cfg.default_unix_user = run_as.clone();
-    // Its own agents, started right here: nothing to approve.
-    cfg.node_approval = gangway_server::config::NodeApproval::Auto;
-    // One machine: one checkpoint root for every agent.
-    cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string());
+    let cfg = up_config(a, &admin, &join, &run_as, &dir)?;
     let app = gangway_server::open(cfg, &dir.join("server"))?;
     let listen_host = a
         .listen
@@ -478,7 +526,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             c.executor = a.executor.into();
             // One checkpoint root for all: a resumed gang finds its checkpoint on any node.
             c.checkpoint_root = dir.join("checkpoints");
-            c.sync_interval = Duration::from_secs(1);
+            c.sync_interval = Duration::from_millis(a.sync_ms);
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
             c.memory_mib = 128 * 1024 * u64::from(a.gpus_per_node.max(1));
             c.tls = server_tls.clone();
@@ -490,8 +538,14 @@ pub fn up(a: &UpArgs) -> Result<()> {
             None => String::new(),
         };
         crate::client::write_private(&cli, &format!("addr: {addr}\ntoken: {admin}\n{ca}"))?;
+        // The example that fits the queues: train.yaml uses `default`.
+        let example = if a.config.is_some() {
+            "examples/job.yaml"
+        } else {
+            "examples/train.yaml"
+        };
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit examples/train.yaml\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit {example}\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
             a.gpus_per_node,
             a.gpu.gpu_model,
@@ -502,7 +556,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
         let mut ids = Vec::new();
         for f in &a.submit {
             let (conn, file) = (conn.clone(), f.clone());
-            let id = tokio::task::spawn_blocking(move || crate::client::submit_id(&conn, &file))
+            let id = tokio::task::spawn_blocking(move || crate::client::submit_id(&conn, &file, &serde_json::Map::new()))
                 .await??;
             println!("submitted {} as job {id}", f.display());
             ids.push(id);

@@ -6,9 +6,12 @@ mod bench_api;
 mod bench_chaos;
 mod bench_dashboard;
 mod client;
+mod human;
 mod local;
 mod policy_cmd;
+mod queue;
 mod sim;
+mod wait;
 mod workflow;
 
 use anyhow::{Context, Result};
@@ -91,6 +94,11 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         workflow: workflow::SubmitFlags,
+        /// Follow the job until it ends (a line at each change: why it
+        /// waits, where it runs, how it ended) and exit with its outcome:
+        /// 0 when it succeeds, else its failing rank's exit code or 1.
+        #[arg(long)]
+        wait: bool,
     },
     /// Holds a pending job: it does not start until released.
     Hold {
@@ -106,18 +114,15 @@ enum Command {
     Update(workflow::UpdateArgs),
     /// Lists finished jobs with start, end, nodes, exit code and GPU-hours (`sacct`).
     History(workflow::HistoryArgs),
-    /// Lists jobs.
-    Queue {
-        /// Only this queue.
-        #[arg(long)]
-        queue: Option<String>,
-        /// Only this state (pending, scheduled, running, ...).
-        #[arg(long)]
-        state: Option<String>,
-        /// Only this user.
-        #[arg(long)]
-        user: Option<String>,
+    /// Prints the API's OpenAPI document (what `/openapi.json` serves).
+    Openapi,
+    /// Prints a shell completion script: `source <(gangway completions bash)`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
+    /// Lists the jobs that have not ended (`--all`: every job).
+    Queue(queue::QueueArgs),
     /// Shows a job, its events and why it waits.
     Describe {
         /// Job id.
@@ -140,8 +145,8 @@ enum Command {
     },
     /// Prints the audit log: every state-changing call, who made it and its result (admin).
     Audit {
-        /// Only entries at or after this time (seconds since the epoch).
-        #[arg(long)]
+        /// Only entries at or after this time: ISO-8601, a span before now (`2h`) or epoch seconds.
+        #[arg(long, value_parser = human::parse_when)]
         since: Option<u64>,
         /// At most this many (the latest).
         #[arg(long)]
@@ -151,11 +156,11 @@ enum Command {
     Queues,
     /// GPU-hours per queue and user over a time range.
     Usage {
-        /// Start, seconds since the epoch.
-        #[arg(long)]
+        /// Start: ISO-8601, a span before now (`7d`) or epoch seconds.
+        #[arg(long, value_parser = human::parse_when)]
         from: Option<u64>,
-        /// End, seconds since the epoch.
-        #[arg(long)]
+        /// End: ISO-8601, a span before now or epoch seconds (default: now).
+        #[arg(long, value_parser = human::parse_when)]
         to: Option<u64>,
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
@@ -310,6 +315,11 @@ fn server(
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<wait::JobOutcome>().is_some() => {
+            let code = e.downcast_ref::<wait::JobOutcome>().map_or(1, |o| o.code);
+            eprintln!("{e}");
+            std::process::ExitCode::from(code)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -319,6 +329,22 @@ fn main() -> std::process::ExitCode {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
+        return Ok(());
+    }
+    // A flag accepted and ignored is a surprise: the daemons print logs.
+    let daemon = matches!(
+        cli.command,
+        Command::Up(_) | Command::Server { .. } | Command::Agent(_)
+    );
+    if daemon && cli.conn.output != client::Output::Table {
+        anyhow::bail!(
+            "--output is for the client commands; `up`, `server` and `agent` print logs (see --log-json)"
+        );
+    }
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;
     match cli.command {
@@ -365,14 +391,33 @@ fn run() -> Result<()> {
             };
             client::logs_of(c, id, which, attempt, follow)
         }
-        Command::Submit { file, workflow } => client::submit(c, &file, &workflow.fields()),
         Command::Hold { id } => workflow::hold(c, id),
         Command::Release { id } => workflow::release(c, id),
         Command::Update(a) => workflow::update(c, &a),
         Command::History(a) => workflow::history(c, &a),
-        Command::Queue { queue, state, user } => {
-            client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())
+        Command::Submit {
+            file,
+            workflow,
+            wait: false,
+        } => client::submit(c, &file, &workflow.fields()),
+        Command::Submit {
+            file,
+            workflow,
+            wait: true,
+        } => {
+            let id = client::submit_id(c, &file, &workflow.fields())?;
+            eprintln!("job {id} submitted");
+            wait::wait(c, id, std::time::Duration::from_millis(500))
         }
+        Command::Completions { .. } => Ok(()),
+        Command::Openapi => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&gangway_server::openapi::document())?
+            );
+            Ok(())
+        }
+        Command::Queue(a) => queue::run(c, &a),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
         Command::Cancel { id } => client::cancel(c, id),

@@ -299,3 +299,142 @@ fn killed_server_loses_no_acknowledged_job_and_duplicates_none() {
     names.dedup();
     assert_eq!(names.len(), all, "no submission stored twice");
 }
+
+fn stdout(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn ids_of(json: &str) -> Vec<u64> {
+    let v: serde_json::Value = serde_json::from_str(json).expect("json");
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|j| j["id"].as_u64().expect("id"))
+        .collect()
+}
+
+#[test]
+fn queue_shows_active_jobs_pages_through_all_and_describe_groups_ranks() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path(), free_port());
+    register(&s.addr, "node-a", 8);
+    register(&s.addr, "node-b", 8);
+    let spec = dir.path().join("job.yaml");
+    // A 16-rank gang of 1 GPU each: two nodes, 8 ranks on each.
+    std::fs::write(
+        &spec,
+        "name: gang\nqueue: research\nreplicas: 16\nresources:\n  gpus: 1\n",
+    )
+    .expect("write");
+    let p = spec.to_str().expect("path");
+    for _ in 0..4 {
+        stdout(&cli(&s.addr, "alice-token", &["submit", p]));
+    }
+    stdout(&cli(&s.addr, "alice-token", &["cancel", "4"]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let desc = loop {
+        let d = stdout(&cli(&s.addr, "alice-token", &["describe", "1"]));
+        if d.contains("placement:") || Instant::now() > deadline {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // One line per node, not per rank; times as ISO-8601 with "ago".
+    assert!(desc.contains("node-a: ranks 0-7 GPUs 0-7"), "{desc}");
+    assert!(desc.contains("node-b: ranks 8-15 GPUs 0-7"), "{desc}");
+    assert!(!desc.contains("rank group on"), "{desc}");
+    assert!(
+        desc.contains("submitted 20") && (desc.contains("ago)") || desc.contains("(just now)")),
+        "{desc}"
+    );
+    let epoch = format!(
+        "{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("now")
+            .as_secs()
+            / 100_000
+    );
+    assert!(!desc.contains(&epoch), "raw epoch seconds in {desc}");
+    // Default: the jobs that have not ended (4 was cancelled).
+    assert_eq!(
+        ids_of(&stdout(&cli(
+            &s.addr,
+            "alice-token",
+            &["queue", "-o", "json"]
+        ))),
+        vec![1, 2, 3]
+    );
+    // --all, one job per page: every job, streamed across pages.
+    assert_eq!(
+        ids_of(&stdout(&cli(
+            &s.addr,
+            "alice-token",
+            &["queue", "--all", "--page-size", "1", "-o", "json"]
+        ))),
+        vec![1, 2, 3, 4]
+    );
+    let all = stdout(&cli(
+        &s.addr,
+        "alice-token",
+        &["queue", "--all", "--page-size", "1"],
+    ));
+    assert_eq!(
+        all.lines().filter(|l| l.starts_with("ID")).count(),
+        1,
+        "{all}"
+    );
+    assert_eq!(all.lines().count(), 5, "{all}");
+    // A comma list of states.
+    assert_eq!(
+        ids_of(&stdout(&cli(
+            &s.addr,
+            "alice-token",
+            &["queue", "--state", "scheduled,cancelled", "-o", "json"]
+        ))),
+        vec![1, 4]
+    );
+    // --me is the token's user; another user's name matches nothing here.
+    assert_eq!(
+        ids_of(&stdout(&cli(
+            &s.addr,
+            "alice-token",
+            &["queue", "--me", "-o", "json"]
+        ))),
+        vec![1, 2, 3]
+    );
+    assert_eq!(
+        ids_of(&stdout(&cli(
+            &s.addr,
+            "admin-secret",
+            &["queue", "--me", "-o", "json"]
+        ))),
+        Vec::<u64>::new()
+    );
+    // The wide table has ISO times, the narrow one relative ages.
+    let wide = stdout(&cli(&s.addr, "alice-token", &["queue", "-o", "wide"]));
+    assert!(
+        wide.contains("SUBMITTED") && wide.contains("T") && wide.contains("Z "),
+        "{wide}"
+    );
+    assert!(wide.contains("node-a,node-b"), "{wide}");
+    // Nodes say when they were last heard from, in words.
+    let nodes = stdout(&cli(&s.addr, "alice-token", &["nodes"]));
+    assert!(
+        nodes.contains("LAST SEEN") && !nodes.contains(&epoch),
+        "{nodes}"
+    );
+    // A bad state is refused by the server, naming the field.
+    let out = cli(
+        &s.addr,
+        "alice-token",
+        &["queue", "--state", "pending,asleep"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("400: state:"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

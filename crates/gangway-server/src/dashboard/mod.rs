@@ -117,6 +117,11 @@ pub fn page_csp() -> String {
     )
 }
 
+#[utoipa::path(
+    get, path = "/", tag = "dashboard",
+    summary = "The dashboard (one HTML page; it signs in with a token)",
+    responses((status = 200, description = "The page", body = String, content_type = "text/html"))
+)]
 async fn page() -> Response {
     let csp = header::HeaderValue::from_str(&page_csp())
         .unwrap_or_else(|_| header::HeaderValue::from_static("frame-ancestors 'none'"));
@@ -133,6 +138,17 @@ async fn page() -> Response {
         .into_response()
 }
 
+#[utoipa::path(
+    get, path = "/v1/whoami", tag = "dashboard",
+    summary = "Who the token belongs to",
+    responses((status = 200, description = "name and admin", body = crate::openapi::WhoAmI),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to; retry", body = crate::openapi::ErrorBody)),
+    security(("bearer" = []))
+)]
 async fn whoami(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -145,6 +161,17 @@ async fn whoami(
 }
 
 /// Racks → nodes → GPUs with their state and job, and the totals.
+#[utoipa::path(
+    get, path = "/v1/cluster", tag = "dashboard",
+    summary = "Racks, nodes and GPUs with their state and job, and the totals",
+    responses((status = 200, description = "The cluster grid", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to; retry", body = crate::openapi::ErrorBody)),
+    security(("bearer" = []))
+)]
 async fn cluster(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -227,6 +254,17 @@ async fn cluster(
 
 /// Each queue's usage, quota and fair-share rank, and its GPU usage over the
 /// last hours.
+#[utoipa::path(
+    get, path = "/v1/queues/history", tag = "dashboard",
+    summary = "Queue usage over the last hours (the dashboard's chart)",
+    responses((status = 200, description = "Samples per queue", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to; retry", body = crate::openapi::ErrorBody)),
+    security(("bearer" = []))
+)]
 async fn queue_history(
     State(app): State<Arc<App>>,
     headers: HeaderMap,

@@ -184,9 +184,14 @@ impl Watch {
     }
 }
 
-/// The server's metrics and these, as one exposition (one `# EOF`).
-pub fn render(app: &crate::api::App) -> String {
-    format!("{}{}", app.watch.render(), app.metrics.render())
+/// The server's metrics and these, as one exposition (one `# EOF` in
+/// OpenMetrics), in the format the scrape asked for.
+pub fn render(app: &crate::api::App, format: crate::metrics::Format) -> String {
+    let om = format!("{}{}", app.watch.render(), app.metrics.render());
+    match format {
+        crate::metrics::Format::OpenMetrics => om,
+        crate::metrics::Format::Text => crate::metrics::openmetrics_to_text(&om),
+    }
 }
 
 /// The Prometheus alert rules for these metrics (`gangway alerts`).

@@ -1,0 +1,298 @@
+//! The CLI as a newcomer meets it: `gangway up --config` with the example
+//! files, `submit --wait` exit codes and progress lines, shell completions.
+
+mod agents;
+
+use agents::{free_port, wait_for};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gangway");
+
+/// The repository's `examples/` directory.
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// A `gangway up` process, stopped with SIGTERM (it stops its agents and
+/// their ranks), then killed if it lingers.
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn up(data: &Path, port: u16, extra: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["up", "--no-tls", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(data)
+        .args(extra)
+        // Ranks run as another account: start them somewhere it may enter.
+        .current_dir("/");
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+#[test]
+fn up_with_the_example_config_runs_the_example_job_to_success() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("up");
+    // up's defaults (4 nodes x 8 GPUs): the example queues' quotas fit.
+    let mut child = Up(up(
+        &data,
+        free_port(),
+        &["--gpus", "8", "--sync-ms", "100", "--exit-when-done"],
+    )
+    .arg("--config")
+    .arg(example("server.yaml"))
+    .arg("--submit")
+    .arg(example("job.yaml"))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("gangway up"));
+    let status = wait_for("up to finish the example job", 90, || {
+        child.0.try_wait().expect("wait")
+    });
+    let mut stdout = String::new();
+    child
+        .0
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut stdout)
+        .expect("read");
+    let stderr = "";
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("submitted"), "{stdout}");
+    assert!(stdout.contains("job 1: succeeded"), "{stdout}\n{stderr}");
+    // The log of rank 1 shows the example's command ran with its gang env.
+    let log = std::fs::read_dir(&data)
+        .expect("data dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("node-"))
+        .flat_map(|e| walk(&e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .find(|l| l.contains("rank 1 of 2"));
+    assert!(log.is_some(), "no rank log says 'rank 1 of 2'");
+}
+
+fn walk(p: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            let q = e.path();
+            if q.is_dir() {
+                out.extend(walk(&q));
+            } else {
+                out.push(q);
+            }
+        }
+    }
+    out
+}
+
+fn cli(cfg: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("GANGWAY_CONFIG", cfg)
+        .env_remove("GANGWAY_ADDR")
+        .env_remove("GANGWAY_TOKEN")
+        .current_dir("/")
+        .output()
+        .expect("cli")
+}
+
+#[test]
+fn submit_wait_follows_the_job_and_exits_with_its_outcome() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("up");
+    let _up = Up(up(
+        &data,
+        free_port(),
+        &["--nodes", "1", "--gpus-per-node", "2"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("gangway up"));
+    let cfg = data.join("cli.yaml");
+    wait_for("up's CLI config", 60, || cfg.exists().then_some(()));
+    // `--gpus-per-node 2`: a 2-GPU node (the flag is not ignored).
+    let nodes = wait_for("the node", 30, || {
+        let o = cli(&cfg, &["nodes", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        (v.as_array()?.len() == 1).then_some(v)
+    });
+    assert_eq!(nodes[0]["gpus"].as_array().expect("gpus").len(), 2);
+    let job = |name: &str, gpus: u32, cmd: &str| {
+        let p = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &p,
+            format!("name: {name}\nqueue: default\nreplicas: 1\nresources: {{ gpus: {gpus} }}\nrestart: {{ max_restarts: 0 }}\nrun: {{ command: [sh, -c, \"{cmd}\"] }}\n"),
+        )
+        .expect("job file");
+        p
+    };
+    // A 2-GPU job holds the node while the next one waits behind it.
+    let hold = job("hold", 2, "sleep 3");
+    let o = cli(&cfg, &["submit", hold.to_str().expect("path")]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let ok = job("ok", 1, "sleep 1");
+    let o = cli(&cfg, &["submit", "--wait", ok.to_str().expect("path")]);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.iter().any(|l| l.starts_with("job 2: pending (")),
+        "{err}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| *l == "job 2: running on node-0" || *l == "job 2: scheduled on node-0"),
+        "{err}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("job 2: succeeded")),
+        "{err}"
+    );
+    // A failing job: the exit status is its rank's exit code.
+    let bad = job("bad", 1, "exit 3");
+    let o = cli(
+        &cfg,
+        &[
+            "submit",
+            "--wait",
+            "-o",
+            "json",
+            bad.to_str().expect("path"),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("the final job as JSON");
+    assert_eq!(v["state"], "failed");
+    assert!(
+        text(&o.stderr).contains("job 3: failed"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "_gangway()"),
+        ("zsh", "#compdef gangway"),
+        ("fish", "complete -c gangway"),
+    ] {
+        let o = Command::new(BIN)
+            .args(["completions", shell])
+            .output()
+            .expect("run");
+        assert!(o.status.success(), "{shell}: {}", text(&o.stderr));
+        let s = text(&o.stdout);
+        assert!(s.contains(marker), "{shell}: {}", &s[..s.len().min(300)]);
+        assert!(s.contains("queue") && s.contains("page-size"), "{shell}");
+    }
+    let o = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+}
+
+#[test]
+fn the_first_gang_of_instant_ranks_on_a_fresh_cluster_ends_without_a_restart() {
+    // Regression: the supervisor's exit-code directory was created only after
+    // the first rank started, so a rank that ended at once left no exit code
+    // and a fast sync reported it killed (137), restarting the gang.
+    for round in 0..3 {
+        let dir = tempfile::tempdir().expect("tmp");
+        let data = dir.path().join("up");
+        let _up = Up(up(
+            &data,
+            free_port(),
+            &["--nodes", "2", "--gpus-per-node", "4", "--sync-ms", "50"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gangway up"));
+        let cfg = data.join("cli.yaml");
+        wait_for("up's CLI config", 60, || cfg.exists().then_some(()));
+        let spec = dir.path().join("instant.yaml");
+        std::fs::write(
+            &spec,
+            "name: instant\nqueue: default\nreplicas: 2\nresources: { gpus: 4 }\nrun: { command: [sh, -c, \"exit 0\"] }\n",
+        )
+        .expect("job file");
+        let o = cli(
+            &cfg,
+            &[
+                "submit",
+                "--wait",
+                "-o",
+                "json",
+                spec.to_str().expect("path"),
+            ],
+        );
+        let err = text(&o.stderr);
+        assert!(o.status.success(), "round {round}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("job json");
+        assert_eq!(v["restarts"], 0, "round {round}: {err}\n{v}");
+        assert!(v["failure"].is_null(), "round {round}: {}", v["failure"]);
+    }
+}
+
+#[test]
+fn up_refuses_flags_it_would_ignore() {
+    let o = Command::new(BIN)
+        .args(["up", "-o", "json", "--no-tls", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("--output is for the client commands"),
+        "{}",
+        text(&o.stderr)
+    );
+    // --gpus is --gpus-per-node (it used to be accepted and ignored).
+    let help = text(
+        &Command::new(BIN)
+            .args(["up", "--help"])
+            .output()
+            .expect("help")
+            .stdout,
+    );
+    assert!(
+        help.contains("--gpus-per-node") && help.contains("[alias: --gpus]"),
+        "{help}"
+    );
+    assert!(
+        help.contains("--sync-ms") && help.contains("--config"),
+        "{help}"
+    );
+}
