@@ -253,7 +253,7 @@ pub(crate) fn try_preempt(
     }
     let state = s.state;
     let fail_key = (
-        s.shape(job, min, min, false),
+        s.shape(job, min, min, None),
         reason,
         job.priority,
         job.queue,
