@@ -345,8 +345,12 @@ pub struct JobView {
     pub record: JobRecord,
     /// Why it waits (pending jobs).
     pub reason: Option<String>,
-    /// Estimated start.
+    /// Stable reason code beside the sentence (Slurm's names), pending jobs.
+    pub reason_code: Option<gangway_core::ReasonCode>,
+    /// Estimated start from the backfill plan (pending jobs it could plan).
     pub estimated_start: Option<u64>,
+    /// Nodes the backfill plan has it start on.
+    pub planned_nodes: Vec<String>,
     /// The lifecycle's Admitted phase: pending, quota admits it, it waits for
     /// GPUs (derived from the last cycle, not a stored transition).
     pub admitted: bool,
@@ -365,7 +369,16 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
         reason: why.map(|w| w.render(&c.cluster, c.why_at)),
         admitted: rec.state == JobState::Pending
             && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
+        reason_code: why.map(|w| w.code()),
         estimated_start: why.and_then(|w| w.estimated_start),
+        planned_nodes: c
+            .planned_nodes
+            .get(&rec.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| c.cluster.nodes().get(*n as usize))
+            .map(|n| n.spec.name.clone())
+            .collect(),
     }
 }
 

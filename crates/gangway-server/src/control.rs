@@ -224,6 +224,8 @@ pub struct Control<S: Store> {
     pub jobs: BTreeMap<JobId, (JobRecord, u64)>,
     /// Last explanation per pending job.
     pub why: HashMap<JobId, gangway_sched::Explanation>,
+    /// Planned nodes per pending job in the last cycle's backfill plan.
+    pub planned_nodes: HashMap<JobId, Vec<gangway_sched::NodeIdx>>,
     /// When they were computed.
     pub why_at: Time,
     /// Scheduler knobs.
@@ -374,6 +376,7 @@ impl<S: Store> Control<S> {
             jobs,
             why: HashMap::new(),
             why_at: 0,
+            planned_nodes: HashMap::new(),
             sched: SchedulerConfig::default(),
             node_tokens,
             node_by_token,
@@ -1408,6 +1411,10 @@ impl<S: Store> Control<S> {
             self.why.insert(e.job, e.clone());
         }
         self.why_at = now;
+        self.planned_nodes.clear();
+        for r in &d.plan {
+            self.planned_nodes.insert(r.job, r.nodes.clone());
+        }
         Ok(d)
     }
 }

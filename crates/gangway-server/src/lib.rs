@@ -93,6 +93,8 @@ pub fn open_with_audit(
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
+    control.sched.backfill = cfg.backfill;
+    control.sched.plan_depth = cfg.plan_depth;
     control.contract = cfg.contract();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {

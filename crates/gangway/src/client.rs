@@ -469,7 +469,13 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
 }
 
 /// `gangway queue`.
-pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&str>) -> Result<()> {
+pub fn queue(
+    c: &Conn,
+    queue: Option<&str>,
+    state: Option<&str>,
+    user: Option<&str>,
+    start: bool,
+) -> Result<()> {
     let mut q = Vec::new();
     if let Some(x) = queue {
         q.push(format!("queue={x}"));
@@ -486,25 +492,60 @@ pub fn queue(c: &Conn, queue: Option<&str>, state: Option<&str>, user: Option<&s
         format!("/v1/jobs?{}", q.join("&"))
     };
     let v = c.get(&path)?;
+    let now = unix_now();
     c.print(&v, |v| {
         let mut out = format!(
-            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "REASON"
+            "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  ",
+            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS"
         );
+        if start {
+            out += &format!("{:<10} {:<16} ", "START", "CODE");
+        }
+        out += "REASON\n";
         for j in v.as_array().into_iter().flatten() {
             out += &format!(
-                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  {}\n",
+                "{:<6} {:<20} {:<12} {:<10} {:<10} {:>5}  ",
                 s(j, "id"),
                 at(j, "/spec/name"),
                 at(j, "/spec/queue"),
                 s(j, "user"),
                 s(j, "state"),
                 gpus(j),
-                j.get("reason").and_then(Value::as_str).unwrap_or("")
             );
+            if start {
+                let when = j
+                    .get("estimated_start")
+                    .and_then(Value::as_u64)
+                    .map_or_else(|| "-".to_string(), |t| starts_in(t, now));
+                let code = j.get("reason_code").and_then(Value::as_str).unwrap_or("-");
+                out += &format!("{when:<10} {code:<16} ");
+            }
+            out += j.get("reason").and_then(Value::as_str).unwrap_or("");
+            out += "\n";
         }
         out
     })
+}
+
+/// Seconds since the Unix epoch (the server's clock for estimates).
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// An estimated start relative to `now`: `now`, `in 45s`, `in 12m`, `in 3h05m`.
+fn starts_in(t: u64, now: u64) -> String {
+    let d = t.saturating_sub(now);
+    if d == 0 {
+        "now".into()
+    } else if d < 120 {
+        format!("in {d}s")
+    } else if d < 2 * 3600 {
+        format!("in {}m", d / 60)
+    } else {
+        format!("in {}h{:02}m", d / 3600, (d % 3600) / 60)
+    }
 }
 
 /// `gangway describe ID` / `gangway why ID`.
@@ -526,7 +567,26 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             gpus(j)
         );
         if let Some(r) = j.get("reason").and_then(Value::as_str) {
-            out += &format!("  waiting: {r}\n");
+            let code = j.get("reason_code").and_then(Value::as_str).unwrap_or("-");
+            out += &format!("  waiting: [{code}] {r}\n");
+        }
+        if let Some(t) = j.get("estimated_start").and_then(Value::as_u64) {
+            let nodes: Vec<&str> = j
+                .get("planned_nodes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            out += &format!(
+                "  estimated start: {} (t={t}){}\n",
+                starts_in(t, unix_now()),
+                if nodes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", nodes.join(","))
+                }
+            );
         }
         out += &contract_lines(j);
         for p in j

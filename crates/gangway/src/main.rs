@@ -98,6 +98,10 @@ enum Command {
         /// Only this user.
         #[arg(long)]
         user: Option<String>,
+        /// Show the estimated start of pending jobs (START column) and the
+        /// reason code (CODE) from the backfill plan.
+        #[arg(long)]
+        start: bool,
     },
     /// Shows a job, its events and why it waits.
     Describe {
@@ -333,9 +337,18 @@ fn run() -> Result<()> {
             client::logs_of(c, id, which, attempt, follow)
         }
         Command::Submit { file } => client::submit(c, &file),
-        Command::Queue { queue, state, user } => {
-            client::queue(c, queue.as_deref(), state.as_deref(), user.as_deref())
-        }
+        Command::Queue {
+            queue,
+            state,
+            user,
+            start,
+        } => client::queue(
+            c,
+            queue.as_deref(),
+            state.as_deref(),
+            user.as_deref(),
+            start,
+        ),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
         Command::Cancel { id } => client::cancel(c, id),
