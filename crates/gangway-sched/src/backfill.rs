@@ -158,8 +158,8 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
             // that would overlap it, as binding does (unless the job is
             // preemptible by its holder); once started, and for other plans,
             // only its own GPUs are held.
-            let whole =
-                e.reserved && t < e.start && !(job.preemptible && job.priority < e.priority);
+            let whole = e.maintenance
+                || (e.reserved && t < e.start && !(job.preemptible && job.priority < e.priority));
             for &(node, m, c, me) in &e.holds {
                 if node as usize == n {
                     if whole {

@@ -52,6 +52,16 @@ pub enum WaitReason {
     /// It does not fit even once every running job ends: the nodes it needs
     /// are cordoned, not ready, unhealthy or reserved for maintenance.
     NeverFits(FitFailure),
+    /// It would fit now, but only on nodes of a maintenance window it would
+    /// run into (or that is under way).
+    Maintenance {
+        /// The window's name.
+        name: String,
+        /// When the window starts.
+        start_at: Time,
+        /// When it ends.
+        end_at: Time,
+    },
     /// Strict order: a job ahead of it could not start.
     InOrder {
         /// The first job that could not start.
@@ -130,7 +140,9 @@ impl WaitReason {
             WaitReason::BehindReservation { .. }
             | WaitReason::BeyondPlan { .. }
             | WaitReason::InOrder { .. } => ReasonCode::Priority,
-            WaitReason::NeverFits(_) => ReasonCode::ReqNodeNotAvail,
+            WaitReason::NeverFits(_) | WaitReason::Maintenance { .. } => {
+                ReasonCode::ReqNodeNotAvail
+            }
             WaitReason::AwaitingPreemption { .. } | WaitReason::Preempting { .. } => {
                 ReasonCode::Preemption
             }
@@ -237,6 +249,24 @@ impl Explanation {
                 "reserved to start at t+{} behind job {holder}; free GPUs are held for it",
                 duration(start_at.saturating_sub(now))
             ),
+            WaitReason::Maintenance {
+                name,
+                start_at,
+                end_at,
+            } => {
+                let when = if *start_at <= now {
+                    format!("under way until t+{}", duration(end_at.saturating_sub(now)))
+                } else {
+                    format!(
+                        "from t+{} to t+{}",
+                        duration(start_at.saturating_sub(now)),
+                        duration(end_at.saturating_sub(now))
+                    )
+                };
+                format!(
+                    "the free nodes that fit it are reserved for maintenance {name} ({when}) and it would not end before"
+                )
+            }
             WaitReason::InOrder { behind } => {
                 format!("waiting in order behind job {behind} (strict FIFO)")
             }

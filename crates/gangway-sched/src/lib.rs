@@ -34,8 +34,8 @@ pub use explain::{plural, Explanation, WaitReason};
 pub use placement::FitFailure;
 pub use quota::{QuotaBlock, QuotaLimit};
 pub use state::{
-    ClusterState, Gang, Job, JobStatus, Placement, Rejection, ReplicaPlacement, RunInfo,
-    StateConfig, StateError,
+    ClusterState, Gang, Job, JobStatus, Maintenance, Placement, Rejection, ReplicaPlacement,
+    RunInfo, StateConfig, StateError,
 };
 
 use bitset::Bitset;
@@ -350,15 +350,17 @@ pub(crate) struct ShapeKey {
     excluded: Option<ExclKey>,
 }
 
-/// Which reservations' nodes a job may not use: the first `prefix`
-/// reservations in start order (those starting before the job would end),
-/// less those a preemptible job of priority below `exempt_below` may use.
-/// `generation` is the number of reservations when the set was made.
+/// Which nodes a job may not use: those of the first `prefix` reservations
+/// in start order (those starting before the job would end), less those a
+/// preemptible job of priority below `exempt_below` may use, and those of the
+/// first `maint` maintenance windows in start order. `generation` is the
+/// number of reservations when the set was made.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) struct ExclKey {
     generation: u32,
     prefix: u32,
     exempt_below: i32,
+    maint: u32,
 }
 
 /// A planned job's hold on the timeline: its GPUs, CPU and memory per node
@@ -368,6 +370,8 @@ pub(crate) struct PlanEntry {
     pub(crate) end: Time,
     /// Whether it is a reservation (later jobs must respect it).
     pub(crate) reserved: bool,
+    /// Whether it is a maintenance window (its nodes run nothing then).
+    pub(crate) maintenance: bool,
     /// Its job's priority.
     pub(crate) priority: i32,
     /// (node, GPU mask, CPU, memory).
@@ -385,8 +389,12 @@ pub(crate) struct Session<'a> {
     pub(crate) reserved: Bitset,
     /// Reservations by start: (start, index into `decisions.reservations`).
     pub(crate) res_by_start: Vec<(Time, usize)>,
+    /// Maintenance windows not yet over, by start.
+    pub(crate) maint_by_start: Vec<&'a state::Maintenance>,
     /// Node sets excluded for jobs that may not use some reservations.
-    excl_sets: HashMap<ExclKey, Bitset>,
+    pub(crate) excl_sets: HashMap<ExclKey, Bitset>,
+    /// The maintenance nodes the current preemption search must avoid.
+    pub(crate) preempt_maint: Option<ExclKey>,
     /// The plan's holds, in plan order.
     pub(crate) plan: Vec<PlanEntry>,
     /// Running jobs' releases by estimated end (overrunning ones
@@ -420,6 +428,30 @@ pub(crate) struct Session<'a> {
 impl<'a> Session<'a> {
     fn new(state: &'a ClusterState, now: Time, cfg: &'a SchedulerConfig) -> Self {
         let n = state.nodes().len();
+        let mut s = Session::bare(state, now, cfg, n);
+        let mut maint: Vec<&state::Maintenance> =
+            state.maintenance().filter(|m| m.end > now).collect();
+        maint.sort_by_key(|m| (m.start, m.end));
+        for m in &maint {
+            // The plan holds its nodes whole for the window.
+            s.plan.push(PlanEntry {
+                start: m.start.max(now),
+                end: m.end,
+                reserved: false,
+                maintenance: true,
+                priority: i32::MAX,
+                holds: m
+                    .nodes
+                    .iter()
+                    .map(|n| (*n, u64::MAX, u64::MAX, u64::MAX))
+                    .collect(),
+            });
+        }
+        s.maint_by_start = maint;
+        s
+    }
+
+    fn bare(state: &'a ClusterState, now: Time, cfg: &'a SchedulerConfig, n: usize) -> Self {
         Session {
             state,
             now,
@@ -427,7 +459,9 @@ impl<'a> Session<'a> {
             cap: state.capacity.clone(),
             reserved: Bitset::new(n),
             res_by_start: Vec::new(),
+            maint_by_start: Vec::new(),
             excl_sets: HashMap::default(),
+            preempt_maint: None,
             plan: Vec::new(),
             releases: None,
             bound_sorted: Vec::new(),
@@ -499,7 +533,7 @@ impl<'a> Session<'a> {
     /// preemptible and of lower priority than their holder. `None`: it may
     /// use every node. The node set is built once per distinct answer.
     fn exclusion(&mut self, job: &Gang) -> Option<ExclKey> {
-        if self.res_by_start.is_empty() {
+        if self.res_by_start.is_empty() && self.maint_by_start.is_empty() {
             return None;
         }
         let prefix = match job.runtime {
@@ -509,7 +543,29 @@ impl<'a> Session<'a> {
             }
             None => self.res_by_start.len(),
         };
-        if prefix == 0 {
+        let maint = self.maint_prefix(job);
+        self.exclusion_key(job, prefix, maint)
+    }
+
+    /// How many maintenance windows (in start order) `job` would run into if
+    /// it started now: its estimated end is its time limit, else its
+    /// predicted run time, else the unknown-run-time floor.
+    pub(crate) fn maint_prefix(&self, job: &Gang) -> usize {
+        let end = self
+            .now
+            .saturating_add(backfill::plan_runtime(self.state, job));
+        self.maint_by_start.partition_point(|m| m.start < end)
+    }
+
+    /// The key (and node set, built once) for reservation prefix `prefix`
+    /// and maintenance prefix `maint`; `None` when nothing is excluded.
+    pub(crate) fn exclusion_key(
+        &mut self,
+        job: &Gang,
+        prefix: usize,
+        maint: usize,
+    ) -> Option<ExclKey> {
+        if prefix == 0 && maint == 0 {
             return None;
         }
         let key = ExclKey {
@@ -520,6 +576,7 @@ impl<'a> Session<'a> {
             } else {
                 i32::MIN
             },
+            maint: maint as u32,
         };
         if !self.excl_sets.contains_key(&key) {
             if self
@@ -538,6 +595,12 @@ impl<'a> Session<'a> {
                     continue;
                 }
                 for n in &r.nodes {
+                    set.insert(*n as usize);
+                    any = true;
+                }
+            }
+            for m in &self.maint_by_start[..maint] {
+                for n in &m.nodes {
                     set.insert(*n as usize);
                     any = true;
                 }
@@ -824,6 +887,20 @@ impl<'a> Session<'a> {
             }
             Err(fail) => {
                 if let Some(key) = excluded {
+                    if key.maint > 0 && self.fits_unreserved(job, kq, min) {
+                        // Does it fit once only reservations are kept off?
+                        let res_only = self.exclusion_key(job, key.prefix as usize, 0);
+                        if self.cached_place(job, kq, min, res_only).is_ok() {
+                            let m = self.maint_by_start[0];
+                            let reason = WaitReason::Maintenance {
+                                name: m.name.clone(),
+                                start_at: m.start,
+                                end_at: m.end,
+                            };
+                            let eta = self.plan_start(job, kq.max(min), false).map(|(t, _)| t);
+                            return self.explain(id, reason, eta);
+                        }
+                    }
                     if self.fits_unreserved(job, kq, min) {
                         let (holder, start_at) = self
                             .first_excluding(job, key)
@@ -905,6 +982,7 @@ impl<'a> Session<'a> {
             start,
             end,
             reserved: reserve,
+            maintenance: false,
             priority: job.priority,
             holds: placement
                 .replicas
