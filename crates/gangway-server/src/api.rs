@@ -310,7 +310,7 @@ fn forbidden(msg: impl Into<String>) -> ApiError {
 
 /// The request body, at most `max_body_bytes` (413 past it); read only
 /// after the caller is authenticated.
-async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<Bytes> {
+pub(crate) async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<Bytes> {
     let max = app.cfg.max_body_bytes;
     axum::body::to_bytes(body, max).await.map_err(|_| {
         ApiError(
@@ -1224,6 +1224,14 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}/logs", get(job_logs))
         .route("/v1/nodes/{name}/gpus/{index}/{action}", post(gpu_health))
         .route("/v1/audit", get(audit_log))
+        .route(
+            "/v1/reservations",
+            post(crate::reservations::create).get(crate::reservations::list),
+        )
+        .route(
+            "/v1/reservations/{name}",
+            axum::routing::delete(crate::reservations::delete),
+        )
         .merge(crate::dashboard::routes())
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), audit))
         .route_layer(axum::middleware::from_fn_with_state(app.clone(), track))

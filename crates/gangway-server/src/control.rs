@@ -224,6 +224,8 @@ pub struct Control<S: Store> {
     pub jobs: BTreeMap<JobId, (JobRecord, u64)>,
     /// Last explanation per pending job.
     pub why: HashMap<JobId, gangway_sched::Explanation>,
+    /// Maintenance reservations (see [`crate::reservations`]).
+    pub reservations: crate::reservations::Reservations,
     /// Planned nodes per pending job in the last cycle's backfill plan.
     pub planned_nodes: HashMap<JobId, Vec<gangway_sched::NodeIdx>>,
     /// When they were computed.
@@ -377,6 +379,7 @@ impl<S: Store> Control<S> {
             why: HashMap::new(),
             why_at: 0,
             planned_nodes: HashMap::new(),
+            reservations: Default::default(),
             sched: SchedulerConfig::default(),
             node_tokens,
             node_by_token,
@@ -404,6 +407,7 @@ impl<S: Store> Control<S> {
             }
         }
         c.rebuild()?;
+        c.reservations = crate::reservations::Reservations::load(&c.store)?;
         Ok(c)
     }
 
@@ -1328,6 +1332,7 @@ impl<S: Store> Control<S> {
         self.resume_restarts(now)?;
         self.enforce_time_limits(now)?;
         self.save_predictor(now)?;
+        self.sync_reservations(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
         let mut ports = if d.binds.is_empty() {
             HashMap::new()

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod openapi;
 pub mod records;
+pub mod reservations;
 pub mod yaml;
 
 pub use config::ServerConfig;

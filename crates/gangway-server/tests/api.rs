@@ -280,6 +280,97 @@ fn every_pending_job_has_an_estimated_start_or_a_reason_code() {
 }
 
 #[test]
+fn maintenance_reservations_are_admin_made_validated_and_respected() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(&format!(
+        "{CONFIG}node_not_ready_seconds: 3600\nnode_lost_seconds: 7200\n"
+    ))
+    .expect("config");
+    let s = start_with(cfg, dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    assert_eq!(s.register("node-b", 4).0, 201);
+    let t = gangway_server::api::now();
+    let body = |name: &str, nodes: &str, start: u64, dur: u64| {
+        format!(r#"{{"name":"{name}","nodes":[{nodes}],"start":{start},"duration_seconds":{dur}}}"#)
+    };
+    let post = |token: &str, b: &str| s.post("/v1/reservations", token, "application/json", b);
+    // Users may not create; unknown tokens are not known.
+    let ok = body("maint1", r#""node-b""#, t, 3600);
+    assert_eq!(post("alice-token", &ok).0, 403);
+    assert_eq!(post("nobody-token", &ok).0, 401);
+    // Every bad field is refused, naming it.
+    for (b, code, field) in [
+        (body("Bad Name", r#""node-b""#, t, 60), 400, "name"),
+        (body(&"x".repeat(64), r#""node-b""#, t, 60), 400, "name"),
+        (body("m", "", t, 60), 400, "nodes"),
+        (body("m", r#""node-z""#, t, 60), 422, "nodes"),
+        (body("m", r#""node-b""#, t, 0), 400, "duration_seconds"),
+        (
+            body("m", r#""node-b""#, t, 31 * 86_400),
+            400,
+            "duration_seconds",
+        ),
+        (body("m", r#""node-b""#, t - 3600, 60), 400, "start"),
+        (body("m", r#""node-b""#, t + 400 * 86_400, 60), 400, "start"),
+        (r#"{"name":"m"}"#.to_string(), 400, "reservation"),
+    ] {
+        let (c, v) = post("admin-secret", &b);
+        assert_eq!(c, code, "{b}: {v}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains(field)),
+            "{b}: {v}"
+        );
+    }
+    let (c, v) = post("admin-secret", &ok);
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(
+        v["end"].as_u64(),
+        Some(v["start"].as_u64().expect("start") + 3600)
+    );
+    assert_eq!(post("admin-secret", &ok).0, 409, "names are unique");
+    // Anyone may list.
+    let (c, list) = s.get("/v1/reservations", "bob-token");
+    assert_eq!(c, 200);
+    assert_eq!(list[0]["name"], "maint1");
+    assert_eq!(list[0]["nodes"], json!(["node-b"]));
+    // The window is under way: jobs go to node-a only, the rest wait with ReqNodeNotAvail.
+    let ids: Vec<u64> = (0..2)
+        .map(|i| {
+            s.submit("alice-token", &job(&format!("m{i}"), "research", 1, 4))
+                .1["id"]
+                .as_u64()
+                .expect("id")
+        })
+        .collect();
+    let first = s.wait_job(ids[0], |j| j["state"] == "scheduled");
+    assert_eq!(first["placement"][0]["node"], "node-a", "{first}");
+    let second = s.wait_job(ids[1], |j| j["reason_code"].is_string());
+    assert_eq!(second["reason_code"], "ReqNodeNotAvail", "{second}");
+    assert!(
+        second["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("maint1"),
+        "{second}"
+    );
+    // Users may not delete; admins may, then the waiting job takes node-b.
+    let del = |token: &str, name: &str| {
+        call(
+            ureq::delete(&format!("{}/v1/reservations/{name}", s.base))
+                .set("Authorization", &format!("Bearer {token}")),
+            None,
+        )
+    };
+    assert_eq!(del("alice-token", "maint1").0, 403);
+    assert_eq!(del("admin-secret", "Bad Name").0, 400);
+    assert_eq!(del("admin-secret", "nope").0, 404);
+    assert_eq!(del("admin-secret", "maint1").0, 200);
+    let second = s.wait_job(ids[1], |j| j["state"] == "scheduled");
+    assert_eq!(second["placement"][0]["node"], "node-b", "{second}");
+    assert_eq!(s.get("/v1/reservations", "bob-token").1, json!([]));
+}
+
+#[test]
 fn auth_is_enforced() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());

@@ -230,7 +230,18 @@ impl Conn {
         })
     }
 
-    fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
+    /// DELETE a path.
+    pub fn delete(&self, path: &str) -> Result<Value> {
+        self.send(|a| {
+            gangway_agent::tls::http()
+                .delete(&format!("{a}{path}"))
+                .set("Authorization", &self.bearer())
+                .call()
+                .map_err(Box::new)
+        })
+    }
+
+    pub(crate) fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
             Output::Table => print!("{}", table(v)),
@@ -240,7 +251,7 @@ impl Conn {
 }
 
 /// A field for a table: strings bare, absent or null as `-`.
-fn show(v: Option<&Value>) -> String {
+pub(crate) fn show(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(x)) => x.clone(),
         Some(Value::Null) | None => "-".into(),
@@ -528,7 +539,7 @@ pub fn queue(
 }
 
 /// Seconds since the Unix epoch (the server's clock for estimates).
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

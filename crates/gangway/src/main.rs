@@ -6,6 +6,7 @@ mod bench_chaos;
 mod bench_dashboard;
 mod client;
 mod local;
+mod reservation;
 mod sim;
 
 use anyhow::{Context, Result};
@@ -142,6 +143,12 @@ enum Command {
         /// End, seconds since the epoch.
         #[arg(long)]
         to: Option<u64>,
+    },
+    /// Maintenance reservations: nodes that run nothing in a window (admins
+    /// create and delete; anyone lists).
+    Reservation {
+        #[command(subcommand)]
+        action: reservation::Action,
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
@@ -368,5 +375,6 @@ fn run() -> Result<()> {
         Command::Usage { from, to } => client::usage(c, from, to),
         Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
+        Command::Reservation { action } => reservation::run(c, action),
     }
 }
