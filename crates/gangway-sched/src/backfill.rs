@@ -207,10 +207,16 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
             k
         }
     };
-    let mut h: Vec<u64> = (0..nodes.len())
-        .map(|n| host(n, &g, &cpu, &mem, &held))
-        .collect();
-    let mut leaf_h = vec![0u64; state.leaves().len()];
+    // A gang on one node only needs the touched nodes' counts; the others
+    // keep per-node, per-leaf and total counts of hostable replicas.
+    let mut h: Vec<u64> = if single {
+        Vec::new()
+    } else {
+        (0..nodes.len())
+            .map(|n| host(n, &g, &cpu, &mem, &held))
+            .collect()
+    };
+    let mut leaf_h = vec![0u64; if single { 0 } else { state.leaves().len() }];
     for (n, v) in h.iter().enumerate() {
         leaf_h[nodes[n].leaf as usize] += v;
     }
@@ -274,13 +280,15 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
         touched.dedup();
         for &n in &touched {
             let nh = host(n, &g, &cpu, &mem, &held);
+            if single {
+                ready |= nh >= r;
+                continue;
+            }
             let l = nodes[n].leaf as usize;
             leaf_h[l] = leaf_h[l] + nh - h[n];
             total_h = total_h + nh - h[n];
             h[n] = nh;
-            ready |= if single {
-                nh >= r
-            } else if leaf_only {
+            ready |= if leaf_only {
                 leaf_h[l] >= r
             } else {
                 total_h >= r
