@@ -306,18 +306,20 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
             }
         }
         *done = released.len();
-        let found = if held.is_empty() {
-            placement::place(state, cap, &req)
-        } else {
-            let mut c = cap.clone();
-            for (&n, hd) in &held {
-                let m = hd.gpus & c.free[n];
-                let hc = hd.cpu.min(c.free_cpu[n]);
-                let hm = hd.mem.min(c.free_mem[n]);
-                c.take(&state.nodes, n as u32, m, hc, hm);
-            }
-            placement::place(state, &c, &req)
-        };
+        // Take the holds out for the search and give them back after: take
+        // and give of free GPUs are exact inverses, so no copy is needed.
+        let mut taken: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(held.len());
+        for (&n, hd) in &held {
+            let m = hd.gpus & cap.free[n];
+            let hc = hd.cpu.min(cap.free_cpu[n]);
+            let hm = hd.mem.min(cap.free_mem[n]);
+            cap.take(&state.nodes, n as u32, m, hc, hm);
+            taken.push((n as u32, m, hc, hm));
+        }
+        let found = placement::place(state, cap, &req);
+        for (n, m, hc, hm) in taken {
+            cap.give(&state.nodes, n, m, hc, hm);
+        }
         if let Ok(p) = found {
             return Some((t.max(s.now), p));
         }
