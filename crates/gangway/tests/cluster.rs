@@ -365,6 +365,14 @@ fn a_maintenance_reservation_keeps_its_node_empty_while_jobs_run_elsewhere() {
     if state(&waiting) == "pending" {
         assert_eq!(waiting["reason_code"], "ReqNodeNotAvail", "{waiting}");
     }
+    let queue = cli(&["queue", "--start"]);
+    assert!(
+        queue
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("START") && h.contains("CODE")),
+        "{queue}"
+    );
     for id in &ids {
         let j = c.wait_job(*id, "succeed", 60, |j| state(j) == "succeeded");
         assert_eq!(j["ran_on"], json!(["node-a"]), "{j}");
