@@ -4,7 +4,7 @@ use crate::capacity::NodeIdx;
 use crate::placement::FitFailure;
 use crate::quota::{QuotaBlock, QuotaLimit};
 use crate::state::ClusterState;
-use gangway_core::{JobId, Resource, Time};
+use gangway_core::{JobId, ReasonCode, Resource, Time};
 use serde::Serialize;
 
 /// The reason a job was left pending this cycle.
@@ -15,14 +15,23 @@ pub enum WaitReason {
     Quota(QuotaBlock),
     /// Not enough free GPUs in the shape it needs.
     NoFit(FitFailure),
-    /// It holds the backfill reservation and starts when running jobs end.
+    /// It holds a backfill reservation and starts when running jobs end.
     Reserved {
         /// Estimated start.
         start_at: Time,
         /// Nodes set aside.
         nodes: u32,
     },
-    /// It would fit, but only on GPUs set aside for the head-of-line gang.
+    /// No free GPUs in its shape now; the plan has it start when running jobs
+    /// (and the jobs planned before it) end. Later jobs may still backfill
+    /// ahead of it: it holds no reservation.
+    Planned {
+        /// Estimated start.
+        start_at: Time,
+        /// Nodes planned.
+        nodes: u32,
+    },
+    /// It would fit, but only on GPUs reserved for jobs ahead of it.
     BehindReservation {
         /// The gang holding the reservation.
         holder: JobId,
@@ -33,6 +42,25 @@ pub enum WaitReason {
     AwaitingPreemption {
         /// Victims still running their grace period.
         victims: u32,
+    },
+    /// It does not fit now and the plan is full: the first `depth` jobs that
+    /// wait are planned first.
+    BeyondPlan {
+        /// The plan's depth.
+        depth: u32,
+    },
+    /// It does not fit even once every running job ends: the nodes it needs
+    /// are cordoned, not ready, unhealthy or reserved for maintenance.
+    NeverFits(FitFailure),
+    /// It would fit now, but only on nodes of a maintenance window it would
+    /// run into (or that is under way).
+    Maintenance {
+        /// The window's name.
+        name: String,
+        /// When the window starts.
+        start_at: Time,
+        /// When it ends.
+        end_at: Time,
     },
     /// Strict order: a job ahead of it could not start.
     InOrder {
@@ -55,8 +83,18 @@ pub struct Explanation {
     pub job: JobId,
     /// Why it waits.
     pub reason: WaitReason,
-    /// Estimated start, where a reservation or preemption gives one.
+    /// Estimated start, where the plan or a preemption gives one.
     pub estimated_start: Option<Time>,
+}
+
+/// `n` and the noun, plural unless `n` is 1: `plural(1, "GPU")` is `1 GPU`,
+/// `plural(2, "node")` is `2 nodes`.
+pub fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 fn node_name(state: &ClusterState, n: NodeIdx) -> &str {
@@ -87,7 +125,37 @@ fn duration(secs: u64) -> String {
     }
 }
 
+impl WaitReason {
+    /// The stable reason code scripts match (Slurm's names where the meaning
+    /// matches): free GPUs lacking is `Resources`, jobs ahead of it in order
+    /// or their reservations is `Priority`, quota is `QOSGrpGRES`, nodes that
+    /// are unavailable or reserved for maintenance is `ReqNodeNotAvail`,
+    /// waiting on victims is `Preemption`.
+    pub fn code(&self) -> ReasonCode {
+        match self {
+            WaitReason::Quota(_) => ReasonCode::QosGrpGres,
+            WaitReason::NoFit(_) | WaitReason::Reserved { .. } | WaitReason::Planned { .. } => {
+                ReasonCode::Resources
+            }
+            WaitReason::BehindReservation { .. }
+            | WaitReason::BeyondPlan { .. }
+            | WaitReason::InOrder { .. } => ReasonCode::Priority,
+            WaitReason::NeverFits(_) | WaitReason::Maintenance { .. } => {
+                ReasonCode::ReqNodeNotAvail
+            }
+            WaitReason::AwaitingPreemption { .. } | WaitReason::Preempting { .. } => {
+                ReasonCode::Preemption
+            }
+        }
+    }
+}
+
 impl Explanation {
+    /// The stable reason code (see [`WaitReason::code`]).
+    pub fn code(&self) -> ReasonCode {
+        self.reason.code()
+    }
+
     /// A sentence a person can act on, e.g.
     /// `queue research is at quota 32/32 GPUs and cannot borrow: cohort lab has 0 idle`.
     pub fn render(&self, state: &ClusterState, now: Time) -> String {
@@ -134,10 +202,14 @@ impl Explanation {
                 node,
             }) => match node {
                 Some(n) => format!(
-                    "needs {need} GPUs on one node; largest free block is {largest_free} on node {}",
+                    "needs {} on one node; largest free block is {largest_free} on node {}",
+                    plural(*need, "GPU"),
                     node_name(state, *n)
                 ),
-                None => format!("needs {need} GPUs on one node; no matching node has a free GPU"),
+                None => format!(
+                    "needs {} on one node; no matching node has a free GPU",
+                    plural(*need, "GPU")
+                ),
             },
             WaitReason::NoFit(FitFailure::Spread {
                 replicas,
@@ -145,29 +217,69 @@ impl Explanation {
                 hostable,
                 one_leaf,
             }) => format!(
-                "needs {replicas} replicas × {gpus_per_replica} GPUs{}; free GPUs can host only {hostable}",
+                "needs {} × {}{}; free GPUs can host only {hostable}",
+                plural(u64::from(*replicas), "replica"),
+                plural(*gpus_per_replica, "GPU"),
                 if *one_leaf { " under one leaf switch" } else { "" }
             ),
             WaitReason::Reserved { start_at, nodes } => format!(
-                "head of line: {nodes} nodes reserved, estimated start at t+{} when running jobs end",
+                "{} reserved, estimated start at t+{} when running jobs end",
+                plural(u64::from(*nodes), "node"),
                 duration(start_at.saturating_sub(now))
+            ),
+            WaitReason::Planned { start_at, nodes } => format!(
+                "no free GPUs in its shape now; planned on {} at t+{} when running and earlier planned jobs end",
+                plural(u64::from(*nodes), "node"),
+                duration(start_at.saturating_sub(now))
+            ),
+            WaitReason::BeyondPlan { depth } => format!(
+                "does not fit now; the first {} waiting ahead of it are planned first",
+                plural(u64::from(*depth), "job")
+            ),
+            WaitReason::NeverFits(f) => format!(
+                "{}, even once every running job ends: the nodes it needs are cordoned, down or reserved",
+                Explanation {
+                    job: self.job,
+                    reason: WaitReason::NoFit(*f),
+                    estimated_start: None,
+                }
+                .render(state, now)
             ),
             WaitReason::BehindReservation { holder, start_at } => format!(
                 "reserved to start at t+{} behind job {holder}; free GPUs are held for it",
                 duration(start_at.saturating_sub(now))
             ),
+            WaitReason::Maintenance {
+                name,
+                start_at,
+                end_at,
+            } => {
+                let when = if *start_at <= now {
+                    format!("under way until t+{}", duration(end_at.saturating_sub(now)))
+                } else {
+                    format!(
+                        "from t+{} to t+{}",
+                        duration(start_at.saturating_sub(now)),
+                        duration(end_at.saturating_sub(now))
+                    )
+                };
+                format!(
+                    "the free nodes that fit it are reserved for maintenance {name} ({when}) and it would not end before"
+                )
+            }
             WaitReason::InOrder { behind } => {
                 format!("waiting in order behind job {behind} (strict FIFO)")
             }
-            WaitReason::AwaitingPreemption { victims } => {
-                format!("waiting for {victims} preempted job(s) to checkpoint and exit")
-            }
+            WaitReason::AwaitingPreemption { victims } => format!(
+                "waiting for {} to checkpoint and exit",
+                plural(u64::from(*victims), "preempted job")
+            ),
             WaitReason::Preempting {
                 victims,
                 grace_seconds,
             } => format!(
-                "preempting {} job(s) ({}); starts after their {}s checkpoint grace",
-                victims.len(),
+                "preempting {} ({}); starts after their {}s checkpoint grace",
+                plural(victims.len() as u64, "job"),
                 victims
                     .iter()
                     .map(|v| v.to_string())

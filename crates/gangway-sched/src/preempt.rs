@@ -234,7 +234,9 @@ fn feasible(s: &Session<'_>, job: &Gang, min: u32, victims: &[&Job]) -> Option<P
         job.preemptible,
     )
     .ok()?;
-    s.place_elastic(&trial, job, min, min, None).ok()
+    // Never onto nodes of a maintenance window it would run into.
+    let exclude = s.preempt_maint.and_then(|k| s.excl_sets.get(&k));
+    s.place_elastic(&trial, job, min, min, exclude).ok()
 }
 
 /// Tries to make room for `job` (with `min` replicas) by preempting. On success
@@ -253,7 +255,7 @@ pub(crate) fn try_preempt(
     }
     let state = s.state;
     let fail_key = (
-        s.shape(job, min, min, false),
+        s.shape(job, min, min, None),
         reason,
         job.priority,
         job.queue,
@@ -290,6 +292,8 @@ pub(crate) fn try_preempt(
         return None;
     }
     s.preempt_searches += 1;
+    let mp = s.maint_prefix(job);
+    s.preempt_maint = s.exclusion_key(job, 0, mp);
     if s.victim_index.is_none() {
         s.victim_index = Some(VictimIndex::build(state, s.now, s.cfg));
     }

@@ -456,6 +456,9 @@ pub enum StateError {
     /// Unknown node.
     #[error("node {0} is not known")]
     UnknownNode(String),
+    /// A maintenance window that cannot be.
+    #[error("maintenance window {0}")]
+    BadMaintenance(String),
     /// Wrong state for the call.
     #[error("job {job} is {actual}, expected {expected}")]
     WrongStatus {
@@ -535,9 +538,85 @@ pub struct ClusterState {
     max_node_mem: u64,
     /// Run times learned from completed jobs.
     pub(crate) predictor: crate::predict::RuntimePredictor,
+    /// Maintenance windows, by name.
+    pub(crate) maintenance: BTreeMap<String, Maintenance>,
+}
+
+/// A maintenance window: from `start` to `end` its nodes run nothing, and no
+/// job is placed on them whose estimated end (time limit, else prediction)
+/// runs into the window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Maintenance {
+    /// Its name.
+    pub name: String,
+    /// Nodes it takes.
+    pub nodes: Vec<NodeIdx>,
+    /// First second of the window.
+    pub start: Time,
+    /// First second after it.
+    pub end: Time,
 }
 
 impl ClusterState {
+    /// Sets (or replaces) the maintenance window `name` on the named nodes
+    /// for `[start, end)`. Refuses unknown nodes and an empty window.
+    pub fn set_maintenance(
+        &mut self,
+        name: &str,
+        nodes: &[String],
+        start: Time,
+        end: Time,
+    ) -> Result<(), StateError> {
+        if end <= start {
+            return Err(StateError::BadMaintenance(format!(
+                "{name}: the window ends ({end}) before it starts ({start})"
+            )));
+        }
+        let mut idx = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            idx.push(
+                self.node_index(n)
+                    .ok_or_else(|| StateError::UnknownNode(n.clone()))?,
+            );
+        }
+        idx.sort_unstable();
+        idx.dedup();
+        self.maintenance.insert(
+            name.to_string(),
+            Maintenance {
+                name: name.to_string(),
+                nodes: idx,
+                start,
+                end,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes the maintenance window `name`; whether it existed.
+    pub fn remove_maintenance(&mut self, name: &str) -> bool {
+        self.maintenance.remove(name).is_some()
+    }
+
+    /// Drops the windows that have ended by `now`; their names.
+    pub fn drop_expired_maintenance(&mut self, now: Time) -> Vec<String> {
+        let gone: Vec<String> = self
+            .maintenance
+            .values()
+            .filter(|m| m.end <= now)
+            .map(|m| m.name.clone())
+            .collect();
+        for g in &gone {
+            self.maintenance.remove(g);
+        }
+        gone
+    }
+
+    /// Maintenance windows by name.
+    pub fn maintenance(&self) -> impl Iterator<Item = &Maintenance> {
+        self.maintenance.values()
+    }
+
     /// An empty cluster.
     pub fn new(config: StateConfig) -> Self {
         ClusterState {

@@ -408,7 +408,7 @@ proptest! {
 #[test]
 fn cycle_stats_and_config_are_sane() {
     let cfg = SchedulerConfig::default();
-    assert!(cfg.backfill && cfg.preemption && cfg.fair_share);
+    assert!(cfg.backfill.enabled() && cfg.preemption && cfg.fair_share);
     let _ = ResourceLimits::default();
 }
 

@@ -726,7 +726,7 @@ fn waiting_reasons_name_the_shape() {
     let mut s = cluster(4, 8, 2);
     queue(&mut s, QueueSpec::unlimited("q", None));
     let mut d = Driver::new(s);
-    d.cfg.backfill = false;
+    d.cfg.backfill = gangway_sched::Backfill::Off;
     for _ in 0..4 {
         d.submit(job("q", 1, 6, None), None);
     }

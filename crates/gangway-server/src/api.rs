@@ -352,11 +352,12 @@ pub struct JobView {
     pub record: JobRecord,
     /// Why it waits (pending jobs).
     pub reason: Option<String>,
-    /// Why it waits, as a stable code (`JobHeldUser`, `Dependency`, ...), or
-    /// why it ended without running (`DependencyNeverSatisfied`).
+    /// Stable reason code beside the sentence (Slurm's names), pending jobs.
     pub reason_code: Option<gangway_core::ReasonCode>,
-    /// Estimated start.
+    /// Estimated start from the backfill plan (pending jobs it could plan).
     pub estimated_start: Option<u64>,
+    /// Nodes the backfill plan has it start on.
+    pub planned_nodes: Vec<String>,
     /// The lifecycle's Admitted phase: pending, quota admits it, it waits for
     /// GPUs (derived from the last cycle, not a stored transition).
     pub admitted: bool,
@@ -379,7 +380,16 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
         reason_code: gate.map(|(code, _)| code).or(rec.end_reason),
         admitted: rec.state == JobState::Pending
             && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
+        reason_code: why.map(|w| w.code()),
         estimated_start: why.and_then(|w| w.estimated_start),
+        planned_nodes: c
+            .planned_nodes
+            .get(&rec.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| c.cluster.nodes().get(*n as usize))
+            .map(|n| n.spec.name.clone())
+            .collect(),
     }
 }
 
@@ -1486,6 +1496,14 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}/release", post(crate::workflow_api::release))
         .route("/v1/jobs/{id}/update", post(crate::workflow_api::update))
         .route("/v1/history", get(crate::history::list))
+        .route(
+            "/v1/reservations",
+            post(crate::reservations::create).get(crate::reservations::list),
+        )
+        .route(
+            "/v1/reservations/{name}",
+            axum::routing::delete(crate::reservations::delete),
+        )
         .merge(crate::dashboard::routes())
         .merge(crate::policy::api::routes())
         .merge(crate::backup::routes())

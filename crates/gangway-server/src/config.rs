@@ -25,6 +25,8 @@
 //! metrics_token: s3cret-prometheus
 //! max_grace_seconds: 600
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
+//! backfill: easy              # or conservative, reservations:N, off (see docs/BACKFILL.md)
+//! plan_depth: 200             # pending jobs given a start estimate per cycle
 //! ```
 //!
 //! The file is parsed with the same budgets as job specs (see [`crate::yaml`]).
@@ -160,6 +162,25 @@ pub struct ServerConfig {
     /// `gangway_queue_slo_p95_wait_seconds`, alerted on by `gangway alerts`.
     #[serde(default)]
     pub slo_p95_wait_seconds: std::collections::BTreeMap<String, u64>,
+    /// Backfill: `easy` (a reservation for the first job that does not fit),
+    /// `conservative` (for every planned job), `reservations:N`, or `off`.
+    #[serde(default = "easy")]
+    pub backfill: gangway_sched::Backfill,
+    /// Pending jobs given a planned start per cycle, in order (0 to
+    /// [`MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
+    #[serde(default = "plan_depth")]
+    pub plan_depth: usize,
+}
+
+/// Most pending jobs `plan_depth` may ask to plan per cycle.
+pub const MAX_PLAN_DEPTH: usize = 100_000;
+
+fn easy() -> gangway_sched::Backfill {
+    gangway_sched::Backfill::Easy
+}
+
+fn plan_depth() -> usize {
+    gangway_sched::DEFAULT_PLAN_DEPTH
 }
 
 fn six_hundred() -> u64 {
@@ -235,6 +256,8 @@ impl ServerConfig {
             scheduler: Default::default(),
             gates: Default::default(),
             slo_p95_wait_seconds: Default::default(),
+            backfill: easy(),
+            plan_depth: plan_depth(),
         }
     }
 
@@ -267,6 +290,11 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(
                 "metrics_token: must be at least 8 characters".into(),
             ));
+        }
+        if c.plan_depth > MAX_PLAN_DEPTH {
+            return Err(ConfigError::Invalid(format!(
+                "plan_depth: must be at most {MAX_PLAN_DEPTH}"
+            )));
         }
         if c.max_body_bytes < 1024 {
             return Err(ConfigError::Invalid(

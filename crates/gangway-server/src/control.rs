@@ -227,6 +227,10 @@ pub struct Control<S: Store> {
     pub jobs: BTreeMap<JobId, (JobRecord, u64)>,
     /// Last explanation per pending job.
     pub why: HashMap<JobId, gangway_sched::Explanation>,
+    /// Maintenance reservations (see [`crate::reservations`]).
+    pub reservations: crate::reservations::Reservations,
+    /// Planned nodes per pending job in the last cycle's backfill plan.
+    pub planned_nodes: HashMap<JobId, Vec<gangway_sched::NodeIdx>>,
     /// When they were computed.
     pub why_at: Time,
     /// Scheduler knobs.
@@ -379,6 +383,8 @@ impl<S: Store> Control<S> {
             jobs,
             why: HashMap::new(),
             why_at: 0,
+            planned_nodes: HashMap::new(),
+            reservations: Default::default(),
             sched: SchedulerConfig::default(),
             node_tokens,
             node_by_token,
@@ -407,6 +413,7 @@ impl<S: Store> Control<S> {
             }
         }
         c.rebuild()?;
+        c.reservations = crate::reservations::Reservations::load(&c.store)?;
         Ok(c)
     }
 
@@ -1363,6 +1370,7 @@ impl<S: Store> Control<S> {
         self.release_gated(now, true)?;
         self.enforce_time_limits(now)?;
         self.save_predictor(now)?;
+        self.sync_reservations(now)?;
         let d = schedule(&self.cluster, now, &self.sched);
         let mut ports = if d.binds.is_empty() {
             HashMap::new()
@@ -1446,6 +1454,10 @@ impl<S: Store> Control<S> {
             self.why.insert(e.job, e.clone());
         }
         self.why_at = now;
+        self.planned_nodes.clear();
+        for r in &d.plan {
+            self.planned_nodes.insert(r.job, r.nodes.clone());
+        }
         Ok(d)
     }
 }

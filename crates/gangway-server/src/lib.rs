@@ -22,6 +22,7 @@ pub mod policy;
 pub mod records;
 pub mod workflow;
 pub mod workflow_api;
+pub mod reservations;
 pub mod yaml;
 
 pub use config::ServerConfig;
@@ -107,6 +108,8 @@ pub fn open_with_audit(
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
+    control.sched.backfill = cfg.backfill;
+    control.sched.plan_depth = cfg.plan_depth;
     control.contract = cfg.contract();
     let policy = policy::load_or_seed(&mut control, &cfg, api::now())?;
     let live = policy::Live::new(&cfg);

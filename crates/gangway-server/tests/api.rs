@@ -29,7 +29,10 @@ struct Server {
 }
 
 fn start(dir: &std::path::Path) -> Server {
-    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    start_with(ServerConfig::from_yaml(CONFIG).expect("config"), dir)
+}
+
+fn start_with(cfg: ServerConfig, dir: &std::path::Path) -> Server {
     let app = gangway_server::open(cfg, dir).expect("opens");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let listener = rt
@@ -140,7 +143,7 @@ fn submit_schedule_explain_and_cancel() {
     let reason = waiting["reason"].as_str().expect("reason");
     // All 8 GPUs are taken: it holds the reservation for when a running job ends.
     assert!(
-        reason.starts_with("head of line: 1 nodes reserved"),
+        reason.starts_with("1 node reserved, estimated start at"),
         "{reason}"
     );
     assert!(waiting["estimated_start"].is_u64());
@@ -204,6 +207,167 @@ fn submit_schedule_explain_and_cancel() {
         })
         .sum();
     assert_eq!(used, 8);
+}
+
+#[test]
+fn every_pending_job_has_an_estimated_start_or_a_reason_code() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(
+        "admin_token: admin-secret\nagent_token: agent-secret\nnode_approval: auto\n\
+         node_not_ready_seconds: 3600\nnode_lost_seconds: 7200\n\
+         backfill: conservative\nqueues:\n  - name: open\n",
+    )
+    .expect("config");
+    assert_eq!(cfg.backfill, gangway_sched::Backfill::Conservative);
+    let s = start_with(cfg, dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    assert_eq!(s.register("node-b", 4).0, 201);
+    let sizes = [1u32, 2, 1, 4, 1, 8];
+    let mut last = 0;
+    for i in 0..200u32 {
+        let g = sizes[i as usize % sizes.len()];
+        let (replicas, per) = if g > 4 { (2, 4) } else { (1, g) };
+        let yaml = format!(
+            "{}runtime_seconds: {}\n",
+            job(&format!("j{i}"), "open", replicas, per),
+            60 * (1 + i % 5)
+        );
+        let (code, v) = s.submit("admin-secret", &yaml);
+        assert_eq!(code, 201, "{v}");
+        last = v["id"].as_u64().expect("id");
+    }
+    // Wait for a cycle that has seen the last job.
+    s.wait_job(last, |j| {
+        j["reason_code"].is_string() || j["state"] != "pending"
+    });
+    let (code, list) = s.get("/v1/jobs?state=pending&limit=1000", "admin-secret");
+    assert_eq!(code, 200);
+    let pending = list.as_array().expect("list");
+    assert!(pending.len() >= 190, "{} pending", pending.len());
+    let mut estimated = 0;
+    for j in pending {
+        let has_estimate = j["estimated_start"].is_u64();
+        assert!(
+            has_estimate || j["reason_code"].is_string(),
+            "job {} has neither an estimate nor a code: {j}",
+            j["id"]
+        );
+        if has_estimate {
+            estimated += 1;
+            let nodes = j["planned_nodes"].as_array().expect("planned nodes");
+            assert!(
+                !nodes.is_empty() && nodes.iter().all(|n| n == "node-a" || n == "node-b"),
+                "{j}"
+            );
+            let code = j["reason_code"].as_str().expect("code");
+            assert!(code == "Resources" || code == "Priority", "{j}");
+        }
+    }
+    // The default plan depth (200) covers every one of them.
+    assert_eq!(estimated, pending.len());
+    // A config asking for an unbounded plan or an unknown mode is refused.
+    for (bad, field) in [
+        ("plan_depth: 100001", "plan_depth"),
+        ("backfill: eager", "backfill"),
+    ] {
+        let e = ServerConfig::from_yaml(&format!(
+            "admin_token: admin-secret\nagent_token: agent-secret\n{bad}\n"
+        ))
+        .expect_err("refused")
+        .to_string();
+        assert!(e.contains(field), "{e}");
+    }
+}
+
+#[test]
+fn maintenance_reservations_are_admin_made_validated_and_respected() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(&format!(
+        "{CONFIG}node_not_ready_seconds: 3600\nnode_lost_seconds: 7200\n"
+    ))
+    .expect("config");
+    let s = start_with(cfg, dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    assert_eq!(s.register("node-b", 4).0, 201);
+    let t = gangway_server::api::now();
+    let body = |name: &str, nodes: &str, start: u64, dur: u64| {
+        format!(r#"{{"name":"{name}","nodes":[{nodes}],"start":{start},"duration_seconds":{dur}}}"#)
+    };
+    let post = |token: &str, b: &str| s.post("/v1/reservations", token, "application/json", b);
+    // Users may not create; unknown tokens are not known.
+    let ok = body("maint1", r#""node-b""#, t, 3600);
+    assert_eq!(post("alice-token", &ok).0, 403);
+    assert_eq!(post("nobody-token", &ok).0, 401);
+    // Every bad field is refused, naming it.
+    for (b, code, field) in [
+        (body("Bad Name", r#""node-b""#, t, 60), 400, "name"),
+        (body(&"x".repeat(64), r#""node-b""#, t, 60), 400, "name"),
+        (body("m", "", t, 60), 400, "nodes"),
+        (body("m", r#""node-z""#, t, 60), 422, "nodes"),
+        (body("m", r#""node-b""#, t, 0), 400, "duration_seconds"),
+        (
+            body("m", r#""node-b""#, t, 31 * 86_400),
+            400,
+            "duration_seconds",
+        ),
+        (body("m", r#""node-b""#, t - 3600, 60), 400, "start"),
+        (body("m", r#""node-b""#, t + 400 * 86_400, 60), 400, "start"),
+        (r#"{"name":"m"}"#.to_string(), 400, "reservation"),
+    ] {
+        let (c, v) = post("admin-secret", &b);
+        assert_eq!(c, code, "{b}: {v}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains(field)),
+            "{b}: {v}"
+        );
+    }
+    let (c, v) = post("admin-secret", &ok);
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(
+        v["end"].as_u64(),
+        Some(v["start"].as_u64().expect("start") + 3600)
+    );
+    assert_eq!(post("admin-secret", &ok).0, 409, "names are unique");
+    // Anyone may list.
+    let (c, list) = s.get("/v1/reservations", "bob-token");
+    assert_eq!(c, 200);
+    assert_eq!(list[0]["name"], "maint1");
+    assert_eq!(list[0]["nodes"], json!(["node-b"]));
+    // The window is under way: jobs go to node-a only, the rest wait with ReqNodeNotAvail.
+    let ids: Vec<u64> = (0..2)
+        .map(|i| {
+            s.submit("alice-token", &job(&format!("m{i}"), "research", 1, 4))
+                .1["id"]
+                .as_u64()
+                .expect("id")
+        })
+        .collect();
+    let first = s.wait_job(ids[0], |j| j["state"] == "scheduled");
+    assert_eq!(first["placement"][0]["node"], "node-a", "{first}");
+    let second = s.wait_job(ids[1], |j| j["reason_code"].is_string());
+    assert_eq!(second["reason_code"], "ReqNodeNotAvail", "{second}");
+    assert!(
+        second["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("maint1"),
+        "{second}"
+    );
+    // Users may not delete; admins may, then the waiting job takes node-b.
+    let del = |token: &str, name: &str| {
+        call(
+            ureq::delete(&format!("{}/v1/reservations/{name}", s.base))
+                .set("Authorization", &format!("Bearer {token}")),
+            None,
+        )
+    };
+    assert_eq!(del("alice-token", "maint1").0, 403);
+    assert_eq!(del("admin-secret", "Bad Name").0, 400);
+    assert_eq!(del("admin-secret", "nope").0, 404);
+    assert_eq!(del("admin-secret", "maint1").0, 200);
+    let second = s.wait_job(ids[1], |j| j["state"] == "scheduled");
+    assert_eq!(second["placement"][0]["node"], "node-b", "{second}");
+    assert_eq!(s.get("/v1/reservations", "bob-token").1, json!([]));
 }
 
 #[test]
@@ -569,7 +733,7 @@ fn a_preempted_job_is_requeued_when_its_agent_reports_the_exit() {
     let v = s.wait_job(prod, |j| j["reason"].is_string());
     assert_eq!(
         v["reason"],
-        "waiting for 1 preempted job(s) to checkpoint and exit"
+        "waiting for 1 preempted job to checkpoint and exit"
     );
     assert_eq!(
         s.get(&format!("/v1/jobs/{low}"), "alice-token").1["state"],

@@ -45,6 +45,10 @@ pub struct SimOptions {
     pub seed: u64,
     /// Only the first N jobs of the trace.
     pub limit: Option<usize>,
+    /// Backfill mode for every policy of the run (default: each policy's own).
+    pub backfill: Option<gangway_sched::Backfill>,
+    /// Pending jobs planned per cycle (default: the core's default).
+    pub plan_depth: Option<usize>,
 }
 
 impl Default for SimOptions {
@@ -61,6 +65,8 @@ impl Default for SimOptions {
             las_thresholds: vec![3250, 7200],
             seed: 1,
             limit: None,
+            backfill: None,
+            plan_depth: None,
         }
     }
 }
@@ -241,6 +247,13 @@ impl Engine {
             })
             .collect();
         let rec = Recorder::new(&state, &jobs);
+        let mut cfg = policy.config();
+        if let Some(b) = opts.backfill {
+            cfg.backfill = b;
+        }
+        if let Some(k) = opts.plan_depth {
+            cfg.plan_depth = k;
+        }
         let mut e = Engine {
             policy,
             opts,

@@ -66,7 +66,7 @@ pub fn fill(trace: &Trace, cluster: &ClusterSpec, fit: Fit, seed: u64) -> Option
         .ok()?;
     let total = state.total().gpus.max(1);
     let cfg = SchedulerConfig {
-        backfill: false,
+        backfill: gangway_sched::Backfill::Off,
         preemption: false,
         ..SchedulerConfig::default()
     };

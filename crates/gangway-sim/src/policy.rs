@@ -130,18 +130,18 @@ impl Policy {
                 // Tiresias workload at 8 GPUs reservations nearly doubled the
                 // average JCT (22.7 m against 12.0 m); on Chronus MIX1 they
                 // gained 1.8 % (6.74 h against 6.86 h).
-                backfill: false,
+                backfill: gangway_sched::Backfill::Off,
                 ..base
             },
             Policy::Fifo => SchedulerConfig {
-                backfill: false,
+                backfill: gangway_sched::Backfill::Off,
                 preemption: false,
                 fair_share: false,
                 strict_order: true,
                 ..base
             },
             Policy::Priority | Policy::Tiresias | Policy::Srtf => SchedulerConfig {
-                backfill: false,
+                backfill: gangway_sched::Backfill::Off,
                 preemption: true,
                 fair_share: false,
                 // These policies preempt as a matter of course (LAS, SRTF).
@@ -149,19 +149,19 @@ impl Policy {
                 ..base
             },
             Policy::Slurm => SchedulerConfig {
-                backfill: true,
+                backfill: gangway_sched::Backfill::Easy,
                 preemption: false,
                 fair_share: false,
                 ..base
             },
             Policy::Capacity => SchedulerConfig {
-                backfill: false,
+                backfill: gangway_sched::Backfill::Off,
                 preemption: false,
                 fair_share: true,
                 ..base
             },
             Policy::Qssf => SchedulerConfig {
-                backfill: false,
+                backfill: gangway_sched::Backfill::Off,
                 preemption: false,
                 fair_share: false,
                 ..base

@@ -44,6 +44,12 @@ pub struct SchedArgs {
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Backfill mode: off, easy, conservative or reservations:N.
+    #[arg(long, default_value = "easy")]
+    backfill: gangway_sched::Backfill,
+    /// Pending jobs given a planned start per cycle.
+    #[arg(long, default_value_t = gangway_sched::DEFAULT_PLAN_DEPTH)]
+    plan_depth: usize,
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -240,7 +246,11 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         actual: BTreeMap::new(),
     };
     let mut state = build_cluster(nodes)?;
-    let cfg = SchedulerConfig::default();
+    let cfg = SchedulerConfig {
+        backfill: a.backfill,
+        plan_depth: a.plan_depth,
+        ..SchedulerConfig::default()
+    };
     let mut ends: BTreeMap<(Time, JobId), ()> = BTreeMap::new();
     let mut first_jobs = Vec::with_capacity(a.pending);
     let mut now: Time = 0;

@@ -259,6 +259,17 @@ impl Conn {
 
     /// Prints `v` as JSON (`-o json`) or through `table`.
     pub fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
+    /// DELETE a path.
+    pub fn delete(&self, path: &str) -> Result<Value> {
+        self.send(|a| {
+            gangway_agent::tls::http()
+                .delete(&format!("{a}{path}"))
+                .set("Authorization", &self.bearer())
+                .call()
+                .map_err(Box::new)
+        })
+    }
+
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
             Output::Table | Output::Wide => print!("{}", table(v)),
@@ -269,7 +280,7 @@ impl Conn {
 }
 
 /// A field for a table: strings bare, absent or null as `-`.
-fn show(v: Option<&Value>) -> String {
+pub(crate) fn show(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(x)) => x.clone(),
         Some(Value::Null) | None => "-".into(),
@@ -522,6 +533,27 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
     }
 }
 
+/// Seconds since the Unix epoch (the server's clock for estimates).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// An estimated start relative to `now`: `now`, `in 45s`, `in 12m`, `in 3h05m`.
+fn starts_in(t: u64, now: u64) -> String {
+    let d = t.saturating_sub(now);
+    if d == 0 {
+        "now".into()
+    } else if d < 120 {
+        format!("in {d}s")
+    } else if d < 2 * 3600 {
+        format!("in {}m", d / 60)
+    } else {
+        format!("in {}h{:02}m", d / 3600, (d % 3600) / 60)
+    }
+}
+
 /// `gangway describe ID` / `gangway why ID`.
 pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
     let v = c.get(&format!("/v1/jobs/{id}"))?;
@@ -560,13 +592,26 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             out += &format!("  submitted {}\n", crate::human::both(t, now));
         }
         if let Some(r) = j.get("reason").and_then(Value::as_str) {
-            match j.get("reason_code").and_then(Value::as_str) {
-                Some(code) => out += &format!("  waiting: {code}: {r}\n"),
-                None => out += &format!("  waiting: {r}\n"),
-            }
+            let code = j.get("reason_code").and_then(Value::as_str).unwrap_or("-");
+            out += &format!("  waiting: [{code}] {r}\n");
         }
         if let Some(t) = j.get("estimated_start").and_then(Value::as_u64) {
-            out += &format!("  estimated start {}\n", crate::human::both(t, now));
+            let nodes: Vec<&str> = j
+                .get("planned_nodes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            out += &format!(
+                "  estimated start {}{}\n",
+                crate::human::both(t, now),
+                if nodes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", nodes.join(","))
+                }
+            );
         }
         out += &contract_lines(j);
         let placement = j

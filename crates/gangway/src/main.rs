@@ -10,6 +10,7 @@ mod human;
 mod local;
 mod policy_cmd;
 mod queue;
+mod reservation;
 mod sim;
 mod wait;
 mod workflow;
@@ -162,6 +163,12 @@ enum Command {
         /// End: ISO-8601, a span before now or epoch seconds (default: now).
         #[arg(long, value_parser = human::parse_when)]
         to: Option<u64>,
+    },
+    /// Maintenance reservations: nodes that run nothing in a window (admins
+    /// create and delete; anyone lists).
+    Reservation {
+        #[command(subcommand)]
+        action: reservation::Action,
     },
     /// Replays a real cluster trace through the scheduling core and compares policies.
     Sim(sim::SimArgs),
@@ -443,5 +450,6 @@ fn run() -> Result<()> {
             print!("{}", gangway_server::policy::watch::alert_rules());
             Ok(())
         }
+        Command::Reservation { action } => reservation::run(c, action),
     }
 }

@@ -26,6 +26,10 @@ pub struct QueueArgs {
     /// Only this queue.
     #[arg(long, short = 'q')]
     pub queue: Option<String>,
+    /// Pending jobs only, with their planned start (`squeue --start`);
+    /// `--state` overrides which states.
+    #[arg(long, conflicts_with = "all")]
+    pub start: bool,
     /// Jobs per request (the server allows 1 to 5,000).
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=5000))]
     pub page_size: u64,
@@ -49,6 +53,7 @@ impl QueueArgs {
         let mut q = vec![format!("limit={}", self.page_size)];
         match (&self.state, self.all) {
             (Some(s), _) => q.push(format!("state={}", enc(s))),
+            (None, false) if self.start => q.push("state=pending".into()),
             (None, false) => q.push("active=true".into()),
             (None, true) => {}
         }
@@ -93,16 +98,26 @@ fn cut(s: &str, n: usize) -> String {
     }
 }
 
-/// Why a job waits: its reason code (Slurm's names) when the server gives
-/// one, else the sentence.
-fn reason(j: &Value, wide: bool) -> String {
-    let code = j.get("reason_code").and_then(Value::as_str);
-    let sentence = j.get("reason").and_then(Value::as_str);
-    match (code, sentence, wide) {
-        (Some(c), Some(s), true) => format!("{c}: {s}"),
-        (Some(c), _, _) => c.to_string(),
-        (None, Some(s), _) => s.to_string(),
-        (None, None, _) => String::new(),
+/// Why a job waits, as a sentence (the code has its own column).
+fn reason(j: &Value) -> String {
+    j.get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The reason code (Slurm's names), `-` when there is none.
+fn code(j: &Value) -> String {
+    text(j.get("reason_code"))
+}
+
+/// The job's id, or an array task's `ARRAYID_INDEX` (as Slurm prints it).
+fn id_label(j: &Value) -> String {
+    let label = crate::workflow::array_label(j);
+    if label.is_empty() {
+        text(j.get("id"))
+    } else {
+        label
     }
 }
 
@@ -110,13 +125,13 @@ fn reason(j: &Value, wide: bool) -> String {
 pub fn header(wide: bool) -> String {
     if wide {
         format!(
-            "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  {:<20} {:<20} {:<24} {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "SUBMITTED", "START", "NODES", "REASON"
+            "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  {:<20} {:<20} {:<24} {:<17} {}\n",
+            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "SUBMITTED", "START", "NODES", "CODE", "REASON"
         )
     } else {
         format!(
-            "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  {:<9} {:<9} {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "AGE", "START", "REASON"
+            "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  {:<9} {:<9} {:<17} {}\n",
+            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "AGE", "START", "CODE", "REASON"
         )
     }
 }
@@ -126,7 +141,7 @@ pub fn row(j: &Value, wide: bool, now: u64) -> String {
     let start = j.get("estimated_start").and_then(Value::as_u64);
     let common = format!(
         "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  ",
-        text(j.get("id")),
+        id_label(j),
         cut(&text(j.pointer("/spec/name")), 20),
         cut(&text(j.pointer("/spec/queue")), 12),
         cut(&text(j.get("user")), 10),
@@ -156,11 +171,12 @@ pub fn row(j: &Value, wide: bool, now: u64) -> String {
             nodes.join(",")
         };
         format!(
-            "{common}{:<20} {:<20} {:<24} {}\n",
+            "{common}{:<20} {:<20} {:<24} {:<17} {}\n",
             submitted,
             start.map_or_else(|| "-".into(), human::iso),
             nodes,
-            reason(j, true)
+            code(j),
+            reason(j)
         )
     } else {
         let age = j.get("submitted_at").and_then(Value::as_u64).map_or_else(
@@ -168,10 +184,11 @@ pub fn row(j: &Value, wide: bool, now: u64) -> String {
             |t| human::relative(t, now).replace(" ago", ""),
         );
         format!(
-            "{common}{:<9} {:<9} {}\n",
+            "{common}{:<9} {:<9} {:<17} {}\n",
             age,
             start.map_or_else(|| "-".into(), |t| human::relative(t, now)),
-            reason(j, false)
+            code(j),
+            reason(j)
         )
     }
 }
@@ -272,7 +289,7 @@ mod tests {
         assert!(!r.contains("1000000") && !r.contains("1007200"), "{r}");
         let w = row(&j, true, 1_000_180);
         assert!(
-            w.contains("1970-01-12T13:46:40Z") && w.contains("Resources: waits for GPUs"),
+            w.contains("1970-01-12T13:46:40Z") && w.contains("Resources") && w.contains("waits for GPUs"),
             "{w}"
         );
     }

@@ -90,6 +90,13 @@ pub struct SimArgs {
     /// Threads for the scorecard's runs (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Backfill for every policy of the run: off, easy, conservative or
+    /// reservations:N (default: each policy's own; see docs/BACKFILL.md).
+    #[arg(long)]
+    backfill: Option<gangway_sched::Backfill>,
+    /// Pending jobs given a planned start per cycle (default 200).
+    #[arg(long)]
+    plan_depth: Option<usize>,
 }
 
 fn options(a: &SimArgs) -> SimOptions {
@@ -102,6 +109,8 @@ fn options(a: &SimArgs) -> SimOptions {
         declare_runtimes: a.declare_runtimes,
         node_mtbf_hours: a.node_mtbf_hours,
         limit: a.limit,
+        backfill: a.backfill,
+        plan_depth: a.plan_depth,
         ..SimOptions::default()
     }
 }

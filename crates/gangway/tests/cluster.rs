@@ -313,3 +313,72 @@ fn a_node_that_keeps_failing_gangs_is_cordoned() {
     });
     assert_eq!(j["restarts"], 1);
 }
+
+#[test]
+fn a_maintenance_reservation_keeps_its_node_empty_while_jobs_run_elsewhere() {
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 2, &[], &[]);
+    c.agent("node-b", 2, &[], &[]);
+    c.wait_nodes(2);
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gangway"))
+            .args(args)
+            .env("GANGWAY_ADDR", &c.addr)
+            .env("GANGWAY_TOKEN", ADMIN)
+            .output()
+            .expect("run cli");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    cli(&[
+        "reservation",
+        "create",
+        "--name",
+        "maint1",
+        "--nodes",
+        "node-b",
+        "--start",
+        "now",
+        "--duration",
+        "1h",
+    ]);
+    let listed = cli(&["reservation", "list"]);
+    assert!(
+        listed.contains("maint1") && listed.contains("active") && listed.contains("node-b"),
+        "{listed}"
+    );
+    // Three 2-GPU jobs: they run one after another on node-a; node-b stays empty.
+    let ids: Vec<u64> = (0..3)
+        .map(|i| {
+            let mut spec = c.rank_job(&format!("m{i}"), 1, 2);
+            spec["run"]["env"]["STEPS"] = json!("1");
+            c.submit(&spec)
+        })
+        .collect();
+    let waiting = c.wait_job(ids[2], "wait with a code", 20, |j| {
+        j["reason_code"].is_string() || state(j) != "pending"
+    });
+    if state(&waiting) == "pending" {
+        assert_eq!(waiting["reason_code"], "ReqNodeNotAvail", "{waiting}");
+    }
+    let queue = cli(&["queue", "--start"]);
+    assert!(
+        queue
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("START") && h.contains("CODE")),
+        "{queue}"
+    );
+    for id in &ids {
+        let j = c.wait_job(*id, "succeed", 60, |j| state(j) == "succeeded");
+        assert_eq!(j["ran_on"], json!(["node-a"]), "{j}");
+    }
+    let b = c.node("node-b");
+    assert!(b["jobs"].as_array().is_some_and(Vec::is_empty), "{b}");
+    cli(&["reservation", "delete", "maint1"]);
+    assert!(!cli(&["reservation", "list"]).contains("maint1"));
+}

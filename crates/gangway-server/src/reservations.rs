@@ -1,0 +1,277 @@
+//! Maintenance reservations: admin-made windows during which named nodes run
+//! nothing, and before which they take no job that would run into them.
+//!
+//! Each is stored at `/reservations/<name>` (JSON [`MaintenanceReservation`])
+//! and loaded at start; the scheduler loop copies them into the scheduling
+//! core's state ([`gangway_sched::ClusterState::set_maintenance`]) every cycle
+//! and drops the ones that have ended. Routes:
+//! `POST /v1/reservations` (admin), `GET /v1/reservations` (any person),
+//! `DELETE /v1/reservations/{name}` (admin).
+
+use crate::api::{authenticate_admin, authenticate_person, lock, now, ApiError, App};
+use crate::control::{decode, encode, Control, ControlError};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use gangway_core::Time;
+use gangway_store::{Op, Store};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Store prefix of reservations.
+pub const PREFIX: &str = "/reservations/";
+/// Longest reservation name.
+pub const MAX_NAME: usize = 63;
+/// Longest window: 30 days.
+pub const MAX_DURATION_SECONDS: u64 = 30 * 86_400;
+/// Latest start: a year ahead.
+pub const MAX_START_AHEAD_SECONDS: u64 = 366 * 86_400;
+/// How far in the past a start may be (clock skew, typing time).
+pub const PAST_TOLERANCE_SECONDS: u64 = 60;
+/// Most nodes in one reservation.
+pub const MAX_NODES: usize = 10_000;
+/// Most reservations at once.
+pub const MAX_RESERVATIONS: usize = 1_000;
+
+/// A stored maintenance reservation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceReservation {
+    /// Its name (`[a-z0-9][a-z0-9._-]*`, at most [`MAX_NAME`]).
+    pub name: String,
+    /// Nodes it takes.
+    pub nodes: Vec<String>,
+    /// Start, seconds since the epoch.
+    pub start: u64,
+    /// End (first second after it), seconds since the epoch.
+    pub end: u64,
+    /// Who made it.
+    pub created_by: String,
+}
+
+/// The body of `POST /v1/reservations`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateReservation {
+    /// Name.
+    pub name: String,
+    /// Node names.
+    pub nodes: Vec<String>,
+    /// Start, seconds since the epoch.
+    pub start: u64,
+    /// Length in seconds.
+    pub duration_seconds: u64,
+}
+
+/// The reservations the control state knows, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Reservations(pub BTreeMap<String, MaintenanceReservation>);
+
+impl Reservations {
+    /// Loads every stored reservation.
+    pub fn load<S: Store>(store: &S) -> Result<Self, ControlError> {
+        let mut out = BTreeMap::new();
+        for kv in store.range(PREFIX)? {
+            let r: MaintenanceReservation = decode(&kv.key, &kv.value)?;
+            out.insert(r.name.clone(), r);
+        }
+        Ok(Reservations(out))
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, msg)
+}
+
+/// Checks a name: lowercase letters, digits, `.`, `_`, `-`, starting with a
+/// letter or digit, 1 to [`MAX_NAME`] characters.
+pub fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok_first = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let ok_rest = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+    if name.is_empty() || name.len() > MAX_NAME || !ok_first || !ok_rest {
+        return Err(bad(format!(
+            "name: 1 to {MAX_NAME} characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+impl<S: Store> Control<S> {
+    /// Validates and stores a reservation made by `by` at `now`.
+    pub fn create_reservation(
+        &mut self,
+        req: CreateReservation,
+        by: &str,
+        now: Time,
+    ) -> Result<MaintenanceReservation, ApiError> {
+        check_name(&req.name)?;
+        if req.nodes.is_empty() || req.nodes.len() > MAX_NODES {
+            return Err(bad(format!("nodes: 1 to {MAX_NODES} node names")));
+        }
+        if req.duration_seconds == 0 || req.duration_seconds > MAX_DURATION_SECONDS {
+            return Err(bad(format!(
+                "duration_seconds: 1 to {MAX_DURATION_SECONDS} (30 days)"
+            )));
+        }
+        if req.start.saturating_add(PAST_TOLERANCE_SECONDS) < now {
+            return Err(bad(format!(
+                "start: {} is in the past (now is {now}); at most {PAST_TOLERANCE_SECONDS} s earlier is accepted",
+                req.start
+            )));
+        }
+        if req.start > now.saturating_add(MAX_START_AHEAD_SECONDS) {
+            return Err(bad("start: at most a year ahead"));
+        }
+        let mut nodes = req.nodes.clone();
+        nodes.sort();
+        nodes.dedup();
+        for n in &nodes {
+            if self.cluster.node_index(n).is_none() {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "nodes: no node named {:?}",
+                        n.chars().take(64).collect::<String>()
+                    ),
+                ));
+            }
+        }
+        if self.reservations.0.contains_key(&req.name) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("reservation {} already exists", req.name),
+            ));
+        }
+        if self.reservations.0.len() >= MAX_RESERVATIONS {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("at most {MAX_RESERVATIONS} reservations at once"),
+            ));
+        }
+        let start = req.start.max(now.saturating_sub(PAST_TOLERANCE_SECONDS));
+        let r = MaintenanceReservation {
+            name: req.name.clone(),
+            nodes,
+            start,
+            end: start + req.duration_seconds,
+            created_by: by.to_string(),
+        };
+        self.store
+            .txn(&[], &[Op::Put(format!("{PREFIX}{}", r.name), encode(&r))])
+            .map_err(ControlError::from)?;
+        self.reservations.0.insert(r.name.clone(), r.clone());
+        self.sync_reservations(now)?;
+        Ok(r)
+    }
+
+    /// Deletes a reservation; whether it existed.
+    pub fn delete_reservation(&mut self, name: &str, now: Time) -> Result<bool, ControlError> {
+        if !self.reservations.0.contains_key(name) {
+            return Ok(false);
+        }
+        self.store
+            .txn(&[], &[Op::Delete(format!("{PREFIX}{name}"))])?;
+        self.reservations.0.remove(name);
+        self.cluster.remove_maintenance(name);
+        self.sync_reservations(now)?;
+        Ok(true)
+    }
+
+    /// Drops ended reservations (from the store too) and copies the others
+    /// into the scheduler's state; nodes that no longer exist are skipped.
+    /// Run at every cycle, so a rebuilt scheduler state gets them back.
+    pub fn sync_reservations(&mut self, now: Time) -> Result<(), ControlError> {
+        let ended: Vec<String> = self
+            .reservations
+            .0
+            .values()
+            .filter(|r| r.end <= now)
+            .map(|r| r.name.clone())
+            .collect();
+        if !ended.is_empty() {
+            let ops: Vec<Op> = ended
+                .iter()
+                .map(|n| Op::Delete(format!("{PREFIX}{n}")))
+                .collect();
+            self.store.txn(&[], &ops)?;
+            for n in &ended {
+                self.reservations.0.remove(n);
+            }
+        }
+        let known: Vec<String> = self.cluster.maintenance().map(|m| m.name.clone()).collect();
+        for n in known {
+            if !self.reservations.0.contains_key(&n) {
+                self.cluster.remove_maintenance(&n);
+            }
+        }
+        for r in self.reservations.0.values() {
+            let nodes: Vec<String> = r
+                .nodes
+                .iter()
+                .filter(|n| self.cluster.node_index(n).is_some())
+                .cloned()
+                .collect();
+            // Cannot fail: the nodes exist and the window is not empty.
+            let _ = self
+                .cluster
+                .set_maintenance(&r.name, &nodes, r.start, r.end);
+        }
+        Ok(())
+    }
+}
+
+/// `POST /v1/reservations` (admins).
+pub async fn create(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let p = authenticate_admin(&app, &headers, "create reservations")?;
+    let body = crate::api::read_body(&app, body).await?;
+    let req: CreateReservation =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("reservation: {e}")))?;
+    let r = lock(&app)?.create_reservation(req, &p.name(), now())?;
+    app.wake.notify_one();
+    let mut res = (StatusCode::CREATED, Json(r.clone())).into_response();
+    res.extensions_mut()
+        .insert(crate::audit::AuditTarget(format!("reservation {}", r.name)));
+    Ok(res)
+}
+
+/// `GET /v1/reservations` (any person).
+pub async fn list(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<MaintenanceReservation>>, ApiError> {
+    authenticate_person(&app, &headers)?;
+    let c = lock(&app)?;
+    Ok(Json(c.reservations.0.values().cloned().collect()))
+}
+
+/// `DELETE /v1/reservations/{name}` (admins).
+pub async fn delete(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    authenticate_admin(&app, &headers, "delete reservations")?;
+    check_name(&name)?;
+    if !lock(&app)?.delete_reservation(&name, now())? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no reservation named {name}"),
+        ));
+    }
+    app.wake.notify_one();
+    let mut res = Json(serde_json::json!({ "name": name, "deleted": true })).into_response();
+    res.extensions_mut()
+        .insert(crate::audit::AuditTarget(format!("reservation {name}")));
+    Ok(res)
+}
