@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// When a job may start at the earliest (Slurm's `--begin`): epoch seconds,
 /// or text resolved at submission by [`parse_begin`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum BeginAt {
     /// Seconds since the epoch (what the server stores).
@@ -294,7 +294,7 @@ pub fn parse_array(text: &str) -> Result<ArraySpec, String> {
 
 /// Which task of which array a job is (set by the server when it expands an
 /// array; the ranks get it as `GANGWAY_ARRAY_JOB_ID`/`GANGWAY_ARRAY_TASK_ID`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ArrayTask {
     /// The array's id: the id of its first task. Its tasks have the
     /// consecutive ids `job .. job + count`.

@@ -377,10 +377,12 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
         reason: gate
             .map(|(_, m)| m.to_string())
             .or_else(|| why.map(|w| w.render(&c.cluster, c.why_at))),
-        reason_code: gate.map(|(code, _)| code).or(rec.end_reason),
+        reason_code: gate
+            .map(|(code, _)| code)
+            .or(rec.end_reason)
+            .or_else(|| why.map(|w| w.code())),
         admitted: rec.state == JobState::Pending
             && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
-        reason_code: why.map(|w| w.code()),
         estimated_start: why.and_then(|w| w.estimated_start),
         planned_nodes: c
             .planned_nodes

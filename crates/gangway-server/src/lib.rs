@@ -20,9 +20,9 @@ pub mod nodes;
 pub mod openapi;
 pub mod policy;
 pub mod records;
+pub mod reservations;
 pub mod workflow;
 pub mod workflow_api;
-pub mod reservations;
 pub mod yaml;
 
 pub use config::ServerConfig;

@@ -1054,6 +1054,17 @@ fn hold_release_and_update_pending_jobs_with_owner_and_admin_rules() {
     );
     let (c, _) = s.post(
         &format!("/v1/jobs/{held}/release"),
+        "alice-token",
+        "application/json",
+        "",
+    );
+    assert_eq!(c, 200);
+    // Released: in the scheduler, waiting for GPUs like any job.
+    s.wait_job(held, |j| {
+        j["reason_code"] != "JobHeldUser" && (j["state"] == "scheduled" || j["reason"].is_string())
+    });
+}
+
 /// GET with the answer's headers (`X-Next-Cursor`, `Link`, `Content-Type`).
 fn get_with_headers(s: &Server, path: &str, token: &str) -> (u16, Value, Vec<(String, String)>) {
     let r = ureq::get(&format!("{}{path}", s.base))
@@ -1100,11 +1111,63 @@ fn job_lists_are_paged_with_a_cursor_and_filter_by_state_lists_and_activity() {
         "application/json",
         "",
     );
-    assert_eq!(c, 200);
-    // Released: in the scheduler, waiting for GPUs like any job.
-    s.wait_job(held, |j| {
-        j["reason_code"] != "JobHeldUser" && (j["state"] == "scheduled" || j["reason"].is_string())
-    });
+    assert_eq!(code, 200);
+    // Pages of 3 walk every job once, in order, then stop.
+    for desc in [false, true] {
+        let mut seen = Vec::new();
+        let mut path = format!("/v1/jobs?limit=3&desc={desc}");
+        let mut pages = 0;
+        loop {
+            let (code, page, h) = get_with_headers(&s, &path, "alice-token");
+            assert_eq!(code, 200, "{page}");
+            let page = page.as_array().expect("a page is an array").clone();
+            assert!(page.len() <= 3);
+            seen.extend(page.iter().map(|j| j["id"].as_u64().expect("id")));
+            pages += 1;
+            match header(&h, "x-next-cursor") {
+                Some(c) => {
+                    let link = header(&h, "link").expect("a Link header beside the cursor");
+                    assert!(
+                        link.contains(&format!("cursor={c}")) && link.contains("limit=3"),
+                        "{link}"
+                    );
+                    path = format!("/v1/jobs?limit=3&desc={desc}&cursor={c}");
+                }
+                None => break,
+            }
+        }
+        let mut want = ids.clone();
+        if desc {
+            want.reverse();
+        }
+        assert_eq!(seen, want, "desc={desc}");
+        assert_eq!(pages, 3);
+    }
+    // Comma lists of states, and active=true (everything not ended).
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?state=scheduled,cancelled", "alice-token");
+    let got: Vec<u64> = l
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|j| j["id"].as_u64().expect("id"))
+        .collect();
+    assert_eq!(got, vec![ids[0], ids[6]]);
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true", "alice-token");
+    assert_eq!(l.as_array().expect("list").len(), 6);
+    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true&user=bob", "alice-token");
+    assert_eq!(l.as_array().expect("list").len(), 0);
+    // Refusals name the parameter, as JSON.
+    for (q, field) in [
+        ("limit=5001", "limit"),
+        ("limit=0", "limit"),
+        ("state=pending,sleeping", "state"),
+        ("cursor=nonsense", "cursor"),
+    ] {
+        let (code, v, _) = get_with_headers(&s, &format!("/v1/jobs?{q}"), "alice-token");
+        assert_eq!(code, 400, "{q}: {v}");
+        let msg = v["error"].as_str().unwrap_or_default();
+        assert!(msg.starts_with(&format!("{field}:")), "{q}: {v}");
+    }
 }
 
 #[test]
@@ -1348,63 +1411,6 @@ fn history_lists_finished_jobs_to_their_owners_with_filters_and_pages() {
     assert_eq!(s.get("/v1/history?limit=0", "admin-secret").0, 400);
     assert_eq!(s.get("/v1/history", "agent-secret").0, 403);
     assert_eq!(s.get("/v1/history", "nobody").0, 401);
-    assert_eq!(code, 200);
-    // Pages of 3 walk every job once, in order, then stop.
-    for desc in [false, true] {
-        let mut seen = Vec::new();
-        let mut path = format!("/v1/jobs?limit=3&desc={desc}");
-        let mut pages = 0;
-        loop {
-            let (code, page, h) = get_with_headers(&s, &path, "alice-token");
-            assert_eq!(code, 200, "{page}");
-            let page = page.as_array().expect("a page is an array").clone();
-            assert!(page.len() <= 3);
-            seen.extend(page.iter().map(|j| j["id"].as_u64().expect("id")));
-            pages += 1;
-            match header(&h, "x-next-cursor") {
-                Some(c) => {
-                    let link = header(&h, "link").expect("a Link header beside the cursor");
-                    assert!(
-                        link.contains(&format!("cursor={c}")) && link.contains("limit=3"),
-                        "{link}"
-                    );
-                    path = format!("/v1/jobs?limit=3&desc={desc}&cursor={c}");
-                }
-                None => break,
-            }
-        }
-        let mut want = ids.clone();
-        if desc {
-            want.reverse();
-        }
-        assert_eq!(seen, want, "desc={desc}");
-        assert_eq!(pages, 3);
-    }
-    // Comma lists of states, and active=true (everything not ended).
-    let (_, l, _) = get_with_headers(&s, "/v1/jobs?state=scheduled,cancelled", "alice-token");
-    let got: Vec<u64> = l
-        .as_array()
-        .expect("list")
-        .iter()
-        .map(|j| j["id"].as_u64().expect("id"))
-        .collect();
-    assert_eq!(got, vec![ids[0], ids[6]]);
-    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true", "alice-token");
-    assert_eq!(l.as_array().expect("list").len(), 6);
-    let (_, l, _) = get_with_headers(&s, "/v1/jobs?active=true&user=bob", "alice-token");
-    assert_eq!(l.as_array().expect("list").len(), 0);
-    // Refusals name the parameter, as JSON.
-    for (q, field) in [
-        ("limit=5001", "limit"),
-        ("limit=0", "limit"),
-        ("state=pending,sleeping", "state"),
-        ("cursor=nonsense", "cursor"),
-    ] {
-        let (code, v, _) = get_with_headers(&s, &format!("/v1/jobs?{q}"), "alice-token");
-        assert_eq!(code, 400, "{q}: {v}");
-        let msg = v["error"].as_str().unwrap_or_default();
-        assert!(msg.starts_with(&format!("{field}:")), "{q}: {v}");
-    }
 }
 
 #[test]

@@ -247,7 +247,7 @@ impl Engine {
             })
             .collect();
         let rec = Recorder::new(&state, &jobs);
-        let mut cfg = policy.config();
+        let mut cfg = cfg;
         if let Some(b) = opts.backfill {
             cfg.backfill = b;
         }

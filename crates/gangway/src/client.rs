@@ -257,8 +257,6 @@ impl Conn {
         })
     }
 
-    /// Prints `v` as JSON (`-o json`) or through `table`.
-    pub fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
     /// DELETE a path.
     pub fn delete(&self, path: &str) -> Result<Value> {
         self.send(|a| {
@@ -270,6 +268,8 @@ impl Conn {
         })
     }
 
+    /// Prints `v` as JSON (`-o json`) or through `table`.
+    pub fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
             Output::Table | Output::Wide => print!("{}", table(v)),
@@ -538,20 +538,6 @@ pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// An estimated start relative to `now`: `now`, `in 45s`, `in 12m`, `in 3h05m`.
-fn starts_in(t: u64, now: u64) -> String {
-    let d = t.saturating_sub(now);
-    if d == 0 {
-        "now".into()
-    } else if d < 120 {
-        format!("in {d}s")
-    } else if d < 2 * 3600 {
-        format!("in {}m", d / 60)
-    } else {
-        format!("in {}h{:02}m", d / 3600, (d % 3600) / 60)
-    }
 }
 
 /// `gangway describe ID` / `gangway why ID`.

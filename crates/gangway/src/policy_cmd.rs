@@ -256,7 +256,8 @@ fn pilot_text(p: &Value) -> String {
 fn emit(c: &Conn, v: &Value, text: String) -> Result<()> {
     match c.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
-        Output::Table => print!("{text}"),
+        Output::Table | Output::Wide => print!("{text}"),
+        Output::Csv => bail!("-o csv is available for `gangway history` only"),
     }
     Ok(())
 }

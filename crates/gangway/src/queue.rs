@@ -126,7 +126,17 @@ pub fn header(wide: bool) -> String {
     if wide {
         format!(
             "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  {:<20} {:<20} {:<24} {:<17} {}\n",
-            "ID", "NAME", "QUEUE", "USER", "STATE", "GPUS", "SUBMITTED", "START", "NODES", "CODE", "REASON"
+            "ID",
+            "NAME",
+            "QUEUE",
+            "USER",
+            "STATE",
+            "GPUS",
+            "SUBMITTED",
+            "START",
+            "NODES",
+            "CODE",
+            "REASON"
         )
     } else {
         format!(
@@ -289,7 +299,9 @@ mod tests {
         assert!(!r.contains("1000000") && !r.contains("1007200"), "{r}");
         let w = row(&j, true, 1_000_180);
         assert!(
-            w.contains("1970-01-12T13:46:40Z") && w.contains("Resources") && w.contains("waits for GPUs"),
+            w.contains("1970-01-12T13:46:40Z")
+                && w.contains("Resources")
+                && w.contains("waits for GPUs"),
             "{w}"
         );
     }

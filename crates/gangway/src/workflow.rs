@@ -301,7 +301,7 @@ pub fn history(c: &Conn, a: &HistoryArgs) -> Result<()> {
     match c.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
         Output::Csv => print!("{}", to_csv(&rows)),
-        Output::Table => print!("{}", table(&rows)),
+        Output::Table | Output::Wide => print!("{}", table(&rows)),
     }
     Ok(())
 }

@@ -199,7 +199,7 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
         .expect("queues")
         .retain(|q| q["name"] != "research");
     let mut bad_knob = v1["policy"].clone();
-    bad_knob["scheduler"]["max_reservations"] = 0.into();
+    bad_knob["scheduler"]["max_preemption_searches"] = 0.into();
     for (p, code, words) in [
         (unknown_class, 400, vec!["urgent"]),
         (
@@ -207,7 +207,7 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
             422,
             vec!["top-level nominal quotas add up to 20 GPUs"],
         ),
-        (bad_knob, 422, vec!["scheduler.max_reservations"]),
+        (bad_knob, 422, vec!["scheduler.max_preemption_searches"]),
     ] {
         let (got, body) = post_json(
             &c,

@@ -47,14 +47,10 @@ pub fn version_key(n: u64) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerKnobs {
-    /// Reserve GPUs for the head-of-line gang and backfill around it.
-    pub backfill: bool,
     /// Preempt lower-priority work and reclaim lent quota.
     pub preemption: bool,
     /// DRF fair share between queues (otherwise submit order within a priority).
     pub fair_share: bool,
-    /// Most gangs holding a reservation at once (1 to 64).
-    pub max_reservations: usize,
     /// Most preemption searches per cycle (1 to 1024).
     pub max_preemption_searches: usize,
     /// Most jobs signalled to stop in one cycle (1 to 100,000).
@@ -70,10 +66,8 @@ impl Default for SchedulerKnobs {
     fn default() -> Self {
         let d = SchedulerConfig::default();
         SchedulerKnobs {
-            backfill: d.backfill,
             preemption: d.preemption,
             fair_share: d.fair_share,
-            max_reservations: d.max_reservations,
             max_preemption_searches: d.max_preemption_searches,
             max_preemptions_per_cycle: d.max_preemptions_per_cycle,
             preemption_budget: d.preemption_budget,
@@ -86,10 +80,8 @@ impl SchedulerKnobs {
     /// The scheduling core's configuration with these knobs.
     pub fn config(&self) -> SchedulerConfig {
         SchedulerConfig {
-            backfill: self.backfill,
             preemption: self.preemption,
             fair_share: self.fair_share,
-            max_reservations: self.max_reservations,
             max_preemption_searches: self.max_preemption_searches,
             max_preemptions_per_cycle: self.max_preemptions_per_cycle,
             preemption_budget: self.preemption_budget,
@@ -108,7 +100,6 @@ impl SchedulerKnobs {
                 Ok(())
             }
         };
-        range("max_reservations", self.max_reservations as u64, 1, 64)?;
         range(
             "max_preemption_searches",
             self.max_preemption_searches as u64,
@@ -628,7 +619,11 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
         .replace_queues(&policy.queues)
         .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
     c.queue_specs = policy.queues.clone();
+    // Backfill mode and plan depth come from the server's config file.
+    let (backfill, plan_depth) = (c.sched.backfill, c.sched.plan_depth);
     c.sched = policy.scheduler.config();
+    c.sched.backfill = backfill;
+    c.sched.plan_depth = plan_depth;
     Ok(())
 }
 
@@ -943,7 +938,7 @@ mod tests {
             "{e}"
         );
         let mut knob = cand.clone();
-        knob.scheduler.backfill = false;
+        knob.scheduler.fair_share = !knob.scheduler.fair_share;
         assert!(pilot_policy(&base, &knob, &["a".into()])
             .expect_err("knob")
             .to_string()
