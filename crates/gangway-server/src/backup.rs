@@ -278,7 +278,20 @@ pub fn routes() -> axum::Router<std::sync::Arc<crate::api::App>> {
     axum::Router::new().route("/v1/admin/backup", axum::routing::post(online))
 }
 
-async fn online(
+#[utoipa::path(
+    post, path = "/v1/admin/backup", tag = "admin",
+    summary = "A backup of the whole store at one revision (admin)",
+    responses(
+        (status = 200, description = "The backup document", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn online(
     axum::extract::State(app): axum::extract::State<std::sync::Arc<crate::api::App>>,
     headers: axum::http::HeaderMap,
 ) -> Result<axum::Json<Backup>, crate::api::ApiError> {

@@ -228,6 +228,24 @@ impl<S: Store> Control<S> {
 }
 
 /// `POST /v1/reservations` (admins).
+#[utoipa::path(
+    post, path = "/v1/reservations", tag = "reservations",
+    summary = "Create a maintenance reservation: its nodes take no job that would run into the window (admin)",
+    request_body(content = Object, content_type = "application/json", description = "{name, nodes, start, duration_seconds}"),
+    responses(
+        (status = 201, description = "{name, nodes, start, end, created_by}", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -246,6 +264,19 @@ pub async fn create(
 }
 
 /// `GET /v1/reservations` (any person).
+#[utoipa::path(
+    get, path = "/v1/reservations", tag = "reservations",
+    summary = "Maintenance reservations",
+    responses(
+        (status = 200, description = "Every reservation", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -256,6 +287,22 @@ pub async fn list(
 }
 
 /// `DELETE /v1/reservations/{name}` (admins).
+#[utoipa::path(
+    delete, path = "/v1/reservations/{name}", tag = "reservations",
+    summary = "Delete a maintenance reservation (admin)",
+    params(("name" = String, Path, description = "Reservation name")),
+    responses(
+        (status = 200, description = "Deleted", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn delete(
     State(app): State<Arc<App>>,
     headers: HeaderMap,

@@ -32,6 +32,23 @@ fn owned(c: &crate::control::Control<crate::SharedStore>, p: &Principal, id: u64
 
 /// `POST /v1/jobs/{id}/hold`: the owner's hold (`JobHeldUser`), or an
 /// admin's (`JobHeldAdmin`), which only an admin can release.
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/hold", tag = "jobs",
+    summary = "Hold a pending job, or every pending task of an array by its id (owner: JobHeldUser; admin: JobHeldAdmin)",
+    params(("id" = u64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Held: {id, held, reason_code, jobs}", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn hold(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -56,6 +73,23 @@ pub async fn hold(
 }
 
 /// `POST /v1/jobs/{id}/release`.
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/release", tag = "jobs",
+    summary = "Release a held job or array (an admin hold by an admin only)",
+    params(("id" = u64, Path, description = "Job id")),
+    responses(
+        (status = 200, description = "Released: {id, released, jobs}", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn release(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
@@ -72,6 +106,26 @@ pub async fn release(
 
 /// `POST /v1/jobs/{id}/update` with a JSON body of
 /// `{priority?, time_limit?, queue?, name?}`.
+#[utoipa::path(
+    post, path = "/v1/jobs/{id}/update", tag = "jobs",
+    summary = "Change a pending job: priority (within the queue), time limit (users: only down), queue, name",
+    params(("id" = u64, Path, description = "Job id")),
+    request_body(content = Object, content_type = "application/json", description = "{priority?, time_limit?, queue?, name?}"),
+    responses(
+        (status = 200, description = "The updated job", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
 pub async fn update(
     State(app): State<Arc<App>>,
     headers: HeaderMap,

@@ -1575,8 +1575,12 @@ fn routes_in_sources() -> Vec<(String, String)> {
     for f in paths {
         let src = std::fs::read_to_string(&f).expect("source");
         let mut rest = src.as_str();
-        while let Some(i) = rest.find(".route(\"") {
-            rest = &rest[i + 8..];
+        while let Some(i) = rest.find(".route(") {
+            rest = rest[i + 7..].trim_start();
+            let Some(r) = rest.strip_prefix('"') else {
+                continue;
+            };
+            rest = r;
             let Some(end) = rest.find('"') else { break };
             let path = rest[..end].to_string();
             // The method router: up to the parenthesis closing `.route(`.

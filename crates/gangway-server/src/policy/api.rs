@@ -75,7 +75,20 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
-async fn show_current(
+#[utoipa::path(
+    get, path = "/v1/policy", tag = "policy",
+    summary = "The scheduling policy in force, with its version",
+    responses(
+        (status = 200, description = "The current version", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn show_current(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<PolicyVersion>> {
@@ -86,7 +99,23 @@ async fn show_current(
     Ok(Json(v))
 }
 
-async fn show_version(
+#[utoipa::path(
+    get, path = "/v1/policy/versions/{n}", tag = "policy",
+    summary = "One policy version with its decision record",
+    params(("n" = u64, Path, description = "Version number")),
+    responses(
+        (status = 200, description = "The version", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn show_version(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(n): Path<String>,
@@ -102,12 +131,31 @@ async fn show_version(
 /// `?a=N&b=M`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DiffQuery {
+/// `?a=&b=`: the two versions to compare.
+pub struct DiffQuery {
+    /// First version.
     a: u64,
+    /// Second version.
     b: u64,
 }
 
-async fn diff(
+#[utoipa::path(
+    get, path = "/v1/policy/diff", tag = "policy",
+    summary = "What changed between two policy versions",
+    params(("a" = u64, Query, description = "First version"), ("b" = u64, Query, description = "Second version")),
+    responses(
+        (status = 200, description = "The differences", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn diff(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Query(q): Query<DiffQuery>,
@@ -119,7 +167,20 @@ async fn diff(
     Ok(Json(super::diff(&a.policy, &b.policy)))
 }
 
-async fn log(
+#[utoipa::path(
+    get, path = "/v1/policy/log", tag = "policy",
+    summary = "The decision log: every version with who, when, why, diff, evidence, gates and the day after",
+    responses(
+        (status = 200, description = "Every version, newest first", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn log(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Vec<PolicyVersion>>> {
@@ -322,7 +383,24 @@ async fn parse_policy(text: String) -> ApiResult<Policy> {
     blocking(move || Ok(Policy::from_yaml(&text)?)).await
 }
 
-async fn what_if(
+#[utoipa::path(
+    post, path = "/v1/policy/what-if", tag = "policy",
+    summary = "Replay this cluster's history under the current and a candidate policy (admin)",
+    request_body(content = Object, content_type = "application/json", description = "{policy, since_seconds}"),
+    responses(
+        (status = 200, description = "The what-if table and gate results", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn what_if(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     body: axum::body::Body,
@@ -412,7 +490,25 @@ fn propose(app: &App, p: Proposal) -> ApiResult<PolicyVersion> {
     Ok(v)
 }
 
-async fn apply(
+#[utoipa::path(
+    post, path = "/v1/policy/apply", tag = "policy",
+    summary = "Apply a candidate policy after its what-if and gates (admin; --force with a reason overrides a failed gate)",
+    request_body(content = Object, content_type = "application/json", description = "{policy, reason, force, since_seconds, pilot}"),
+    responses(
+        (status = 200, description = "The new version", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn apply(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     body: axum::body::Body,
@@ -460,7 +556,25 @@ async fn apply(
     Ok((StatusCode::CREATED, Json(v)))
 }
 
-async fn promote(
+#[utoipa::path(
+    post, path = "/v1/policy/promote", tag = "policy",
+    summary = "End a pilot by applying its candidate to every queue (admin)",
+    request_body(content = Object, content_type = "application/json", description = "{reason, force, since_seconds}"),
+    responses(
+        (status = 200, description = "The new version", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn promote(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     body: axum::body::Body,
@@ -523,7 +637,20 @@ pub struct PilotStatus {
     pub predicted: std::collections::BTreeMap<String, whatif::Figures>,
 }
 
-async fn pilot_status(
+#[utoipa::path(
+    get, path = "/v1/policy/pilot", tag = "policy",
+    summary = "The running pilot: its queues' live figures against the prediction and the other queues",
+    responses(
+        (status = 200, description = "The pilot, or none", body = Object),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pilot_status(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> ApiResult<Json<PilotStatus>> {
@@ -594,7 +721,26 @@ async fn pilot_status(
     .await
 }
 
-async fn rollback(
+#[utoipa::path(
+    post, path = "/v1/policy/rollback", tag = "policy",
+    summary = "Go back to an earlier policy version (admin)",
+    request_body(content = Object, content_type = "application/json", description = "{version, reason}"),
+    responses(
+        (status = 200, description = "The new version", body = Object),
+        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
+        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
+        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
+        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
+        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
+        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
+        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+    ),
+    security(("bearer" = []))
+)]
+pub async fn rollback(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     body: axum::body::Body,
