@@ -315,8 +315,8 @@ fn the_dashboard_shows_the_grid_a_pending_reason_a_placement_and_cancels() {
 
     // The decision log page shows a policy change: what, who, why.
     let mut p = api(&addr, "GET", "/v1/policy", None)["policy"].clone();
-    p["scheduler"]["max_reservations"] = 2.into();
-    let reason = "two reservations for the big gangs";
+    p["scheduler"]["max_preemption_searches"] = 7.into();
+    let reason = "fewer preemption searches per cycle";
     let v = api(
         &addr,
         "POST",
@@ -328,7 +328,7 @@ fn the_dashboard_shows_the_grid_a_pending_reason_a_placement_and_cancels() {
     browser.wait_js(
         "the decision log",
         &format!(
-            "const r = document.querySelector(\"tr.policy-version[data-version='2']\"); return !!r && r.textContent.includes({}) && r.textContent.includes('scheduler.max_reservations: 1 -> 2') && r.textContent.includes('apply')",
+            "const r = document.querySelector(\"tr.policy-version[data-version='2']\"); return !!r && r.textContent.includes({}) && r.textContent.includes('scheduler.max_preemption_searches: 4 -> 7') && r.textContent.includes('apply')",
             json!(reason)
         ),
         json!(true),

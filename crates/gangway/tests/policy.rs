@@ -442,9 +442,11 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
     ] {
         assert!(log.contains(w), "{w:?} not in the log:\n{log}");
     }
-    // The watch metrics are exported with the server's, in one exposition.
+    // The watch metrics are exported with the server's, in one exposition
+    // (OpenMetrics when asked: one `# EOF`).
     let metrics = ureq::get(&format!("{}/metrics", c.addr))
         .set("Authorization", &format!("Bearer {ADMIN}"))
+        .set("Accept", "application/openmetrics-text; version=1.0.0")
         .call()
         .expect("metrics")
         .into_string()
