@@ -8,6 +8,7 @@ pub mod audit;
 pub mod authz;
 pub mod config;
 pub mod control;
+pub mod counted_store;
 pub mod dashboard;
 pub mod ha;
 pub mod history;
@@ -90,6 +91,12 @@ pub fn open_with_audit(
     role: ha::Role,
     audit: audit::AuditLog,
 ) -> Result<Arc<App>, ServeError> {
+    let metrics = metrics::Metrics::new();
+    let store: SharedStore = Arc::new(counted_store::CountedStore::new(
+        store,
+        metrics.store_txns.clone(),
+        metrics.store_ops.clone(),
+    ));
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
@@ -102,7 +109,7 @@ pub fn open_with_audit(
         metrics_at: std::sync::atomic::AtomicU64::new(0),
         control: Mutex::new(control),
         cfg,
-        metrics: metrics::Metrics::new(),
+        metrics,
         wake: tokio::sync::Notify::new(),
         submissions: tx,
         submissions_rx: Mutex::new(Some(rx)),

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_api;
 mod bench_chaos;
+mod bench_cluster;
 mod bench_dashboard;
 mod client;
 mod local;
