@@ -41,6 +41,9 @@ impl<S: Store> Store for CountedStore<S> {
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
         self.inner.watch(prefix, from)
     }
+    fn txn_limits(&self) -> gangway_store::TxnLimits {
+        self.inner.txn_limits()
+    }
 }
 
 #[cfg(test)]
