@@ -57,6 +57,9 @@ pub struct App {
     pub fenced: std::sync::atomic::AtomicBool,
     /// Queue usage over the last hours (the dashboard's chart).
     pub history: Mutex<crate::dashboard::QueueHistory>,
+    /// Where retention appends finished jobs before removing them
+    /// (`<data_dir>/history`); unset, finished jobs are kept.
+    pub export_dir: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// A submission handed to the group-commit writer.

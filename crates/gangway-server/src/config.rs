@@ -25,6 +25,7 @@
 //! metrics_token: s3cret-prometheus
 //! max_grace_seconds: 600
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
+//! retention: { finished_jobs: 7d, idempotency_keys: 24h }   # the defaults
 //! ```
 //!
 //! The file is parsed with the same budgets as job specs (see [`crate::yaml`]).
@@ -149,6 +150,10 @@ pub struct ServerConfig {
     /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
     #[serde(default)]
     pub master_ports: gangway_core::agent::PortRange,
+    /// How long finished jobs and idempotency keys are kept
+    /// (`{ finished_jobs: 7d, idempotency_keys: 24h }` by default).
+    #[serde(default)]
+    pub retention: crate::retention::Retention,
 }
 
 fn six_hundred() -> u64 {
@@ -221,6 +226,7 @@ impl ServerConfig {
             default_unix_user: nobody(),
             checkpoint_root: None,
             master_ports: Default::default(),
+            retention: Default::default(),
         }
     }
 
@@ -254,6 +260,7 @@ impl ServerConfig {
                 "metrics_token: must be at least 8 characters".into(),
             ));
         }
+        c.retention.seconds().map_err(ConfigError::Invalid)?;
         if c.max_body_bytes < 1024 {
             return Err(ConfigError::Invalid(
                 "max_body_bytes: must be at least 1024".into(),

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod openapi;
 pub mod records;
+pub mod retention;
 pub mod yaml;
 
 pub use config::ServerConfig;
@@ -70,7 +71,9 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     }
     let audit = audit::AuditLog::open(&data_dir.join("audit.log"))?;
-    open_with_audit(cfg, Arc::new(store), ha::Role::Leader, audit)
+    let app = open_with_audit(cfg, Arc::new(store), ha::Role::Leader, audit)?;
+    let _ = app.export_dir.set(data_dir.join("history"));
+    Ok(app)
 }
 
 /// Builds the shared state on `store`, starting in `role` (a replica on etcd
@@ -116,6 +119,7 @@ pub fn open_with_audit(
         role: std::sync::RwLock::new(role),
         fenced: std::sync::atomic::AtomicBool::new(false),
         history: Mutex::new(dashboard::QueueHistory::default()),
+        export_dir: std::sync::OnceLock::new(),
     }))
 }
 
@@ -127,13 +131,39 @@ pub fn is_leader(app: &App) -> bool {
         .unwrap_or(false)
 }
 
+/// Seconds between two retention passes of the leader.
+const RETENTION_EVERY: u64 = 60;
+
 /// Runs the scheduler loop forever: a cycle on every change and at least every `cycle_seconds`.
 pub async fn scheduler_loop(app: Arc<App>) {
     let period = Duration::from_secs(app.cfg.cycle_seconds.max(1));
+    let mut retained_at = api::now();
     loop {
         let _ = tokio::time::timeout(period, app.wake.notified()).await;
         if !is_leader(&app) {
             continue;
+        }
+        if api::now() >= retained_at.saturating_add(RETENTION_EVERY) {
+            retained_at = api::now();
+            let app2 = app.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                retention::pass(
+                    &app2.control,
+                    &app2.cfg.retention,
+                    app2.export_dir.get().map(|p| p.as_path()),
+                    api::now(),
+                )
+            })
+            .await;
+            match r {
+                Ok(Ok(n)) if n.jobs + n.keys > 0 => tracing::info!(
+                    "retention: removed {} finished jobs (exported first) and {} idempotency keys",
+                    n.jobs,
+                    n.keys
+                ),
+                Ok(Err(e)) => tracing::warn!("retention pass failed: {e}"),
+                _ => {}
+            }
         }
         let start = Instant::now();
         let now = api::now();

@@ -141,7 +141,7 @@ fn a_cycle_cut_between_chunks_recovers_without_double_booking_or_loss() {
     let landed = scheduled(&c);
     let n = landed.len() as u64;
     assert!(
-        n > 0 && n < 60 && n % 7 == 0,
+        n > 0 && n < 60 && n.is_multiple_of(7),
         "whole chunks of 7 landed: {n}"
     );
     assert_eq!(

@@ -226,12 +226,14 @@ fn server(
             // The store is etcd; the audit log stays in this replica's data dir.
             gangway_server::private_dir(data_dir)?;
             let audit = gangway_server::audit::AuditLog::open(&data_dir.join("audit.log"))?;
-            gangway_server::open_with_audit(
+            let app = gangway_server::open_with_audit(
                 cfg,
                 std::sync::Arc::new(e.clone()),
                 gangway_server::ha::Role::Follower(None),
                 audit,
-            )?
+            )?;
+            let _ = app.export_dir.set(data_dir.join("history"));
+            app
         }
         None => gangway_server::open(cfg, data_dir)?,
     };
