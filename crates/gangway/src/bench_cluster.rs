@@ -145,9 +145,12 @@ fn config(a: &ClusterArgs) -> String {
     let backlog = gpus.saturating_sub(probe);
     // Hollow agents on a loaded 2-core machine may sync late: generous
     // heartbeat horizons keep the bench measuring latency, not node loss.
+    // Thousands of nodes join with one join token: its request rate is
+    // raised (agents also wait and retry on 429, as real ones do).
     format!(
         "admin_token: {ADMIN}\nagent_token: {JOIN}\nnode_approval: auto\n\
          node_not_ready_seconds: 60\nnode_lost_seconds: 300\n\
+         limits: {{ requests_per_second: 100000, burst: 100000 }}\n\
          queues:\n\
          \x20 - name: backlog\n    quota: {{ nominal: {{ gpus: {backlog} }}, borrowing_limit: {{ gpus: 0 }} }}\n\
          \x20 - name: probe\n    quota: {{ nominal: {{ gpus: {probe} }}, lending_limit: {{ gpus: 0 }} }}\n"
@@ -242,12 +245,24 @@ fn register(http: &ureq::Agent, base: &str, name: &str, gpus: u32, rack: usize) 
         "spine": format!("spine{:03}", rack / 16),
         "gpus": (0..gpus).map(|i| json!({"index": i, "model": "H100", "memory_gib": 80})).collect::<Vec<_>>()
     });
-    let r: Value = http
-        .post(&format!("{base}/v1/nodes"))
-        .set("Authorization", &format!("Bearer {JOIN}"))
-        .send_json(node)
-        .with_context(|| format!("registering {name}"))?
-        .into_json()?;
+    let mut tries = 0;
+    let r: Value = loop {
+        match http
+            .post(&format!("{base}/v1/nodes"))
+            .set("Authorization", &format!("Bearer {JOIN}"))
+            .send_json(node.clone())
+        {
+            Err(ureq::Error::Status(429, _)) if tries < 100 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => {
+                break r
+                    .with_context(|| format!("registering {name}"))?
+                    .into_json()?
+            }
+        }
+    };
     r["node_token"]
         .as_str()
         .map(str::to_string)
@@ -815,6 +830,21 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         "store_ops_per_sec: {:.1} op/s",
         delta(&m0, &m2, "gangway_store_ops_total") / total_secs.max(1e-9)
     );
+    // Where the jobs are at the end (the /metrics snapshot, by state).
+    let mut states: std::collections::BTreeMap<String, f64> = Default::default();
+    for (k, v) in &m2 {
+        if let Some(rest) = k.strip_prefix("gangway_jobs{") {
+            if let Some(st) = rest
+                .split("state=\"")
+                .nth(1)
+                .and_then(|x| x.split('"').next())
+            {
+                *states.entry(st.to_string()).or_default() += v;
+            }
+        }
+    }
+    let states: Vec<String> = states.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("jobs_at_end: {}", states.join(" "));
     match rss {
         Some(r) => println!("server_peak_rss: {r:.0} MiB"),
         None => println!("server_peak_rss: n/a"),
