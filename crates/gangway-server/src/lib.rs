@@ -131,6 +131,12 @@ pub fn is_leader(app: &App) -> bool {
         .unwrap_or(false)
 }
 
+/// Shortest time between the end of one cycle and the start of the next:
+/// changes arriving meanwhile (group commits, syncs) share one cycle instead
+/// of each taking the state lock for a cycle of its own (`bench cluster`
+/// saw ~95 cycles a second at 1,000 nodes without it).
+const MIN_CYCLE_GAP: Duration = Duration::from_millis(20);
+
 /// Seconds between two retention passes of the leader.
 const RETENTION_EVERY: u64 = 60;
 
@@ -140,6 +146,8 @@ pub async fn scheduler_loop(app: Arc<App>) {
     let mut retained_at = api::now();
     loop {
         let _ = tokio::time::timeout(period, app.wake.notified()).await;
+        // Let a burst of changes gather (a wake during the gap is kept).
+        tokio::time::sleep(MIN_CYCLE_GAP).await;
         if !is_leader(&app) {
             continue;
         }
