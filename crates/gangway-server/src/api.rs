@@ -61,6 +61,9 @@ pub struct App {
     pub policy: crate::policy::Live,
     /// Policy and SLO metrics (rendered with `metrics`).
     pub watch: crate::policy::watch::Watch,
+    /// Where retention appends finished jobs before removing them
+    /// (`<data_dir>/history`); unset, finished jobs are kept.
+    pub export_dir: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// A submission handed to the group-commit writer.

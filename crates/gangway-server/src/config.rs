@@ -27,6 +27,7 @@
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
 //! backfill: easy              # or conservative, reservations:N, off (see docs/BACKFILL.md)
 //! plan_depth: 200             # pending jobs given a start estimate per cycle
+//! retention: { finished_jobs: 7d, idempotency_keys: 24h }   # the defaults
 //! ```
 //!
 //! The file is parsed with the same budgets as job specs (see [`crate::yaml`]).
@@ -170,6 +171,10 @@ pub struct ServerConfig {
     /// [`MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
     #[serde(default = "plan_depth")]
     pub plan_depth: usize,
+    /// How long finished jobs and idempotency keys are kept
+    /// (`{ finished_jobs: 7d, idempotency_keys: 24h }` by default).
+    #[serde(default)]
+    pub retention: crate::retention::Retention,
 }
 
 /// Most pending jobs `plan_depth` may ask to plan per cycle.
@@ -258,6 +263,7 @@ impl ServerConfig {
             slo_p95_wait_seconds: Default::default(),
             backfill: easy(),
             plan_depth: plan_depth(),
+            retention: Default::default(),
         }
     }
 
@@ -296,6 +302,7 @@ impl ServerConfig {
                 "plan_depth: must be at most {MAX_PLAN_DEPTH}"
             )));
         }
+        c.retention.seconds().map_err(ConfigError::Invalid)?;
         if c.max_body_bytes < 1024 {
             return Err(ConfigError::Invalid(
                 "max_body_bytes: must be at least 1024".into(),

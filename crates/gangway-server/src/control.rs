@@ -557,40 +557,41 @@ impl<S: Store> Control<S> {
             }
         }
         if !valid.is_empty() {
-            match self.store_batch(&batch, &valid, now) {
-                Ok(groups) => {
-                    let gated_before = self.gates.waiting.len();
-                    // One record per job, or per task of an array.
-                    for (i, group) in valid.iter().zip(groups) {
-                        let first = group.first().map(|(r, _)| r.id);
-                        let mut r = first.ok_or_else(|| ControlError::Conflict(JOB_SEQ.into()));
-                        for (rec, rev) in group {
-                            let id = rec.id;
-                            self.jobs.insert(id, (rec, rev));
-                            if let Err(e) = self.enter(id) {
-                                r = Err(e);
-                            }
-                        }
-                        results[*i] = Some(r);
-                    }
-                    // Gated submissions are decided at once (only then: a
-                    // pass walks every gated job).
-                    if self.gates.waiting.len() > gated_before {
-                        if let Err(e) = self.release_gated(now, true) {
-                            tracing::warn!("deciding gated jobs after a submission: {e}");
-                        }
+            // Chunks that landed are jobs, acknowledged or not; a failed
+            // chunk and the ones after it are refused (retried with the same
+            // idempotency key, a landed job is found again).
+            let (groups, failed) = self.store_batch(&batch, &valid, now);
+            let landed = groups.len();
+            let gated_before = self.gates.waiting.len();
+            // One record per job, or per task of an array.
+            for (i, group) in valid.iter().zip(groups) {
+                let first = group.first().map(|(r, _)| r.id);
+                let mut r = first.ok_or_else(|| ControlError::Conflict(JOB_SEQ.into()));
+                for (rec, rev) in group {
+                    let id = rec.id;
+                    self.jobs.insert(id, (rec, rev));
+                    if let Err(e) = self.enter(id) {
+                        r = Err(e);
                     }
                 }
-                Err(e) => {
-                    let not_leader = matches!(e, ControlError::Store(StoreError::NotLeader));
-                    let msg = e.to_string();
-                    for i in &valid {
-                        results[*i] = Some(Err(if not_leader {
-                            ControlError::Store(StoreError::NotLeader)
-                        } else {
-                            ControlError::Conflict(msg.clone())
-                        }));
-                    }
+                results[*i] = Some(r);
+            }
+            // Gated submissions are decided at once (only then: a pass walks
+            // every gated job).
+            if self.gates.waiting.len() > gated_before {
+                if let Err(e) = self.release_gated(now, true) {
+                    tracing::warn!("deciding gated jobs after a submission: {e}");
+                }
+            }
+            if let Some(e) = failed {
+                let not_leader = matches!(e, ControlError::Store(StoreError::NotLeader));
+                let msg = e.to_string();
+                for i in &valid[landed..] {
+                    results[*i] = Some(Err(if not_leader {
+                        ControlError::Store(StoreError::NotLeader)
+                    } else {
+                        ControlError::Conflict(msg.clone())
+                    }));
                 }
             }
         }
@@ -609,12 +610,40 @@ impl<S: Store> Control<S> {
             .collect()
     }
 
+    /// Writes new jobs in as few transactions as the store's limits allow,
+    /// each of whole jobs (a job with its idempotency key) and its own step
+    /// of the job sequence. Returns the records that landed, in order, and
+    /// the error that stopped the rest.
     fn store_batch(
         &mut self,
         batch: &[NewJob],
         valid: &[usize],
         now: Time,
+    ) -> (Vec<Vec<(JobRecord, u64)>>, Option<ControlError>) {
+        let mut out = Vec::with_capacity(valid.len());
+        let mut rest = valid;
+        while !rest.is_empty() {
+            match self.store_chunk(batch, rest, now) {
+                Ok(groups) => {
+                    rest = &rest[groups.len().min(rest.len())..];
+                    out.extend(groups);
+                }
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    /// Writes the first submissions of `valid` that fit in one transaction
+    /// (at least one; an array's tasks always go together, so an array
+    /// larger than the store's transaction limit is refused by the store).
+    fn store_chunk(
+        &mut self,
+        batch: &[NewJob],
+        valid: &[usize],
+        now: Time,
     ) -> Result<Vec<Vec<(JobRecord, u64)>>, ControlError> {
+        let limits = self.store.txn_limits();
         loop {
             let seq = self.store.get(JOB_SEQ)?;
             let (last, cmp) = match &seq {
@@ -628,15 +657,33 @@ impl<S: Store> Control<S> {
             let mut ops = Vec::new();
             let mut groups = Vec::new();
             let mut next = last.saturating_add(1);
-            for &i in valid {
+            // The sequence counter's key and value.
+            let mut bytes = JOB_SEQ.len() + 20;
+            for (k, &i) in valid.iter().enumerate() {
                 let NewJob { user, spec, key } = &batch[i];
                 let id = JobId(next);
                 // An array's tasks get consecutive ids, the first being the array's.
                 let group = crate::workflow::expand(id, user, spec, now);
+                let values: Vec<Vec<u8>> = group.iter().map(|r| encode(r)).collect();
+                let keyed = usize::from(key.is_some());
+                let size = group
+                    .iter()
+                    .zip(&values)
+                    .map(|(rec, v)| 2 * job_key(rec.id).len() + v.len())
+                    .sum::<usize>()
+                    + key.as_ref().map_or(0, |k| 2 * idem_key(k).len() + 20);
+                // One more put: the sequence counter.
+                let fits = compares.len() + group.len() + keyed <= limits.max_compares
+                    && ops.len() + group.len() + 1 + keyed <= limits.max_ops
+                    && bytes + size <= limits.max_bytes;
+                if k > 0 && !fits {
+                    break;
+                }
+                bytes += size;
                 next = next.saturating_add(group.len() as u64);
-                for rec in &group {
+                for (rec, v) in group.iter().zip(values) {
                     compares.push(Compare::Absent(job_key(rec.id)));
-                    ops.push(Op::Put(job_key(rec.id), encode(rec)));
+                    ops.push(Op::Put(job_key(rec.id), v));
                 }
                 if let Some(key) = key {
                     compares.push(Compare::Absent(idem_key(key)));
@@ -655,34 +702,64 @@ impl<S: Store> Control<S> {
         }
     }
 
-    /// Writes changed records in one transaction, each compared on its
-    /// revision: all land or none do.
+    /// Writes changed records, each compared on its revision: all land or
+    /// none do when they fit in one transaction; otherwise see
+    /// [`Control::write_chunks`], of which this returns only the error.
+    #[allow(dead_code)] // for features that change several records at once
     pub(crate) fn write_all(&mut self, recs: Vec<JobRecord>) -> Result<(), ControlError> {
-        if recs.is_empty() {
-            return Ok(());
+        self.write_chunks(recs).1
+    }
+
+    /// Writes changed records in transactions within the store's limits
+    /// (every one fenced by the store, each record compared on its
+    /// revision), in order, stopping at the first that fails. Returns how
+    /// many records landed (a prefix of `recs`, now in `self.jobs`) and
+    /// whether all did. Callers apply exactly the landed prefix, so memory
+    /// and store agree whatever happens between two transactions.
+    pub(crate) fn write_chunks(
+        &mut self,
+        recs: Vec<JobRecord>,
+    ) -> (usize, Result<(), ControlError>) {
+        let limits = self.store.txn_limits();
+        let encoded: Vec<Vec<u8>> = recs.iter().map(encode).collect();
+        let ranges = limits.split(
+            (0, 0, 0),
+            recs.iter()
+                .zip(&encoded)
+                .map(|(r, v)| (1, 1, 2 * job_key(r.id).len() + v.len())),
+        );
+        let mut encoded = encoded.into_iter();
+        let mut landed = 0;
+        for range in ranges {
+            let chunk = &recs[range.clone()];
+            let mut compares = Vec::with_capacity(chunk.len());
+            let mut ops = Vec::with_capacity(chunk.len());
+            for rec in chunk {
+                let Some((_, rev)) = self.jobs.get(&rec.id) else {
+                    return (landed, Err(ControlError::NoSuchJob(rec.id)));
+                };
+                compares.push(Compare::Revision(job_key(rec.id), *rev));
+                ops.push(Op::Put(job_key(rec.id), encoded.next().unwrap_or_default()));
+            }
+            let r = match self.store.txn(&compares, &ops) {
+                Ok(r) => r,
+                Err(e) => return (landed, Err(e.into())),
+            };
+            if !r.succeeded {
+                return (
+                    landed,
+                    Err(ControlError::Conflict(format!(
+                        "{} job records",
+                        chunk.len()
+                    ))),
+                );
+            }
+            for rec in chunk {
+                self.jobs.insert(rec.id, (rec.clone(), r.revision));
+            }
+            landed = range.end;
         }
-        let mut compares = Vec::with_capacity(recs.len());
-        let mut ops = Vec::with_capacity(recs.len());
-        for rec in &recs {
-            let rev = self
-                .jobs
-                .get(&rec.id)
-                .map(|(_, r)| *r)
-                .ok_or(ControlError::NoSuchJob(rec.id))?;
-            compares.push(Compare::Revision(job_key(rec.id), rev));
-            ops.push(Op::Put(job_key(rec.id), encode(rec)));
-        }
-        let r = self.store.txn(&compares, &ops)?;
-        if !r.succeeded {
-            return Err(ControlError::Conflict(format!(
-                "{} job records",
-                recs.len()
-            )));
-        }
-        for rec in recs {
-            self.jobs.insert(rec.id, (rec, r.revision));
-        }
-        Ok(())
+        (landed, Ok(()))
     }
 
     /// Writes a changed record with compare-and-swap on its revision.
@@ -1313,11 +1390,13 @@ impl<S: Store> Control<S> {
             afters.push((id, after));
             recs.push(rec);
         }
-        self.write_all(recs)?;
-        for (id, after) in afters {
+        // Chunked on etcd: the endings that landed are applied even when a
+        // later chunk fails.
+        let (landed, written) = self.write_chunks(recs);
+        for (id, after) in afters.into_iter().take(landed) {
             self.apply_ending(id, after);
         }
-        Ok(())
+        written
     }
 
     /// Cordons or uncordons a node, durably.
@@ -1364,6 +1443,11 @@ impl<S: Store> Control<S> {
 
     /// One scheduling cycle: decisions are written to the store first, then applied.
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        /// One record of the cycle's writes: which decision it carries.
+        enum Decided<'a> {
+            Bind(&'a gangway_sched::Bind),
+            Preempt(&'a gangway_sched::Preempt),
+        }
         self.credit_own_stall(now);
         self.check_nodes(now)?;
         self.resume_restarts(now)?;
@@ -1379,10 +1463,40 @@ impl<S: Store> Control<S> {
         };
         // Only what `apply` reads; the explanations are not copied.
         let mut applied = Decisions::default();
-        // All of the cycle's decisions in one transaction: every record is
-        // compared on its revision, so a concurrent change (a cancel) voids
-        // the batch, which the next cycle recomputes.
+        // The cycle's decisions, written in as few transactions as the
+        // store allows (one on redb; chunks within etcd's limits, each
+        // fenced). Every record is compared on its revision, so a concurrent
+        // change (a cancel) voids its chunk and the ones after it, which the
+        // next cycle recomputes. Decisions of one cycle never overlap in
+        // GPUs and a preemptor is bound only once its victims are gone, so
+        // any prefix of them is a consistent state: what lands is applied,
+        // in memory as on recovery. Stops go first, before any bind.
         let mut updates: Vec<JobRecord> = Vec::new();
+        let mut decided: Vec<Decided<'_>> = Vec::new();
+        for p in &d.preemptions {
+            let Some((rec, _)) = self.jobs.get(&p.job) else {
+                continue;
+            };
+            // Already being stopped (cancel, failed rank): its GPUs come free
+            // when its processes are gone; the preemptor waits for that.
+            if rec.stopping.is_some() {
+                continue;
+            }
+            let mut rec = rec.clone();
+            rec.state = JobState::Preempting;
+            rec.preempted_by = Some(p.by);
+            rec.signal_at_ms = Some(contract::wall_ms());
+            rec.events.push(JobEvent {
+                at: now,
+                kind: "preempting".into(),
+                message: format!(
+                    "preempted by job {} ({:?}), grace {}s",
+                    p.by, p.reason, p.grace_seconds
+                ),
+            });
+            updates.push(rec);
+            decided.push(Decided::Preempt(p));
+        }
         for b in &d.binds {
             let Some((rec, _)) = self.jobs.get(&b.job) else {
                 continue;
@@ -1410,40 +1524,27 @@ impl<S: Store> Control<S> {
                 ),
             });
             updates.push(rec);
-            applied.binds.push(b.clone());
+            decided.push(Decided::Bind(b));
         }
-        for p in &d.preemptions {
-            let Some((rec, _)) = self.jobs.get(&p.job) else {
-                continue;
-            };
-            // Already being stopped (cancel, failed rank): its GPUs come free
-            // when its processes are gone; the preemptor waits for that.
-            if rec.stopping.is_some() {
-                continue;
+        let (landed, written) = self.write_chunks(updates);
+        for dec in decided.into_iter().take(landed) {
+            match dec {
+                Decided::Bind(b) => applied.binds.push(b.clone()),
+                Decided::Preempt(p) => applied.preemptions.push(p.clone()),
             }
-            let mut rec = rec.clone();
-            rec.state = JobState::Preempting;
-            rec.preempted_by = Some(p.by);
-            rec.signal_at_ms = Some(contract::wall_ms());
-            rec.events.push(JobEvent {
-                at: now,
-                kind: "preempting".into(),
-                message: format!(
-                    "preempted by job {} ({:?}), grace {}s",
-                    p.by, p.reason, p.grace_seconds
-                ),
+        }
+        if let Err(e) = written {
+            if landed > 0 {
+                apply(&mut self.cluster, &applied, now)
+                    .map_err(|e| ControlError::BadNode(e.to_string()))?;
+            }
+            return Err(match e {
+                ControlError::Conflict(_) => {
+                    ControlError::Conflict("a job changed during the cycle".into())
+                }
+                e => e,
             });
-            updates.push(rec);
-            applied.preemptions.push(p.clone());
         }
-        // All of the cycle's decisions in one transaction: a concurrent
-        // change (a cancel) voids the batch, which the next cycle recomputes.
-        self.write_all(updates).map_err(|e| match e {
-            ControlError::Conflict(_) => {
-                ControlError::Conflict("a job changed during the cycle".into())
-            }
-            e => e,
-        })?;
         applied.planned = d.planned.clone();
         applied.dropped_claims = d.dropped_claims.clone();
         apply(&mut self.cluster, &applied, now)

@@ -99,7 +99,11 @@ fn campaign(app: &Arc<App>, etcd: &EtcdStore, advertise: &str) -> Result<(), Str
     let created = r.header().map_or(0, |h| h.revision());
     etcd.fence(Some((LEADER_KEY, created)));
     // Load everything the previous leader wrote; only then act.
-    let store: SharedStore = Arc::new(etcd.clone());
+    let store: SharedStore = Arc::new(crate::counted_store::CountedStore::new(
+        etcd.clone(),
+        app.metrics.store_txns.clone(),
+        app.metrics.store_ops.clone(),
+    ));
     let mut control = Control::open(store, &app.cfg.queues).map_err(|e| e.to_string())?;
     control.lifecycle = app.cfg.lifecycle();
     control.cycle_seconds = app.cfg.cycle_seconds;

@@ -9,6 +9,7 @@ pub mod authz;
 pub mod backup;
 pub mod config;
 pub mod control;
+pub mod counted_store;
 pub mod dashboard;
 pub mod errors;
 pub mod ha;
@@ -21,6 +22,7 @@ pub mod openapi;
 pub mod policy;
 pub mod records;
 pub mod reservations;
+pub mod retention;
 pub mod workflow;
 pub mod workflow_api;
 pub mod yaml;
@@ -83,7 +85,9 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     }
     let audit = audit::AuditLog::open(&data_dir.join("audit.log"))?;
-    open_with_audit(cfg, Arc::new(store), ha::Role::Leader, audit)
+    let app = open_with_audit(cfg, Arc::new(store), ha::Role::Leader, audit)?;
+    let _ = app.export_dir.set(data_dir.join("history"));
+    Ok(app)
 }
 
 /// Builds the shared state on `store`, starting in `role` (a replica on etcd
@@ -105,6 +109,12 @@ pub fn open_with_audit(
     audit: audit::AuditLog,
 ) -> Result<Arc<App>, ServeError> {
     backup::prepare(&*store, None, api::now())?;
+    let metrics = metrics::Metrics::new();
+    let store: SharedStore = Arc::new(counted_store::CountedStore::new(
+        store,
+        metrics.store_txns.clone(),
+        metrics.store_ops.clone(),
+    ));
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
@@ -122,7 +132,7 @@ pub fn open_with_audit(
         metrics_at: std::sync::atomic::AtomicU64::new(0),
         control: Mutex::new(control),
         cfg,
-        metrics: metrics::Metrics::new(),
+        metrics,
         wake: tokio::sync::Notify::new(),
         submissions: tx,
         submissions_rx: Mutex::new(Some(rx)),
@@ -131,6 +141,7 @@ pub fn open_with_audit(
         history: Mutex::new(dashboard::QueueHistory::default()),
         policy: live,
         watch: policy::watch::Watch::new(),
+        export_dir: std::sync::OnceLock::new(),
     }))
 }
 
@@ -142,13 +153,47 @@ pub fn is_leader(app: &App) -> bool {
         .unwrap_or(false)
 }
 
+/// Shortest time between the end of one cycle and the start of the next:
+/// changes arriving meanwhile (group commits, syncs) share one cycle instead
+/// of each taking the state lock for a cycle of its own (`bench cluster`
+/// saw ~95 cycles a second at 1,000 nodes without it).
+const MIN_CYCLE_GAP: Duration = Duration::from_millis(20);
+
+/// Seconds between two retention passes of the leader.
+const RETENTION_EVERY: u64 = 60;
+
 /// Runs the scheduler loop forever: a cycle on every change and at least every `cycle_seconds`.
 pub async fn scheduler_loop(app: Arc<App>) {
     let period = Duration::from_secs(app.cfg.cycle_seconds.max(1));
+    let mut retained_at = api::now();
     loop {
         let _ = tokio::time::timeout(period, app.wake.notified()).await;
+        // Let a burst of changes gather (a wake during the gap is kept).
+        tokio::time::sleep(MIN_CYCLE_GAP).await;
         if !is_leader(&app) {
             continue;
+        }
+        if api::now() >= retained_at.saturating_add(RETENTION_EVERY) {
+            retained_at = api::now();
+            let app2 = app.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                retention::pass(
+                    &app2.control,
+                    &app2.cfg.retention,
+                    app2.export_dir.get().map(|p| p.as_path()),
+                    api::now(),
+                )
+            })
+            .await;
+            match r {
+                Ok(Ok(n)) if n.jobs + n.keys > 0 => tracing::info!(
+                    "retention: removed {} finished jobs (exported first) and {} idempotency keys",
+                    n.jobs,
+                    n.keys
+                ),
+                Ok(Err(e)) => tracing::warn!("retention pass failed: {e}"),
+                _ => {}
+            }
         }
         let start = Instant::now();
         let now = api::now();

@@ -51,6 +51,10 @@ pub struct Metrics {
     pub api_requests: Family<ApiLabels, Counter>,
     /// API latency.
     pub api_seconds: Histogram,
+    /// Store write transactions committed.
+    pub store_txns: Counter,
+    /// Operations in those transactions (puts and deletes).
+    pub store_ops: Counter,
 }
 
 impl Default for Metrics {
@@ -72,6 +76,8 @@ impl Metrics {
             decisions: Family::default(),
             api_requests: Family::default(),
             api_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            store_txns: Counter::default(),
+            store_ops: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("jobs", "Jobs by state and queue", m.jobs.clone());
@@ -101,6 +107,16 @@ impl Metrics {
             "api_request_seconds",
             "API request latency",
             m.api_seconds.clone(),
+        );
+        registry.register(
+            "store_txns",
+            "Store write transactions committed",
+            m.store_txns.clone(),
+        );
+        registry.register(
+            "store_ops",
+            "Puts and deletes in committed store transactions",
+            m.store_ops.clone(),
         );
         Metrics { registry, ..m }
     }

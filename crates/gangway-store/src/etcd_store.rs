@@ -158,6 +158,10 @@ fn run_on<T: Send + 'static>(
 }
 
 impl Store for EtcdStore {
+    fn txn_limits(&self) -> crate::TxnLimits {
+        crate::TxnLimits::ETCD_DEFAULT
+    }
+
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let mut c = self.inner.client.clone();
         let k = self.key(key);
@@ -243,9 +247,9 @@ impl Store for EtcdStore {
             let msg = e.to_string();
             if msg.contains("too many operations") || msg.contains("request is too large") {
                 StoreError::Backend(format!(
-                    "etcd refused a transaction of {n_ops} operations ({msg}): run etcd with \
-                     --max-txn-ops 100000 --max-request-bytes 67108864, as Gangway writes a \
-                     scheduling cycle or a group commit as one transaction"
+                    "etcd refused a transaction of {n_ops} operations ({msg}): Gangway splits \
+                     its batches to fit etcd's default limits (128 operations, 1.5 MiB); \
+                     was --max-txn-ops or --max-request-bytes set below them?"
                 ))
             } else {
                 backend(msg)

@@ -11,10 +11,12 @@
 //! - [`Store::watch`] streams changes under a prefix, from a revision on.
 
 mod etcd_store;
+mod limits;
 mod redb_store;
 pub mod testing;
 
 pub use etcd_store::EtcdStore;
+pub use limits::TxnLimits;
 pub use redb_store::RedbStore;
 
 use std::sync::mpsc::Receiver;
@@ -122,6 +124,12 @@ pub trait Store: Send + Sync {
     /// Changes under `prefix` with revision ≥ `from` (history first, then live).
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError>;
 
+    /// How large one transaction may be; larger batches of independent
+    /// writes are split to fit (see [`TxnLimits::split`]).
+    fn txn_limits(&self) -> TxnLimits {
+        TxnLimits::UNLIMITED
+    }
+
     /// Sets a key unconditionally; returns the new revision.
     fn put(&self, key: &str, value: &[u8]) -> Result<u64, StoreError> {
         Ok(self
@@ -153,5 +161,8 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
         (**self).watch(prefix, from)
+    }
+    fn txn_limits(&self) -> TxnLimits {
+        (**self).txn_limits()
     }
 }

@@ -406,24 +406,45 @@ fn a_fenced_writer_that_lost_its_leader_key_writes_nothing() {
 }
 
 #[test]
-fn a_large_transaction_commits_whole_on_etcd() {
+fn etcd_with_default_flags_takes_a_transaction_at_the_advertised_limits_and_refuses_more() {
     let Some(e) = EtcdProcess::start() else {
         return;
     };
     let s = etcd_store(&e, "/gangway");
-    // A busy scheduling cycle: thousands of records in one transaction.
-    let compares: Vec<Compare> = (0..2000)
+    // Fenced, as a leader's writes are: the fence is one more compare.
+    let leader = s.put("/leader", b"me").expect("leader key");
+    s.fence(Some(("/leader", leader as i64)));
+    let l = s.txn_limits();
+    assert_eq!(l, gangway_store::TxnLimits::ETCD_DEFAULT);
+    // The worst case: revision-0 compares are two etcd compares each. etcd
+    // takes the request (the compares fail, nothing is written).
+    let worst: Vec<Compare> = (0..l.max_compares)
+        .map(|i| Compare::Revision(format!("/none/{i:05}"), 0))
+        .collect();
+    let r = s
+        .txn(&worst, &[Op::Put("/none/x".into(), b"x".to_vec())])
+        .expect("within etcd's compare limit");
+    assert!(!r.succeeded);
+    let compares: Vec<Compare> = (0..l.max_compares)
         .map(|i| Compare::Absent(format!("/jobs/{i:05}")))
         .collect();
-    let ops: Vec<Op> = (0..2000)
-        .map(|i| Op::Put(format!("/jobs/{i:05}"), vec![b'x'; 1000]))
+    let value = vec![b'x'; l.max_bytes / l.max_ops - 16];
+    let ops: Vec<Op> = (0..l.max_ops)
+        .map(|i| Op::Put(format!("/jobs/{i:05}"), value.clone()))
         .collect();
-    let r = s.txn(&compares, &ops).expect("txn");
+    let r = s.txn(&compares, &ops).expect("a transaction at the limits");
     assert!(r.succeeded);
     let all = s.range("/jobs/").expect("range (paged)");
-    assert_eq!(all.len(), 2000);
+    assert_eq!(all.len(), l.max_ops);
     assert!(
         all.iter().all(|kv| kv.mod_revision == r.revision),
         "one revision"
     );
+    // One beyond etcd's default: refused, with a message naming the limits.
+    let ops: Vec<Op> = (0..2000)
+        .map(|i| Op::Put(format!("/big/{i:05}"), b"x".to_vec()))
+        .collect();
+    let err = s.txn(&[], &ops).expect_err("etcd's default limit");
+    assert!(err.to_string().contains("128 operations"), "{err}");
+    assert!(s.range("/big/").expect("range").is_empty());
 }

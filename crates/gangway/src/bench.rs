@@ -24,6 +24,8 @@ pub enum Which {
     Chaos(crate::bench_chaos::ChaosArgs),
     /// What the dashboard's views cost the server on a large cluster.
     Dashboard(crate::bench_dashboard::DashboardArgs),
+    /// The whole server (real binary, HTTP and store) with hollow agents.
+    Cluster(crate::bench_cluster::ClusterArgs),
 }
 
 /// Options of `bench sched`.
@@ -58,14 +60,15 @@ pub fn run(which: Which) -> Result<()> {
         Which::Api(a) => crate::bench_api::run(&a),
         Which::Chaos(a) => crate::bench_chaos::run(&a),
         Which::Dashboard(a) => crate::bench_dashboard::run(&a),
+        Which::Cluster(a) => crate::bench_cluster::run(&a),
     }
 }
 
 /// SplitMix64: a tiny deterministic generator, enough for synthetic workloads.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -94,7 +97,7 @@ const PHILLY_SIZES: [(u32, u64); 10] = [
 /// Philly's 15 virtual clusters, by job count (the bench's queues).
 const QUEUES: usize = 15;
 
-fn philly_gpus(rng: &mut Rng) -> u32 {
+pub(crate) fn philly_gpus(rng: &mut Rng) -> u32 {
     let total: u64 = PHILLY_SIZES.iter().map(|(_, n)| n).sum();
     let mut x = rng.next() % total;
     for (g, n) in PHILLY_SIZES {

@@ -4,6 +4,7 @@ mod admin_cmd;
 mod bench;
 mod bench_api;
 mod bench_chaos;
+mod bench_cluster;
 mod bench_dashboard;
 mod client;
 mod human;
@@ -270,12 +271,14 @@ fn server(
             gangway_server::private_dir(data_dir)?;
             let audit = gangway_server::audit::AuditLog::open(&data_dir.join("audit.log"))?;
             gangway_server::backup::prepare(e, Some(data_dir), gangway_server::api::now())?;
-            gangway_server::open_with_audit(
+            let app = gangway_server::open_with_audit(
                 cfg,
                 std::sync::Arc::new(e.clone()),
                 gangway_server::ha::Role::Follower(None),
                 audit,
-            )?
+            )?;
+            let _ = app.export_dir.set(data_dir.join("history"));
+            app
         }
         None => gangway_server::open(cfg, data_dir)?,
     };

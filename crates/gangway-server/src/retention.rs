@@ -1,0 +1,285 @@
+//! Retention: the leader removes finished job records older than
+//! `retention.finished_jobs` (default 7 days after they ended) and
+//! idempotency keys older than `retention.idempotency_keys` (default 24
+//! hours after their job was submitted), a bounded number per pass.
+//!
+//! Before a job record is removed, its [`HistoryEntry`] is appended (and
+//! fsynced) to `<data_dir>/history/export-YYYY-MM.jsonl`, the month it
+//! ended, so `gangway history --export` data survives. A crash between the
+//! export and the delete exports the job again on the next pass: readers
+//! keep the last line per job id.
+//!
+//! ```yaml
+//! retention: { finished_jobs: 7d, idempotency_keys: 24h }
+//! ```
+
+use crate::control::{Control, ControlError};
+use crate::history::HistoryEntry;
+use crate::records::JobRecord;
+use gangway_core::{JobId, Time, TimeSpan};
+use gangway_store::{Compare, Op, Store};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+/// How long finished work is kept (config `retention`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// Finished jobs are removed this long after they ended (default 7d).
+    pub finished_jobs: TimeSpan,
+    /// Idempotency keys are removed this long after their job was submitted
+    /// (default 24h): a retry later than that creates a new job.
+    pub idempotency_keys: TimeSpan,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            finished_jobs: TimeSpan::Text("7d".into()),
+            idempotency_keys: TimeSpan::Text("24h".into()),
+        }
+    }
+}
+
+/// Longest horizon accepted: ten years.
+const MAX_HORIZON: u64 = 3650 * 86_400;
+
+impl Retention {
+    /// Both horizons in seconds (finished jobs, idempotency keys), or the
+    /// field that is wrong and why.
+    pub fn seconds(&self) -> Result<(u64, u64), String> {
+        let check = |name: &str, t: &TimeSpan| -> Result<u64, String> {
+            let s = t.seconds().map_err(|e| format!("retention.{name}: {e}"))?;
+            if !(60..=MAX_HORIZON).contains(&s) {
+                return Err(format!(
+                    "retention.{name}: must be between 1 minute and 3650 days"
+                ));
+            }
+            Ok(s)
+        };
+        Ok((
+            check("finished_jobs", &self.finished_jobs)?,
+            check("idempotency_keys", &self.idempotency_keys)?,
+        ))
+    }
+}
+
+/// Records removed per pass at most (the rest wait for the next pass).
+pub const PASS_LIMIT: usize = 5_000;
+
+/// What one pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Finished job records exported and removed.
+    pub jobs: usize,
+    /// Idempotency keys removed.
+    pub keys: usize,
+}
+
+/// When a finished record ended (its history row's end, else submission).
+fn ended_at(rec: &JobRecord) -> Time {
+    HistoryEntry::from_record(rec, rec.submitted_at)
+        .ended_at
+        .unwrap_or(rec.submitted_at)
+}
+
+/// `YYYY-MM` of seconds since the epoch (UTC; Howard Hinnant's
+/// civil-from-days).
+pub fn year_month(t: Time) -> String {
+    let days = (t / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}")
+}
+
+/// Appends the records' history rows to `dir/export-YYYY-MM.jsonl` (by the
+/// month each ended) and syncs the files: once this returns, the rows are
+/// durable.
+pub fn export(dir: &Path, recs: &[JobRecord], now: Time) -> std::io::Result<()> {
+    crate::private_dir(dir)?;
+    let mut by_month: std::collections::BTreeMap<String, Vec<u8>> = Default::default();
+    for rec in recs {
+        let line = by_month.entry(year_month(ended_at(rec))).or_default();
+        serde_json::to_writer(&mut *line, &HistoryEntry::from_record(rec, now))
+            .map_err(std::io::Error::other)?;
+        line.push(b'\n');
+    }
+    for (month, lines) in by_month {
+        let path = dir.join(format!("export-{month}.jsonl"));
+        let mut opts = std::fs::OpenOptions::new();
+        opts.create(true).append(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts.open(&path)?;
+        f.write_all(&lines)?;
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
+impl<S: Store> Control<S> {
+    /// Finished jobs that ended at least `horizon` seconds before `now`,
+    /// oldest ids first, at most `max`.
+    pub fn expired_jobs(&self, horizon: u64, now: Time, max: usize) -> Vec<JobRecord> {
+        self.jobs
+            .values()
+            .filter(|(r, _)| r.state.is_terminal())
+            .filter(|(r, _)| ended_at(r).saturating_add(horizon) <= now)
+            .take(max)
+            .map(|(r, _)| r.clone())
+            .collect()
+    }
+
+    /// Removes finished job records (each compared on its revision, in
+    /// transactions within the store's limits). A record that changed or
+    /// is not finished stays. Returns how many were removed.
+    pub fn remove_finished(&mut self, ids: &[JobId]) -> Result<usize, ControlError> {
+        let ids: Vec<(JobId, u64)> = ids
+            .iter()
+            .filter_map(|id| {
+                let (r, rev) = self.jobs.get(id)?;
+                r.state.is_terminal().then_some((*id, *rev))
+            })
+            .collect();
+        let keys: Vec<(String, u64)> = ids
+            .iter()
+            .map(|(id, rev)| (crate::records::job_key(*id), *rev))
+            .collect();
+        let removed = self.delete_keys(&keys)?;
+        for (id, _) in &ids[..removed] {
+            self.jobs.remove(id);
+            self.why.remove(id);
+        }
+        Ok(removed)
+    }
+
+    /// Idempotency keys whose job was submitted at least `horizon` seconds
+    /// before `now`, or whose job is gone; at most `max`, with revisions.
+    pub fn expired_keys(
+        &self,
+        horizon: u64,
+        now: Time,
+        max: usize,
+    ) -> Result<Vec<(String, u64)>, ControlError> {
+        let mut out = Vec::new();
+        for kv in self.store.range("/idempotency/")? {
+            if out.len() >= max {
+                break;
+            }
+            let id: Option<JobId> = serde_json::from_slice(&kv.value).ok();
+            let old = match id.and_then(|id| self.jobs.get(&id)) {
+                Some((r, _)) => r.submitted_at.saturating_add(horizon) <= now,
+                None => true,
+            };
+            if old {
+                out.push((kv.key, kv.mod_revision));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes keys, each compared on its revision, in order and in
+    /// transactions within the store's limits; stops at the first that
+    /// fails. Returns how many (a prefix) were deleted.
+    pub fn delete_keys(&mut self, keys: &[(String, u64)]) -> Result<usize, ControlError> {
+        let limits = self.store.txn_limits();
+        let ranges = limits.split((0, 0, 0), keys.iter().map(|(k, _)| (1, 1, 2 * k.len())));
+        let mut done = 0;
+        for range in ranges {
+            let chunk = &keys[range.clone()];
+            let compares: Vec<Compare> = chunk
+                .iter()
+                .map(|(k, rev)| Compare::Revision(k.clone(), *rev))
+                .collect();
+            let ops: Vec<Op> = chunk.iter().map(|(k, _)| Op::Delete(k.clone())).collect();
+            if !self.store.txn(&compares, &ops)?.succeeded {
+                return Err(ControlError::Conflict(format!(
+                    "{} records changed while being removed",
+                    chunk.len()
+                )));
+            }
+            done = range.end;
+        }
+        Ok(done)
+    }
+}
+
+/// One retention pass of the leader: exports and removes up to
+/// [`PASS_LIMIT`] expired finished jobs (only with an export directory) and
+/// as many expired idempotency keys. The state lock is held to pick and to
+/// delete, not while the export is written.
+pub fn pass(
+    control: &std::sync::Mutex<Control<crate::SharedStore>>,
+    retention: &Retention,
+    export_dir: Option<&Path>,
+    now: Time,
+) -> Result<Removed, ControlError> {
+    let (jobs_h, keys_h) = retention.seconds().map_err(ControlError::Conflict)?;
+    let poisoned = || ControlError::Conflict("state lock poisoned".into());
+    let mut removed = Removed::default();
+    if let Some(dir) = export_dir {
+        let recs = control
+            .lock()
+            .map_err(|_| poisoned())?
+            .expired_jobs(jobs_h, now, PASS_LIMIT);
+        if !recs.is_empty() {
+            export(dir, &recs, now).map_err(|e| {
+                ControlError::Conflict(format!("history export in {}: {e}", dir.display()))
+            })?;
+            let ids: Vec<JobId> = recs.iter().map(|r| r.id).collect();
+            removed.jobs = control
+                .lock()
+                .map_err(|_| poisoned())?
+                .remove_finished(&ids)?;
+        }
+    }
+    let mut c = control.lock().map_err(|_| poisoned())?;
+    let keys = c.expired_keys(keys_h, now, PASS_LIMIT)?;
+    removed.keys = c.delete_keys(&keys)?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn months_of_known_dates() {
+        assert_eq!(year_month(0), "1970-01");
+        // 2024-02-29 12:00 UTC, 2026-12-31 23:59:59 UTC, 2027-01-01 00:00 UTC.
+        assert_eq!(year_month(1_709_208_000), "2024-02");
+        assert_eq!(year_month(1_798_761_599), "2026-12");
+        assert_eq!(year_month(1_798_761_600), "2027-01");
+    }
+
+    #[test]
+    fn horizons_are_checked_by_field() {
+        let r = Retention::default();
+        assert_eq!(r.seconds(), Ok((7 * 86_400, 86_400)));
+        let bad = Retention {
+            finished_jobs: TimeSpan::Seconds(5),
+            ..Retention::default()
+        };
+        assert!(bad
+            .seconds()
+            .unwrap_err()
+            .contains("retention.finished_jobs"));
+        let bad = Retention {
+            idempotency_keys: TimeSpan::Text("soon".into()),
+            ..Retention::default()
+        };
+        assert!(bad
+            .seconds()
+            .unwrap_err()
+            .contains("retention.idempotency_keys"));
+    }
+}

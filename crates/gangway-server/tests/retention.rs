@@ -1,0 +1,127 @@
+//! Retention: finished jobs leave the store after `retention.finished_jobs`,
+//! exported first as history rows; idempotency keys after
+//! `retention.idempotency_keys`.
+
+use gangway_core::{JobId, JobSpec, JobState};
+use gangway_server::control::NewJob;
+use gangway_server::history::HistoryEntry;
+use gangway_server::retention::{pass, year_month, Removed, Retention};
+use gangway_server::ServerConfig;
+
+const NOW: u64 = 1_798_000_000;
+const DAY: u64 = 86_400;
+const CONFIG: &str = "admin_token: retention-admin\nagent_token: retention-join\n\
+                      queues:\n  - name: q\n";
+
+fn submit(app: &gangway_server::api::App, n: usize) -> Vec<JobId> {
+    let mut c = app.control.lock().expect("lock");
+    if c.cluster.nodes().is_empty() {
+        let node = gangway_core::NodeSpec::uniform("n0", "l0", "s0", 8, "H100", 80);
+        let by = gangway_server::nodes::Registrant::Admin;
+        c.register_node(node, &by, true, "retention-join", NOW)
+            .expect("node");
+    }
+    let batch = (0..n)
+        .map(|i| {
+            let mut spec = JobSpec::new(&format!("j{i}"), "q", 1, 1);
+            spec.user = "alice".into();
+            let mut j = NewJob::new("alice", spec);
+            j.key = Some(format!("alice:k{i}"));
+            j
+        })
+        .collect();
+    c.submit_batch(batch, NOW)
+        .into_iter()
+        .map(|r| r.expect("accepted"))
+        .collect()
+}
+
+#[test]
+fn finished_jobs_are_exported_then_removed_and_keys_expire() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    assert_eq!(cfg.retention, Retention::default());
+    let app = gangway_server::open(cfg.clone(), dir.path()).expect("open");
+    let ids = submit(&app, 3);
+    {
+        let mut c = app.control.lock().expect("lock");
+        c.cancel(ids[0], "alice", NOW + 10).expect("cancel");
+        c.cancel(ids[1], "alice", NOW + 20).expect("cancel");
+    }
+    let export_dir = app.export_dir.get().expect("export dir").clone();
+    let r = &cfg.retention;
+    // Within a day: nothing goes.
+    let n = pass(&app.control, r, Some(&export_dir), NOW + DAY - 1).expect("pass");
+    assert_eq!(n, Removed::default());
+    // After a day the keys go; the finished jobs stay for 7 days.
+    let n = pass(&app.control, r, Some(&export_dir), NOW + DAY + 30).expect("pass");
+    assert_eq!(n, Removed { jobs: 0, keys: 3 });
+    assert_eq!(app.control.lock().expect("lock").jobs.len(), 3);
+    // 7 days after they ended, both finished jobs go; the pending one stays.
+    let n = pass(&app.control, r, Some(&export_dir), NOW + 7 * DAY + 20).expect("pass");
+    assert_eq!(n, Removed { jobs: 2, keys: 0 });
+    {
+        let c = app.control.lock().expect("lock");
+        assert_eq!(c.jobs.keys().copied().collect::<Vec<_>>(), vec![ids[2]]);
+    }
+    // Their history rows were written first, to the month they ended.
+    let file = export_dir.join(format!("export-{}.jsonl", year_month(NOW)));
+    let text = std::fs::read_to_string(&file).expect("export file");
+    let rows: Vec<HistoryEntry> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a history row"))
+        .collect();
+    assert_eq!(
+        rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        ids[..2].to_vec()
+    );
+    assert!(rows.iter().all(|r| r.state == JobState::Cancelled));
+    assert_eq!(rows[0].ended_at, Some(NOW + 10));
+    // The store agrees after a restart.
+    drop(app);
+    let app = gangway_server::open(cfg, dir.path()).expect("reopen");
+    let c = app.control.lock().expect("lock");
+    assert_eq!(c.jobs.keys().copied().collect::<Vec<_>>(), vec![ids[2]]);
+}
+
+#[test]
+fn without_an_export_directory_finished_jobs_are_kept() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    let app = gangway_server::open(cfg.clone(), dir.path()).expect("open");
+    let ids = submit(&app, 1);
+    app.control
+        .lock()
+        .expect("lock")
+        .cancel(ids[0], "alice", NOW)
+        .expect("cancel");
+    let n = pass(&app.control, &cfg.retention, None, NOW + 30 * DAY).expect("pass");
+    assert_eq!(n, Removed { jobs: 0, keys: 1 });
+    assert_eq!(app.control.lock().expect("lock").jobs.len(), 1);
+}
+
+#[test]
+fn bad_horizons_are_refused_naming_the_field() {
+    for (yaml, field) in [
+        (
+            "retention: { finished_jobs: 10 }",
+            "retention.finished_jobs",
+        ),
+        (
+            "retention: { idempotency_keys: soon }",
+            "retention.idempotency_keys",
+        ),
+        (
+            "retention: { finished_jobs: 4000d }",
+            "retention.finished_jobs",
+        ),
+    ] {
+        let err = ServerConfig::from_yaml(&format!("{CONFIG}{yaml}\n")).expect_err(yaml);
+        assert!(err.to_string().contains(field), "{yaml}: {err}");
+    }
+    let ok = ServerConfig::from_yaml(&format!(
+        "{CONFIG}retention: {{ finished_jobs: 30d, idempotency_keys: 2h }}\n"
+    ))
+    .expect("config");
+    assert_eq!(ok.retention.seconds(), Ok((30 * DAY, 7200)));
+}
