@@ -664,7 +664,7 @@ impl<S: Store> Control<S> {
                 let id = JobId(next);
                 // An array's tasks get consecutive ids, the first being the array's.
                 let group = crate::workflow::expand(id, user, spec, now);
-                let values: Vec<Vec<u8>> = group.iter().map(|r| encode(r)).collect();
+                let values: Vec<Vec<u8>> = group.iter().map(encode).collect();
                 let keyed = usize::from(key.is_some());
                 let size = group
                     .iter()
