@@ -338,9 +338,10 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<()> {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
     if let Command::Completions { shell } = cli.command {
-        use clap::CommandFactory;
         let mut cmd = Cli::command();
         clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
         return Ok(());
@@ -354,6 +355,27 @@ fn run() -> Result<()> {
         anyhow::bail!(
             "--output is for the client commands; `up`, `server` and `agent` print logs (see --log-json)"
         );
+    }
+    if daemon {
+        // The client's connection flags mean nothing to a daemon: refuse them
+        // when typed (the environment may set them for the client commands).
+        let sub = matches.subcommand().map(|(_, m)| m);
+        for (id, flag) in [
+            ("addr", "--addr"),
+            ("token", "--token"),
+            ("cli_config", "--cli-config"),
+            ("server_ca", "--server-ca"),
+        ] {
+            let typed = [Some(&matches), sub]
+                .into_iter()
+                .flatten()
+                .any(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine));
+            if typed {
+                anyhow::bail!(
+                    "{flag} is for the client commands; `up`, `server` and `agent` take their own flags (see --help)"
+                );
+            }
+        }
     }
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;

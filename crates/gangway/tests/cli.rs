@@ -279,6 +279,38 @@ fn up_refuses_flags_it_would_ignore() {
         "{}",
         text(&o.stderr)
     );
+    // The client's connection flags are refused when typed to a daemon...
+    for (args, flag) in [
+        (
+            vec!["server", "--config", "/nonexistent.yaml", "--token", "t"],
+            "--token",
+        ),
+        (
+            vec!["up", "--addr", "http://127.0.0.1:1", "--no-tls"],
+            "--addr",
+        ),
+    ] {
+        let o = Command::new(BIN).args(&args).output().expect("run");
+        assert!(!o.status.success());
+        assert!(
+            text(&o.stderr).contains(&format!("{flag} is for the client commands")),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+    // ...but the environment the client commands use does not stop a daemon.
+    let o = Command::new(BIN)
+        .args(["server", "--config", "/nonexistent.yaml"])
+        .env("GANGWAY_TOKEN", "t")
+        .output()
+        .expect("run");
+    assert!(!o.status.success());
+    assert!(
+        !text(&o.stderr).contains("is for the client commands")
+            && text(&o.stderr).contains("nonexistent"),
+        "{}",
+        text(&o.stderr)
+    );
     // --gpus is --gpus-per-node (it used to be accepted and ignored).
     let help = text(
         &Command::new(BIN)
