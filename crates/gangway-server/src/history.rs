@@ -208,7 +208,7 @@ fn final_states(list: &str) -> Result<Vec<JobState>, ApiError> {
 /// `GET /v1/history`: finished jobs as [`HistoryEntry`] rows, paginated by
 /// id. Users see their own jobs, admins everyone's.
 #[utoipa::path(
-    get, path = "/v1/history", tag = "history",
+    get, path = "/v1/history", tag = "history", operation_id = "list_history",
     summary = "Finished jobs as accounting rows (HistoryEntry: start, end, nodes, exit code, GPU-hours); users see their own",
     params(("user" = Option<String>, Query, description = "Only this user"), ("queue" = Option<String>, Query, description = "Only this queue"), ("state" = Option<String>, Query, description = "Final states, comma-separated"), ("since" = Option<u64>, Query, description = "Ended at or after (epoch seconds)"), ("until" = Option<u64>, Query, description = "Ended before (epoch seconds)"), ("cursor" = Option<u64>, Query, description = "From the previous page"), ("limit" = Option<u64>, Query, description = "Rows per page (1 to 5,000; 500 by default)")),
     responses(

@@ -229,7 +229,7 @@ impl<S: Store> Control<S> {
 
 /// `POST /v1/reservations` (admins).
 #[utoipa::path(
-    post, path = "/v1/reservations", tag = "reservations",
+    post, path = "/v1/reservations", tag = "reservations", operation_id = "create_reservation",
     summary = "Create a maintenance reservation: its nodes take no job that would run into the window (admin)",
     request_body(content = Object, content_type = "application/json", description = "{name, nodes, start, duration_seconds}"),
     responses(
@@ -265,7 +265,7 @@ pub async fn create(
 
 /// `GET /v1/reservations` (any person).
 #[utoipa::path(
-    get, path = "/v1/reservations", tag = "reservations",
+    get, path = "/v1/reservations", tag = "reservations", operation_id = "list_reservations",
     summary = "Maintenance reservations",
     responses(
         (status = 200, description = "Every reservation", body = Object),
@@ -288,7 +288,7 @@ pub async fn list(
 
 /// `DELETE /v1/reservations/{name}` (admins).
 #[utoipa::path(
-    delete, path = "/v1/reservations/{name}", tag = "reservations",
+    delete, path = "/v1/reservations/{name}", tag = "reservations", operation_id = "delete_reservation",
     summary = "Delete a maintenance reservation (admin)",
     params(("name" = String, Path, description = "Reservation name")),
     responses(
