@@ -148,7 +148,7 @@ pub fn run(a: &ApiArgs) -> Result<()> {
     );
     let (ms, bytes) = get("/v1/jobs")?;
     println!(
-        "list_jobs_all_latency: {ms:.2} ms ({total} jobs, {} KiB)",
+        "list_jobs_default_page_latency: {ms:.2} ms (the first page of {total} jobs, {} KiB)",
         bytes / 1024
     );
     drop(rt);

@@ -210,10 +210,24 @@ fn chaos(a: &ChaosArgs, reps: &mut [Replica], spawn: &dyn Fn(u16) -> Result<Chil
     }
     let elapsed = started.elapsed().as_secs_f64();
     let leader = wait_leader(reps, Duration::from_secs(30))?;
-    let jobs: Vec<Value> = ureq::get(&format!("{}/v1/jobs", url(reps[leader].port)))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .call()?
-        .into_json()?;
+    // Every job: the list is paged, so follow the cursor to the end.
+    let mut jobs: Vec<Value> = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("{}/v1/jobs?limit=5000", url(reps[leader].port));
+        if let Some(c) = &cursor {
+            path += &format!("&cursor={c}");
+        }
+        let resp = ureq::get(&path)
+            .set("Authorization", &format!("Bearer {ADMIN}"))
+            .call()?;
+        cursor = resp.header("x-next-cursor").map(str::to_string);
+        let page: Vec<Value> = resp.into_json()?;
+        jobs.extend(page);
+        if cursor.is_none() {
+            break;
+        }
+    }
     let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for j in &jobs {
         by_name
