@@ -298,16 +298,6 @@ fn since_of(s: Option<u64>) -> ApiResult<u64> {
     Ok(s)
 }
 
-async fn read(app: &App, body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
-    let max = app.cfg.max_body_bytes;
-    axum::body::to_bytes(body, max).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body: at most {max} bytes"),
-        )
-    })
-}
-
 /// What a what-if needs, copied out of the state under its lock.
 struct Snapshot {
     current: PolicyVersion,
@@ -406,7 +396,7 @@ pub async fn what_if(
     body: axum::body::Body,
 ) -> ApiResult<Json<WhatIfAnswer>> {
     authenticate_admin(&app, &headers, "run a policy what-if")?;
-    let req: WhatIfRequest = json_body(&read(&app, body).await?)?;
+    let req: WhatIfRequest = json_body(&crate::api::read_body(&app, body).await?)?;
     let since = since_of(req.since_seconds)?;
     let candidate = parse_policy(req.policy).await?;
     let app2 = app.clone();
@@ -514,7 +504,7 @@ pub async fn apply(
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
     let who = authenticate_admin(&app, &headers, "change the scheduling policy")?;
-    let req: ApplyRequest = json_body(&read(&app, body).await?)?;
+    let req: ApplyRequest = json_body(&crate::api::read_body(&app, body).await?)?;
     check_reason(&req.reason)?;
     let since = since_of(req.since_seconds)?;
     let candidate = parse_policy(req.policy).await?;
@@ -580,7 +570,7 @@ pub async fn promote(
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
     let who = authenticate_admin(&app, &headers, "promote a policy pilot")?;
-    let req: PromoteRequest = json_body(&read(&app, body).await?)?;
+    let req: PromoteRequest = json_body(&crate::api::read_body(&app, body).await?)?;
     check_reason(&req.reason)?;
     let since = since_of(req.since_seconds)?;
     let app2 = app.clone();
@@ -746,7 +736,7 @@ pub async fn rollback(
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
     let p = authenticate_admin(&app, &headers, "roll back the scheduling policy")?;
-    let req: RollbackRequest = json_body(&read(&app, body).await?)?;
+    let req: RollbackRequest = json_body(&crate::api::read_body(&app, body).await?)?;
     check_reason(&req.reason)?;
     let app2 = app.clone();
     let v = blocking(move || {
