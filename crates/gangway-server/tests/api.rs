@@ -1789,3 +1789,34 @@ fn answers_built_as_json_match_their_documented_schemas() {
         );
     }
 }
+
+#[test]
+fn the_join_token_cannot_hold_update_reserve_or_read_history() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    assert_eq!(s.register("node-a", 4).0, 201);
+    let id = s.submit("alice-token", &job("j", "research", 1, 1)).1["id"]
+        .as_u64()
+        .expect("id");
+    for path in [
+        format!("/v1/jobs/{id}/hold"),
+        format!("/v1/jobs/{id}/release"),
+        format!("/v1/jobs/{id}/update"),
+        "/v1/reservations".to_string(),
+    ] {
+        let body = if path.ends_with("update") {
+            r#"{"name":"x"}"#
+        } else if path.ends_with("reservations") {
+            r#"{"name":"m","nodes":["node-a"],"start":"now","duration_seconds":60}"#
+        } else {
+            ""
+        };
+        let (code, v) = s.post(&path, "agent-secret", "application/json", body);
+        assert_eq!(code, 403, "{path}: {v}");
+    }
+    assert_eq!(s.get("/v1/history", "agent-secret").0, 403);
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}"), "admin-secret").1["spec"]["name"],
+        "j"
+    );
+}
