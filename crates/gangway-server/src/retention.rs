@@ -16,9 +16,11 @@
 use crate::control::{Control, ControlError};
 use crate::history::HistoryEntry;
 use crate::records::JobRecord;
+use gangway_core::workflow::{parse_dependency, Dependency};
 use gangway_core::{JobId, Time, TimeSpan};
 use gangway_store::{Compare, Op, Store};
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::Path;
 
@@ -129,13 +131,36 @@ pub fn export(dir: &Path, recs: &[JobRecord], now: Time) -> std::io::Result<()> 
 impl<S: Store> Control<S> {
     /// Finished jobs that ended at least `horizon` seconds before `now`,
     /// oldest ids first, at most `max`.
+    ///
+    /// A finished job that an unfinished job's dependency names (by its id,
+    /// or by its array's id) stays: removing it would turn `afterok:ID` into
+    /// "no longer exists" and cancel the dependant.
     pub fn expired_jobs(&self, horizon: u64, now: Time, max: usize) -> Vec<JobRecord> {
+        let named = self.named_by_dependencies();
         self.jobs
             .values()
             .filter(|(r, _)| r.state.is_terminal())
             .filter(|(r, _)| ended_at(r).saturating_add(horizon) <= now)
+            .filter(|(r, _)| {
+                !named.contains(&r.id) && !r.array.as_ref().is_some_and(|a| named.contains(&a.job))
+            })
             .take(max)
             .map(|(r, _)| r.clone())
+            .collect()
+    }
+
+    /// Job ids named by the `after*` dependencies of unfinished jobs.
+    fn named_by_dependencies(&self) -> HashSet<JobId> {
+        self.jobs
+            .values()
+            .filter(|(r, _)| !r.state.is_terminal())
+            .filter_map(|(r, _)| r.spec.dependency.as_deref())
+            .filter_map(|d| parse_dependency(d).ok())
+            .flatten()
+            .flat_map(|d| match d {
+                Dependency::After(_, ids) => ids,
+                Dependency::Singleton => Vec::new(),
+            })
             .collect()
     }
 

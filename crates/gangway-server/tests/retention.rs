@@ -125,3 +125,40 @@ fn bad_horizons_are_refused_naming_the_field() {
     .expect("config");
     assert_eq!(ok.retention.seconds(), Ok((30 * DAY, 7200)));
 }
+
+#[test]
+fn a_finished_job_named_by_a_waiting_dependency_is_kept() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    let app = gangway_server::open(cfg.clone(), dir.path()).expect("open");
+    let ids = submit(&app, 3);
+    let (a, b, other) = (ids[0], ids[1], ids[2]);
+    let dependant = {
+        let mut c = app.control.lock().expect("lock");
+        let mut spec = JobSpec::new("after", "q", 1, 1);
+        spec.dependency = Some(format!("afterany:{a}:{b}"));
+        let d = c.submit("alice", spec, NOW).expect("dependant");
+        // `a` ends; `b` is held, so the dependant keeps waiting on it.
+        c.cancel(a, "alice", NOW + 10).expect("cancel a");
+        c.cancel(other, "alice", NOW + 10).expect("cancel other");
+        c.hold(b, gangway_server::workflow::Hold::User, "alice", NOW + 10)
+            .expect("hold b");
+        d
+    };
+    let export_dir = app.export_dir.get().expect("export dir").clone();
+    let n = pass(
+        &app.control,
+        &cfg.retention,
+        Some(&export_dir),
+        NOW + 8 * DAY,
+    )
+    .expect("pass");
+    // `other` goes; `a` stays because the dependant names it.
+    assert_eq!(n.jobs, 1);
+    let mut c = app.control.lock().expect("lock");
+    assert!(c.jobs.contains_key(&a), "the named job was removed");
+    assert!(!c.jobs.contains_key(&other));
+    c.cycle(NOW + 8 * DAY + 1).expect("cycle");
+    let rec = &c.jobs[&dependant].0;
+    assert_eq!(rec.state, JobState::Pending, "{:?}", rec.events.last());
+}
