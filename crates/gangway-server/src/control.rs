@@ -1695,6 +1695,47 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_or_failing_gang_whose_node_never_reports_is_ended_after_its_grace() {
+        // Cancelled at t=3 with the short grace; the node never reports.
+        let (_d, mut c, id) = one_node_running_job(60);
+        c.cancel(id, "alice", 3).expect("cancel");
+        let deadline = 3 + SHORT_GRACE_SECONDS + 5;
+        assert!(c
+            .expire_grace(deadline - 1, 300, 5)
+            .expect("expire")
+            .is_empty());
+        assert_eq!(free_gpus(&c), 0);
+        assert_eq!(c.expire_grace(deadline, 300, 5).expect("expire"), vec![id]);
+        let rec = &c.jobs[&id].0;
+        assert_eq!(rec.state, JobState::Cancelled);
+        assert!(rec.events.iter().any(|e| e.message.contains("ran out")));
+        assert_eq!(free_gpus(&c), 4);
+        assert!(
+            c.assignments("n").is_empty(),
+            "the attempt is no longer assigned"
+        );
+
+        // A rank failed at t=3; the other never exits: the gang restarts.
+        let (_d, mut c, id) = one_node_running_job(60);
+        c.jobs
+            .get_mut(&id)
+            .expect("job")
+            .0
+            .spec
+            .restart
+            .max_restarts = 1;
+        c.report("n", id, Some(0), Report::Failing(1), 3)
+            .expect("failing");
+        assert!(c
+            .expire_grace(deadline - 1, 300, 5)
+            .expect("expire")
+            .is_empty());
+        assert_eq!(c.expire_grace(deadline, 300, 5).expect("expire"), vec![id]);
+        assert_eq!(c.jobs[&id].0.state, JobState::Restarting);
+        assert_eq!(free_gpus(&c), 4);
+    }
+
+    #[test]
     fn a_failing_rank_stops_the_gang_and_the_restart_waits_for_it() {
         let (_d, mut c, id) = one_node_running_job(3);
         c.report("n", id, Some(0), Report::Failing(1), 3)

@@ -7,7 +7,7 @@
 
 use crate::authz::{hash_from_hex, hash_token, to_hex, TokenHash};
 use crate::control::{decode, encode, token_key, Control, ControlError, Ending};
-use crate::records::node_key;
+use crate::records::{node_key, Stopping};
 use gangway_core::{JobId, JobState, NodeSpec, Time};
 use gangway_sched::{ClusterState, StateConfig};
 use gangway_store::{Op, Store};
@@ -442,25 +442,55 @@ impl<S: Store> Control<S> {
         self.last_cycle_at = Some(now);
     }
 
-    /// Rule (max grace): a preempted gang whose grace (capped at
-    /// `max_grace`) plus `margin` has passed is requeued and its GPUs freed,
-    /// whatever its ranks do; their agents kill what still runs, since the
-    /// attempt is no longer assigned. Returns the jobs ended.
+    /// Rule (max grace): a gang being stopped whose grace plus `margin` has
+    /// passed ends and its GPUs are freed, whatever its ranks do; their
+    /// agents kill what still runs, since the attempt is no longer assigned.
+    /// A preempted gang has its grace capped at `max_grace` and is requeued;
+    /// a cancelled gang, or one stopping because a rank failed, has the short
+    /// grace and ends as it would have (cancelled; restarted or failed).
+    /// Without this a node that never reports the exit (a process stuck in
+    /// the kernel, a faulty agent) would hold the GPUs for ever.
+    /// Returns the jobs ended.
     pub fn expire_grace(
         &mut self,
         now: Time,
         max_grace: u64,
         margin: u64,
     ) -> Result<Vec<JobId>, ControlError> {
+        let since = |r: &crate::records::JobRecord, kind: &str| {
+            r.events.iter().rev().find(|e| e.kind == kind).map(|e| e.at)
+        };
         let due: Vec<_> = self
             .jobs
             .values()
             .map(|(r, _)| r)
-            .filter(|r| r.state == JobState::Preempting)
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    JobState::Scheduled | JobState::Running | JobState::Preempting
+                )
+            })
             .filter_map(|r| {
-                let since = r.events.iter().rev().find(|e| e.kind == "preempting")?.at;
-                let grace = r.spec.checkpoint.grace_seconds.min(max_grace);
-                let deadline = since.saturating_add(grace).saturating_add(margin);
+                let full = r.spec.checkpoint.grace_seconds.min(max_grace);
+                let short = r
+                    .spec
+                    .checkpoint
+                    .grace_seconds
+                    .min(crate::control::SHORT_GRACE_SECONDS);
+                let stop = match &r.stopping {
+                    Some(Stopping::Cancelled { .. }) => since(r, "cancelling").map(|t| (t, short)),
+                    Some(Stopping::Failed { .. }) => since(r, "stopping").map(|t| (t, short)),
+                    None => None,
+                };
+                let preempt = (r.state == JobState::Preempting)
+                    .then(|| since(r, "preempting").map(|t| (t, full)))
+                    .flatten();
+                // The earlier of the deadlines that apply.
+                let (deadline, grace) = [stop, preempt]
+                    .into_iter()
+                    .flatten()
+                    .map(|(t, g)| (t.saturating_add(g).saturating_add(margin), g))
+                    .min()?;
                 (now >= deadline).then(|| (r.clone(), grace))
             })
             .collect();
@@ -471,7 +501,14 @@ impl<S: Store> Control<S> {
                 "grace of {grace}s (+{margin}s) ran out before its ranks stopped; the server took its GPUs back and its agents kill what still runs"
             );
             tracing::warn!("job {id}: {msg}");
-            self.end_attempt(rec, Ending::Requeued(msg), now)?;
+            let ending = match &rec.stopping {
+                Some(Stopping::Cancelled { by }) => {
+                    Ending::Cancelled(format!("cancelled by {by}; {msg}"))
+                }
+                Some(Stopping::Failed { message }) => Ending::Failed(format!("{message}; {msg}")),
+                None => Ending::Requeued(msg),
+            };
+            self.end_attempt(rec, ending, now)?;
             ended_ids.push(id);
         }
         Ok(ended_ids)
