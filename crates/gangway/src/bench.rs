@@ -26,6 +26,8 @@ pub enum Which {
     Dashboard(crate::bench_dashboard::DashboardArgs),
     /// The whole server (real binary, HTTP and store) with hollow agents.
     Cluster(crate::bench_cluster::ClusterArgs),
+    /// Submissions per second against Slurm's sbatch on this machine.
+    Slurm(crate::bench_slurm::SlurmArgs),
 }
 
 /// Options of `bench sched`.
@@ -61,6 +63,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::Chaos(a) => crate::bench_chaos::run(&a),
         Which::Dashboard(a) => crate::bench_dashboard::run(&a),
         Which::Cluster(a) => crate::bench_cluster::run(&a),
+        Which::Slurm(a) => crate::bench_slurm::run(&a),
     }
 }
 

@@ -6,6 +6,7 @@ mod bench_api;
 mod bench_chaos;
 mod bench_cluster;
 mod bench_dashboard;
+mod bench_slurm;
 mod client;
 mod human;
 mod local;

@@ -1,0 +1,377 @@
+//! `gangway bench slurm`: job submissions per second through Gangway and
+//! through Slurm on the same machine, in one run, so the ratio holds on a
+//! noisy machine.
+//!
+//! Both sides get the same treatment: a private controller started for the
+//! run (Slurm's `slurmctld` with a generated `slurm.conf` and its default
+//! settings; this binary's server on redb), the same number of concurrent
+//! clients, the same number of jobs, each submitted held so that nothing
+//! runs, and each submission a new process of the system's own CLI (`sbatch`
+//! against `gangway submit`). Rounds alternate between the two systems so a
+//! burst of noise does not favour one. Gangway's HTTP API with keep-alive
+//! clients is measured as well, since that is how tools submit to it; Slurm's
+//! REST daemon is not measured. Every job is counted in each controller
+//! afterwards: a submission that was not stored fails the benchmark.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Options of `bench slurm`.
+#[derive(Args, Clone)]
+pub struct SlurmArgs {
+    /// Concurrent submitting clients for each system.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Jobs each system receives through its CLI (split over the rounds).
+    #[arg(long, default_value_t = 2000)]
+    jobs: usize,
+    /// Alternating rounds per system.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+}
+
+const TOKEN: &str = "bench-slurm-admin-token";
+const CONFIG: &str = "admin_token: bench-slurm-admin-token\nagent_token: bench-slurm-agent-token\n\
+                      node_approval: auto\nqueues:\n  - name: bench\n";
+const JOB: &str = "name: bench\nqueue: bench\nhold: true\nreplicas: 1\nresources:\n  gpus: 1\n\
+                   run:\n  command: [\"true\"]\n";
+
+/// A child process killed when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| d.join(bin).is_file())
+            || Path::new("/usr/sbin").join(bin).is_file()
+    })
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn ok(cmd: &mut Command) -> bool {
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Munge authenticates Slurm's clients; its daemon must run.
+fn ensure_munge() -> Result<()> {
+    let works = || {
+        Command::new("sh")
+            .args(["-c", "munge -n | unmunge"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if works() {
+        return Ok(());
+    }
+    // Start it as its own account, as the Debian service does.
+    let _ = std::fs::create_dir_all("/run/munge");
+    let _ = ok(Command::new("chown").args(["munge:munge", "/run/munge"]));
+    let _ = ok(Command::new("runuser").args(["-u", "munge", "--", "/usr/sbin/munged"]));
+    for _ in 0..50 {
+        if works() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("munged is not running and could not be started (as root: runuser -u munge -- /usr/sbin/munged)")
+}
+
+/// Starts a private `slurmctld` with Slurm's default settings (one partition
+/// of two 8-CPU nodes that never start; `MaxJobCount` raised so the run fits).
+fn start_slurm(dir: &Path, jobs: usize) -> Result<(Guard, PathBuf)> {
+    let user = String::from_utf8(Command::new("id").arg("-un").output()?.stdout)?
+        .trim()
+        .to_string();
+    let (ctl, slurmd) = (free_port()?, free_port()?);
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state)?;
+    let d = dir.display();
+    let conf = format!(
+        "ClusterName=gangwaybench\nSlurmctldHost=localhost\nSlurmUser={user}\n\
+         SlurmctldPort={ctl}\nSlurmdPort={slurmd}\nAuthType=auth/munge\n\
+         StateSaveLocation={}\nSlurmdSpoolDir={d}/spool\nSlurmctldPidFile={d}/slurmctld.pid\n\
+         SlurmctldLogFile={d}/slurmctld.log\nSchedulerType=sched/backfill\n\
+         SelectType=select/cons_tres\nProctrackType=proctrack/linuxproc\n\
+         MaxJobCount={}\nNodeName=bench[1-2] NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN\n\
+         PartitionName=bench Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
+        state.display(),
+        jobs.saturating_mul(2).max(10_000),
+    );
+    let path = dir.join("slurm.conf");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("slurmctld")
+        .args(["-D", "-i", "-f"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting slurmctld")?;
+    let guard = Guard(child);
+    for _ in 0..100 {
+        if ok(Command::new("scontrol")
+            .env("SLURM_CONF", &path)
+            .arg("ping"))
+        {
+            return Ok((guard, path));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bail!(
+        "slurmctld did not answer within 20 s; see {}",
+        dir.join("slurmctld.log").display()
+    )
+}
+
+/// Runs `n` submissions over `clients` threads, each a new process made by
+/// `cmd`; returns each one's latency in ms. Any failure fails the run.
+fn drive(
+    clients: usize,
+    n: usize,
+    cmd: Arc<dyn Fn() -> Command + Send + Sync>,
+) -> Result<(f64, Vec<f64>)> {
+    let lat = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let failed = Arc::new(Mutex::new(None::<String>));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let (lat, failed, cmd) = (lat.clone(), failed.clone(), cmd.clone());
+            let mine = n / clients + usize::from(c < n % clients);
+            std::thread::spawn(move || {
+                for _ in 0..mine {
+                    let t = Instant::now();
+                    let out = cmd().stdout(Stdio::null()).output();
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    match out {
+                        Ok(o) if o.status.success() => {
+                            if let Ok(mut l) = lat.lock() {
+                                l.push(ms);
+                            }
+                        }
+                        other => {
+                            let why = match other {
+                                Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                                Err(e) => e.to_string(),
+                            };
+                            if let Ok(mut f) = failed.lock() {
+                                f.get_or_insert(why);
+                            }
+                            return;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(why) = failed.lock().ok().and_then(|f| f.clone()) {
+        bail!("a submission failed: {}", why.trim());
+    }
+    let v = Arc::try_unwrap(lat)
+        .ok()
+        .and_then(|m| m.into_inner().ok())
+        .unwrap_or_default();
+    Ok((secs, v))
+}
+
+/// Submissions through Gangway's HTTP API with keep-alive clients.
+fn drive_api(clients: usize, n: usize, base: &str) -> Result<(f64, Vec<f64>)> {
+    let lat = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let (lat, base) = (lat.clone(), base.to_string());
+            let mine = n / clients + usize::from(c < n % clients);
+            std::thread::spawn(move || -> Result<()> {
+                let agent = ureq::AgentBuilder::new().build();
+                for _ in 0..mine {
+                    let t = Instant::now();
+                    agent
+                        .post(&format!("{base}/v1/jobs"))
+                        .set("Authorization", &format!("Bearer {TOKEN}"))
+                        .set("Content-Type", "application/yaml")
+                        .send_string(JOB)
+                        .context("submitting through the API")?;
+                    if let Ok(mut l) = lat.lock() {
+                        l.push(t.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let v = Arc::try_unwrap(lat)
+        .ok()
+        .and_then(|m| m.into_inner().ok())
+        .unwrap_or_default();
+    Ok((secs, v))
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs the comparison.
+pub fn run(a: &SlurmArgs) -> Result<()> {
+    if a.clients == 0 || a.jobs == 0 || a.rounds == 0 {
+        bail!("--clients, --jobs and --rounds must be at least 1");
+    }
+    for bin in [
+        "slurmctld",
+        "sbatch",
+        "squeue",
+        "scontrol",
+        "munge",
+        "munged",
+    ] {
+        if !on_path(bin) {
+            bail!("{bin} is not installed; on Debian or Ubuntu: apt-get install slurmctld slurm-client munge");
+        }
+    }
+    ensure_munge()?;
+    let dir = tempfile::Builder::new()
+        .prefix("gangway-bench-slurm")
+        .tempdir()?;
+    let (_slurm, conf) = start_slurm(dir.path(), a.jobs)?;
+
+    let cfg = gangway_server::ServerConfig::from_yaml(CONFIG)?;
+    let app = gangway_server::open(cfg, &dir.path().join("gangway"))?;
+    let app_ref = app.clone();
+    let rt = tokio::runtime::Runtime::new()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let base = format!("http://{}", listener.local_addr()?);
+    rt.spawn(async move {
+        let _ = gangway_server::serve(app, listener).await;
+    });
+    // One node with GPUs, so the jobs are admissible; they are held, so
+    // none is placed and no agent is needed.
+    let node = serde_json::to_string(&gangway_core::NodeSpec::uniform(
+        "bench-node",
+        "l0",
+        "s0",
+        8,
+        "H100",
+        80,
+    ))?;
+    ureq::post(&format!("{base}/v1/nodes"))
+        .set("Authorization", "Bearer bench-slurm-agent-token")
+        .set("Content-Type", "application/json")
+        .send_string(&node)
+        .context("registering the node")?;
+    let job_file = dir.path().join("job.yaml");
+    std::fs::write(&job_file, JOB)?;
+    let exe = std::env::current_exe()?;
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home)?;
+
+    let sbatch: Arc<dyn Fn() -> Command + Send + Sync> = {
+        let conf = conf.clone();
+        Arc::new(move || {
+            let mut c = Command::new("sbatch");
+            c.env("SLURM_CONF", &conf).args([
+                "--hold",
+                "--job-name=bench",
+                "--output=/dev/null",
+                "--wrap=true",
+            ]);
+            c
+        })
+    };
+    let gangway: Arc<dyn Fn() -> Command + Send + Sync> = {
+        let (exe, base, job_file, home) =
+            (exe.clone(), base.clone(), job_file.clone(), home.clone());
+        Arc::new(move || {
+            let mut c = Command::new(&exe);
+            c.env("HOME", &home)
+                .env_remove("GANGWAY_CA")
+                .args(["submit", "--addr", &base, "--token", TOKEN])
+                .arg(&job_file);
+            c
+        })
+    };
+
+    println!(
+        "# gangway bench slurm: {} jobs per system through its CLI, {} clients, {} alternating rounds",
+        a.jobs, a.clients, a.rounds
+    );
+    let (mut s_secs, mut g_secs) = (0.0, 0.0);
+    let (mut s_lat, mut g_lat) = (Vec::new(), Vec::new());
+    for r in 0..a.rounds {
+        let n = a.jobs / a.rounds + usize::from(r < a.jobs % a.rounds);
+        let (s, mut l) = drive(a.clients, n, sbatch.clone())?;
+        s_secs += s;
+        s_lat.append(&mut l);
+        let (s, mut l) = drive(a.clients, n, gangway.clone())?;
+        g_secs += s;
+        g_lat.append(&mut l);
+    }
+    let (api_secs, mut api_lat) = drive_api(a.clients, a.jobs, &base)?;
+
+    // Every acknowledged job is stored.
+    let out = Command::new("squeue")
+        .env("SLURM_CONF", &conf)
+        .args(["-h", "-r", "-o", "%i"])
+        .output()?;
+    let in_slurm = String::from_utf8_lossy(&out.stdout).lines().count();
+    let in_gangway = app_ref
+        .control
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the server's state lock is poisoned"))?
+        .jobs
+        .len();
+    if in_slurm != a.jobs {
+        bail!("Slurm acknowledged {} jobs but holds {in_slurm}", a.jobs);
+    }
+    if in_gangway != a.jobs * 2 {
+        bail!(
+            "Gangway acknowledged {} jobs but holds {in_gangway}",
+            a.jobs * 2
+        );
+    }
+    let s_rate = a.jobs as f64 / s_secs;
+    let g_rate = a.jobs as f64 / g_secs;
+    let api_rate = a.jobs as f64 / api_secs;
+    println!("slurm_sbatch_submissions_per_second: {s_rate:.0} jobs/s");
+    println!("slurm_sbatch_latency_p50: {:.1} ms", pct(&mut s_lat, 0.5));
+    println!("slurm_sbatch_latency_p99: {:.1} ms", pct(&mut s_lat, 0.99));
+    println!("gangway_cli_submissions_per_second: {g_rate:.0} jobs/s");
+    println!("gangway_cli_latency_p50: {:.1} ms", pct(&mut g_lat, 0.5));
+    println!("gangway_cli_latency_p99: {:.1} ms", pct(&mut g_lat, 0.99));
+    println!("gangway_api_submissions_per_second: {api_rate:.0} jobs/s");
+    println!("gangway_api_latency_p99: {:.1} ms", pct(&mut api_lat, 0.99));
+    println!("ratio_gangway_cli_to_sbatch: {:.2} x", g_rate / s_rate);
+    println!("ratio_gangway_api_to_sbatch: {:.2} x", api_rate / s_rate);
+    println!("jobs_stored: slurm {in_slurm}, gangway {in_gangway}");
+    Ok(())
+}
