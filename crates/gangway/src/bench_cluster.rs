@@ -716,6 +716,30 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
             }
             if Instant::now() > deadline {
                 probe_missed += 1;
+                // Say what the server thinks, so a miss can be diagnosed.
+                let seen = running
+                    .lock()
+                    .ok()
+                    .map(|m| {
+                        m.iter()
+                            .filter(|((j, _), _)| *j == id)
+                            .map(|((_, att), (s, n, _))| format!("attempt {att}: {s}/{n} nodes"))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default();
+                let job = http
+                    .get(&format!("{base}/v1/jobs/{id}"))
+                    .set("Authorization", &format!("Bearer {ADMIN}"))
+                    .call()
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.into_string().map_err(|e| e.to_string()));
+                eprintln!(
+                    "probe job {id} ({g} GPUs) not running after 30 s; agents saw {seen:?}; server: {}",
+                    job.unwrap_or_else(|e| e)
+                        .chars()
+                        .take(4000)
+                        .collect::<String>()
+                );
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
