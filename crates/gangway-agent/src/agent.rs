@@ -956,9 +956,7 @@ mod tests {
     fn the_agent_refuses_a_server_too_many_versions_away() {
         use gangway_core::agent::Version;
         let me = Version::current();
-        let at = |major: u64, minor: u64| {
-            serde_json::json!({ "server_version": format!("{major}.{minor}.0") })
-        };
+        let at = |major: u64, minor: u64| serde_json::json!({ "server_version": format!("{major}.{minor}.0") });
         assert!(server_version_ok(&at(me.major, me.minor)).is_ok());
         assert!(server_version_ok(&at(me.major, me.minor + 1)).is_ok());
         let e = server_version_ok(&at(me.major, me.minor + 2))
@@ -973,11 +971,7 @@ mod tests {
         // A server from before the field is 0.1.
         assert_eq!(
             server_version_ok(&serde_json::json!({})).is_ok(),
-            gangway_core::agent::check_skew(
-                gangway_core::agent::UNSTATED_VERSION,
-                me
-            )
-            .is_ok()
+            gangway_core::agent::check_skew(gangway_core::agent::UNSTATED_VERSION, me).is_ok()
         );
     }
 

@@ -485,9 +485,15 @@ mod tests {
                 "plan_depth: 3\nscheduler: { plan_depth: 4 }\n",
                 "plan_depth: set both",
             ),
-            ("scheduler: { plan_depth: 100001 }\n", "scheduler.plan_depth"),
+            (
+                "scheduler: { plan_depth: 100001 }\n",
+                "scheduler.plan_depth",
+            ),
             ("plan_depth: 100001\n", "scheduler.plan_depth"),
-            ("scheduler: { backfill: sometimes }\n", "backfill: expected off"),
+            (
+                "scheduler: { backfill: sometimes }\n",
+                "backfill: expected off",
+            ),
         ] {
             let e = ServerConfig::from_yaml(&format!("{BASE}{bad}"))
                 .expect_err(bad)

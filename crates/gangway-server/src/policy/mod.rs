@@ -1021,13 +1021,22 @@ mod tests {
         install(&mut c, &p).expect("install");
         assert_eq!((c.sched.backfill, c.sched.plan_depth), (Backfill::Off, 10));
         install(&mut c, &base).expect("back");
-        assert_eq!((c.sched.backfill, c.sched.plan_depth), (Backfill::Easy, 200));
+        assert_eq!(
+            (c.sched.backfill, c.sched.plan_depth),
+            (Backfill::Easy, 200)
+        );
         let mut deep = base.clone();
         deep.scheduler.plan_depth = 1_000_000;
         let e = check(&deep, &cfg, &c).expect_err("deep").to_string();
-        assert!(e.contains("scheduler.plan_depth: 1000000 is out of range"), "{e}");
+        assert!(
+            e.contains("scheduler.plan_depth: 1000000 is out of range"),
+            "{e}"
+        );
         let e = Policy::from_yaml("scheduler: { backfill: sometimes }").expect_err("mode");
-        assert!(e.to_string().contains("backfill: expected off, easy"), "{e}");
+        assert!(
+            e.to_string().contains("backfill: expected off, easy"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1061,9 +1070,7 @@ mod tests {
         store
             .put(&version_key(1), v1.to_string().as_bytes())
             .expect("put");
-        store
-            .put(CURRENT_KEY, br#"{"version":1}"#)
-            .expect("put");
+        store.put(CURRENT_KEY, br#"{"version":1}"#).expect("put");
         let mut c = Control::open(store, &old_cfg.queues).expect("control");
         let p = load_or_seed(&mut c, &old_cfg, 10).expect("load");
         assert_eq!(p.scheduler.backfill, Backfill::Conservative);
