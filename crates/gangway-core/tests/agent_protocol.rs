@@ -170,7 +170,7 @@ fn v<T: serde::Serialize>(x: &T) -> Value {
 fn parse(name: &str, text: &str) -> Result<Value, String> {
     fn back<T: serde::de::DeserializeOwned + serde::Serialize>(t: &str) -> Result<Value, String> {
         let m: T = serde_json::from_str(t).map_err(|e| e.to_string())?;
-        Ok(serde_json::to_value(&m).map_err(|e| e.to_string())?)
+        serde_json::to_value(&m).map_err(|e| e.to_string())
     }
     match name.trim_end_matches("_minimal") {
         "register" => back::<NodeSpec>(text),
