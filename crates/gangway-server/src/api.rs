@@ -887,6 +887,8 @@ async fn agent_sync(
     body: axum::body::Body,
 ) -> ApiResult<Json<SyncResponse>> {
     node_auth(&app, &headers, &node)?;
+    // An agent left running while servers were upgraded past the skew policy.
+    crate::nodes::check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
     let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;

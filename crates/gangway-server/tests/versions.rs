@@ -235,6 +235,29 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
         409
     };
     assert_eq!(code, expect, "{body}");
+    // A registered agent that falls outside the policy (servers upgraded
+    // past it while it ran) is refused on sync too.
+    let (code, body) = s.register("syncer", Some(VERSION));
+    assert_eq!(code, 201, "{body}");
+    let token = body["node_token"].as_str().expect("node token").to_string();
+    let sync = |v: &str| {
+        call(
+            ureq::post(&format!("{}/v1/agent/syncer/sync", s.base))
+                .set("Authorization", &format!("Bearer {token}"))
+                .set(VERSION_HEADER, v),
+            Some(("application/json", "{}")),
+        )
+    };
+    assert_eq!(sync(VERSION).0, 200);
+    let far = at(me.major, me.minor + 2);
+    let (code, body) = sync(&far);
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("agent version {far} and server version {me}"))),
+        "{body}"
+    );
     // The refused ones were not registered.
     let nodes = s.get("/v1/nodes").to_string();
     assert!(
