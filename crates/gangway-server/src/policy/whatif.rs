@@ -493,6 +493,29 @@ mod tests {
     }
 
     #[test]
+    fn the_candidates_backfill_mode_is_what_its_replay_runs() {
+        let nodes = vec![NodeSpec::uniform("n0", "l", "s", 8, "H100", 80)];
+        // Half the node busy, a whole-node job behind it, then a stream of
+        // half-node jobs: with a reservation the big job starts when the
+        // first ends; greedy (backfill off) lets the stream take its place.
+        let mut h = vec![entry(1, "a", 0, 1_000, 4), entry(2, "a", 1, 100, 8)];
+        for i in 0..6u64 {
+            h.push(entry(3 + i, "a", 2 + i * 300, 1_000, 4));
+        }
+        for e in &mut h {
+            e.time_limit_seconds = Some(e.run_seconds);
+        }
+        // A quota above the node's GPUs: what holds the big job back is
+        // GPUs, not its queue's quota.
+        let cur = policy(64, 8);
+        let mut greedy = cur.clone();
+        greedy.scheduler.backfill = gangway_sched::Backfill::Off;
+        let w = run(&h, 0, &nodes, &cur, &greedy).expect("what-if");
+        let (easy, off) = (&w.current.queues["a"], &w.candidate.queues["a"]);
+        assert!(off.p95_wait > easy.p95_wait + 600.0, "{easy:?} {off:?}");
+    }
+
+    #[test]
     fn failed_and_preempted_attempts_are_replayed_with_the_gpu_time_they_took() {
         let nodes = vec![NodeSpec::uniform("n0", "l", "s", 8, "H100", 80)];
         // Job 1 holds the whole node: two attempts failed after 1,000 s
