@@ -725,7 +725,7 @@ async fn nodes(
 #[utoipa::path(
     post, path = "/v1/nodes", tag = "nodes",
     summary = "Register a node",
-    description = "The join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token). The agent states its version in the gangway-agent-version header (none: 0.1); one more than a minor version from the server's is refused (409), and the answer's server_version lets the agent check the same.",
+    description = "The join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token). The agent states its version in the gangway-agent-version header (none: 0.1); an agent more than one minor version from the server's, or of another major, is refused (409, naming both), and the answer's server_version lets the agent check the same.",
     request_body(content = NodeSpec, content_type = "application/json"),
     responses(
         (status = 200, description = "Re-registered", body = Object),

@@ -280,6 +280,9 @@ impl ServerConfig {
     /// before they were versioned policy) into `scheduler`; a file that sets
     /// one both ways is refused.
     fn fold_top_level_knobs(&mut self, text: &str) -> Result<(), ConfigError> {
+        if self.backfill.is_none() && self.plan_depth.is_none() {
+            return Ok(());
+        }
         #[derive(Deserialize)]
         struct Probe {
             #[serde(default)]
