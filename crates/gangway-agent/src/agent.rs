@@ -155,6 +155,10 @@ fn post_json<T: serde::de::DeserializeOwned>(
     let r = crate::tls::http()
         .post(url)
         .set("Authorization", &format!("Bearer {token}"))
+        .set(
+            gangway_core::agent::VERSION_HEADER,
+            gangway_core::agent::VERSION,
+        )
         .timeout(Duration::from_secs(5))
         .send_json(body);
     match r {
@@ -165,6 +169,17 @@ fn post_json<T: serde::de::DeserializeOwned>(
         }
         Err(e) => Err((None, e.to_string())),
     }
+}
+
+/// Whether the server that answered a registration (its `server_version`;
+/// none: 0.1) may be worked with under the version-skew policy.
+fn server_version_ok(answer: &serde_json::Value) -> Result<(), gangway_core::agent::SkewError> {
+    use gangway_core::agent::{check_skew, Version, UNSTATED_VERSION};
+    let server = match answer["server_version"].as_str() {
+        Some(s) => s.parse::<Version>()?,
+        None => UNSTATED_VERSION,
+    };
+    check_skew(server, Version::current())
 }
 
 impl Agent {
@@ -370,6 +385,12 @@ impl Agent {
                 .unwrap_or_else(|e| Err((None, e.to_string())));
             match r {
                 Ok(v) => {
+                    if let Err(e) = server_version_ok(&v) {
+                        return Err(AgentError::Refused {
+                            node: self.cfg.node.clone(),
+                            msg: e.to_string(),
+                        });
+                    }
                     let tok = match v["node_token"].as_str() {
                         Some(t) => {
                             crate::credentials::save(&self.cfg.state_dir, t)?;
@@ -930,6 +951,29 @@ fn deadline_after(grace: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_refuses_a_server_too_many_versions_away() {
+        use gangway_core::agent::Version;
+        let me = Version::current();
+        let at = |major: u64, minor: u64| serde_json::json!({ "server_version": format!("{major}.{minor}.0") });
+        assert!(server_version_ok(&at(me.major, me.minor)).is_ok());
+        assert!(server_version_ok(&at(me.major, me.minor + 1)).is_ok());
+        let e = server_version_ok(&at(me.major, me.minor + 2))
+            .expect_err("two minors")
+            .to_string();
+        assert!(
+            e.contains(&format!("server version {}.{}.0", me.major, me.minor + 2)),
+            "{e}"
+        );
+        assert!(server_version_ok(&at(me.major + 1, me.minor)).is_err());
+        assert!(server_version_ok(&serde_json::json!({ "server_version": "x" })).is_err());
+        // A server from before the field is 0.1.
+        assert_eq!(
+            server_version_ok(&serde_json::json!({})).is_ok(),
+            gangway_core::agent::check_skew(gangway_core::agent::UNSTATED_VERSION, me).is_ok()
+        );
+    }
 
     #[test]
     fn any_grace_period_gives_a_deadline_without_overflow() {

@@ -6,6 +6,103 @@ use crate::node_policy::NodePolicy;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The HTTP header in which an agent states its version on every request
+/// (`gangway-agent-version: 0.1.0`); the server answers a registration with
+/// its own as `server_version`. Each side refuses the other when they are
+/// further apart than [`check_skew`] allows (docs/RUNBOOK.md, "Version skew").
+pub const VERSION_HEADER: &str = "gangway-agent-version";
+
+/// This build's version: the protocol changes only with it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The version of a peer that does not state one: agents and servers from
+/// before the header were 0.1.
+pub const UNSTATED_VERSION: Version = Version {
+    major: 0,
+    minor: 1,
+    patch: 0,
+};
+
+/// A `MAJOR.MINOR.PATCH` version (a `-pre` or `+build` suffix is ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    /// Major: a change that may break the other side.
+    pub major: u64,
+    /// Minor: compatible additions only (one minor apart interoperate).
+    pub minor: u64,
+    /// Patch.
+    pub patch: u64,
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// Why two versions do not interoperate, or a version that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SkewError {
+    /// Not `MAJOR.MINOR.PATCH`.
+    #[error("version {0:?} is not MAJOR.MINOR.PATCH")]
+    Malformed(String),
+    /// Further apart than one minor version (or another major).
+    #[error("agent version {agent} and server version {server} are too far apart: the version-skew policy lets a server and its agents be one minor version apart within a major version (docs/RUNBOOK.md, Version skew); upgrade servers first, then agents, one minor version at a time")]
+    TooFar {
+        /// The server's version.
+        server: Version,
+        /// The agent's version.
+        agent: Version,
+    },
+}
+
+impl std::str::FromStr for Version {
+    type Err = SkewError;
+
+    fn from_str(s: &str) -> Result<Self, SkewError> {
+        let bad = || SkewError::Malformed(s.chars().take(64).collect());
+        if s.len() > 64 {
+            return Err(bad());
+        }
+        let core = s.split(['-', '+']).next().unwrap_or_default();
+        let mut parts = core.split('.');
+        let mut next = || -> Result<u64, SkewError> {
+            let p = parts.next().ok_or_else(bad)?;
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            p.parse().map_err(|_| bad())
+        };
+        let v = Version {
+            major: next()?,
+            minor: next()?,
+            patch: next()?,
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(v)
+    }
+}
+
+impl Version {
+    /// This build's version ([`VERSION`]).
+    pub fn current() -> Version {
+        VERSION.parse().unwrap_or(UNSTATED_VERSION)
+    }
+}
+
+/// The version-skew rule: a server and an agent interoperate when they have
+/// the same major version and their minor versions differ by at most one
+/// (either way round; patches never matter).
+pub fn check_skew(server: Version, agent: Version) -> Result<(), SkewError> {
+    if server.major == agent.major && server.minor.abs_diff(agent.minor) <= 1 {
+        Ok(())
+    } else {
+        Err(SkewError::TooFar { server, agent })
+    }
+}
+
 /// Health of one GPU as the agent sees it (NVML or its declared inventory).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -409,6 +506,40 @@ impl PortRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_one_minor_apart_interoperate_and_no_further() {
+        let v = |s: &str| s.parse::<Version>().expect(s);
+        assert_eq!(v("1.4.2-rc.1+abc"), v("1.4.2"));
+        assert!(Version::current() >= UNSTATED_VERSION);
+        for (server, agent) in [("1.4.0", "1.4.9"), ("1.4.0", "1.3.7"), ("1.4.0", "1.5.0")] {
+            assert_eq!(check_skew(v(server), v(agent)), Ok(()), "{server} {agent}");
+        }
+        for (server, agent) in [
+            ("1.4.0", "1.2.0"),
+            ("1.4.0", "1.6.1"),
+            ("1.0.0", "2.0.0"),
+            ("1.0.0", "0.9.0"),
+        ] {
+            let e = check_skew(v(server), v(agent))
+                .expect_err(agent)
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "agent version {agent} and server version {server}"
+                )),
+                "{e}"
+            );
+        }
+        for bad in [
+            "", "1", "1.2", "1.2.x", "1.2.3.4", "-1.2.3", "v1.2.3", "1..3",
+        ] {
+            assert!(
+                matches!(bad.parse::<Version>(), Err(SkewError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn sync_bodies_round_trip_with_flattened_states() {

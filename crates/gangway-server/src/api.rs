@@ -725,7 +725,7 @@ async fn nodes(
 #[utoipa::path(
     post, path = "/v1/nodes", tag = "nodes",
     summary = "Register a node",
-    description = "The join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token).",
+    description = "The join token registers new names only (they wait for approval unless node_approval is auto) and gets the node token once (201); a node's own token re-registers it (200, no token). The agent states its version in the gangway-agent-version header (none: 0.1); an agent more than one minor version from the server's, or of another major, is refused (409, naming both), and the answer's server_version lets the agent check the same.",
     request_body(content = NodeSpec, content_type = "application/json"),
     responses(
         (status = 200, description = "Re-registered", body = Object),
@@ -759,6 +759,7 @@ async fn register_node(
             ))
         }
     };
+    crate::nodes::check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
     let body = read_body(&app, body).await?;
     let spec: NodeSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("node: {e}")))?;
@@ -771,7 +772,7 @@ async fn register_node(
     } else {
         StatusCode::OK
     };
-    let mut body = json!({ "node": name, "log_token": r.log_token, "pending_approval": r.pending });
+    let mut body = json!({ "node": name, "log_token": r.log_token, "pending_approval": r.pending, "server_version": gangway_core::agent::VERSION });
     if let Some(t) = r.token {
         body["node_token"] = json!(t);
     }
@@ -886,6 +887,8 @@ async fn agent_sync(
     body: axum::body::Body,
 ) -> ApiResult<Json<SyncResponse>> {
     node_auth(&app, &headers, &node)?;
+    // An agent left running while servers were upgraded past the skew policy.
+    crate::nodes::check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
     let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;

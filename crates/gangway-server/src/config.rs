@@ -25,8 +25,9 @@
 //! metrics_token: s3cret-prometheus
 //! max_grace_seconds: 600
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
-//! backfill: easy              # or conservative, reservations:N, off (see docs/BACKFILL.md)
-//! plan_depth: 200             # pending jobs given a start estimate per cycle
+//! scheduler:                  # seeds policy version 1 (then: gangway policy apply)
+//!   backfill: easy            # or conservative, reservations:N, off (see docs/BACKFILL.md)
+//!   plan_depth: 200           # pending jobs given a start estimate per cycle
 //! retention: { finished_jobs: 7d, idempotency_keys: 24h }   # the defaults
 //! ```
 //!
@@ -163,14 +164,13 @@ pub struct ServerConfig {
     /// `gangway_queue_slo_p95_wait_seconds`, alerted on by `gangway alerts`.
     #[serde(default)]
     pub slo_p95_wait_seconds: std::collections::BTreeMap<String, u64>,
-    /// Backfill: `easy` (a reservation for the first job that does not fit),
-    /// `conservative` (for every planned job), `reservations:N`, or `off`.
-    #[serde(default = "easy")]
-    pub backfill: gangway_sched::Backfill,
-    /// Pending jobs given a planned start per cycle, in order (0 to
-    /// [`MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
-    #[serde(default = "plan_depth")]
-    pub plan_depth: usize,
+    /// The older spelling of `scheduler.backfill` (read into it when the
+    /// file is parsed; like every scheduler knob, it seeds version 1 only).
+    #[serde(default, skip_serializing)]
+    pub backfill: Option<gangway_sched::Backfill>,
+    /// The older spelling of `scheduler.plan_depth` (read into it).
+    #[serde(default, skip_serializing)]
+    pub plan_depth: Option<usize>,
     /// How long finished jobs and idempotency keys are kept
     /// (`{ finished_jobs: 7d, idempotency_keys: 24h }` by default).
     #[serde(default)]
@@ -179,14 +179,6 @@ pub struct ServerConfig {
 
 /// Most pending jobs `plan_depth` may ask to plan per cycle.
 pub const MAX_PLAN_DEPTH: usize = 100_000;
-
-fn easy() -> gangway_sched::Backfill {
-    gangway_sched::Backfill::Easy
-}
-
-fn plan_depth() -> usize {
-    gangway_sched::DEFAULT_PLAN_DEPTH
-}
 
 fn six_hundred() -> u64 {
     600
@@ -261,8 +253,8 @@ impl ServerConfig {
             scheduler: Default::default(),
             gates: Default::default(),
             slo_p95_wait_seconds: Default::default(),
-            backfill: easy(),
-            plan_depth: plan_depth(),
+            backfill: None,
+            plan_depth: None,
             retention: Default::default(),
         }
     }
@@ -284,9 +276,43 @@ impl ServerConfig {
         }
     }
 
+    /// Reads the top-level `backfill` and `plan_depth` (their spelling
+    /// before they were versioned policy) into `scheduler`; a file that sets
+    /// one both ways is refused.
+    fn fold_top_level_knobs(&mut self, text: &str) -> Result<(), ConfigError> {
+        if self.backfill.is_none() && self.plan_depth.is_none() {
+            return Ok(());
+        }
+        #[derive(Deserialize)]
+        struct Probe {
+            #[serde(default)]
+            scheduler: Option<serde_json::Map<String, serde_json::Value>>,
+        }
+        let probe: Probe = crate::yaml::from_str(text).map_err(ConfigError::Yaml)?;
+        let set = |k: &str| probe.scheduler.as_ref().is_some_and(|m| m.contains_key(k));
+        for (key, given) in [
+            ("backfill", self.backfill.is_some()),
+            ("plan_depth", self.plan_depth.is_some()),
+        ] {
+            if given && set(key) {
+                return Err(ConfigError::Invalid(format!(
+                    "{key}: set both at the top level and as scheduler.{key}; keep scheduler.{key}"
+                )));
+            }
+        }
+        if let Some(b) = self.backfill.take() {
+            self.scheduler.backfill = b;
+        }
+        if let Some(d) = self.plan_depth.take() {
+            self.scheduler.plan_depth = d;
+        }
+        Ok(())
+    }
+
     /// Parses and checks a YAML configuration.
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
-        let c: ServerConfig = crate::yaml::from_str(text).map_err(ConfigError::Yaml)?;
+        let mut c: ServerConfig = crate::yaml::from_str(text).map_err(ConfigError::Yaml)?;
+        c.fold_top_level_knobs(text)?;
         if c.admin_token.len() < 8 || c.agent_token.len() < 8 {
             return Err(ConfigError::Invalid(
                 "tokens must be at least 8 characters".into(),
@@ -297,11 +323,9 @@ impl ServerConfig {
                 "metrics_token: must be at least 8 characters".into(),
             ));
         }
-        if c.plan_depth > MAX_PLAN_DEPTH {
-            return Err(ConfigError::Invalid(format!(
-                "plan_depth: must be at most {MAX_PLAN_DEPTH}"
-            )));
-        }
+        c.scheduler
+            .check()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         c.retention.seconds().map_err(ConfigError::Invalid)?;
         if c.max_body_bytes < 1024 {
             return Err(ConfigError::Invalid(
@@ -433,6 +457,53 @@ mod tests {
     }
 
     const BASE: &str = "admin_token: admin-secret\nagent_token: agent-secret\n";
+
+    #[test]
+    fn backfill_settings_are_scheduler_knobs_and_the_top_level_spelling_still_reads() {
+        use gangway_sched::Backfill;
+        let d = ServerConfig::from_yaml(BASE).expect("defaults");
+        assert_eq!(d.scheduler.backfill, Backfill::Easy);
+        assert_eq!(d.scheduler.plan_depth, gangway_sched::DEFAULT_PLAN_DEPTH);
+        let c = ServerConfig::from_yaml(&format!(
+            "{BASE}scheduler: {{ backfill: \"reservations:3\", plan_depth: 50 }}\n"
+        ))
+        .expect("knobs");
+        assert_eq!(c.scheduler.backfill, Backfill::Reservations(3));
+        assert_eq!(c.scheduler.plan_depth, 50);
+        assert_eq!(c.scheduler.config().backfill, Backfill::Reservations(3));
+        // The older top-level keys seed the same knobs.
+        let old = ServerConfig::from_yaml(&format!(
+            "{BASE}scheduler: {{ fair_share: false }}\nbackfill: conservative\nplan_depth: 7\n"
+        ))
+        .expect("top level");
+        assert_eq!(old.scheduler.backfill, Backfill::Conservative);
+        assert_eq!(old.scheduler.plan_depth, 7);
+        assert!(!old.scheduler.fair_share);
+        for (bad, words) in [
+            (
+                "backfill: off\nscheduler: { backfill: easy }\n",
+                "backfill: set both at the top level and as scheduler.backfill",
+            ),
+            (
+                "plan_depth: 3\nscheduler: { plan_depth: 4 }\n",
+                "plan_depth: set both",
+            ),
+            (
+                "scheduler: { plan_depth: 100001 }\n",
+                "scheduler.plan_depth",
+            ),
+            ("plan_depth: 100001\n", "scheduler.plan_depth"),
+            (
+                "scheduler: { backfill: sometimes }\n",
+                "backfill: expected off",
+            ),
+        ] {
+            let e = ServerConfig::from_yaml(&format!("{BASE}{bad}"))
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains(words), "{words:?} not in {e}");
+        }
+    }
 
     #[test]
     fn contract_settings_are_checked() {

@@ -49,6 +49,11 @@ pub struct HistoryEntry {
     pub attempts: u32,
     /// Times it was preempted.
     pub preemptions: u32,
+    /// Attempts that failed and were restarted (its restart policy): the
+    /// GPU time they burned is part of `run_seconds`. Absent (0) in exports
+    /// written before it was recorded.
+    #[serde(default)]
+    pub failed_attempts: u32,
     /// Seconds its GPUs were bound, over all attempts.
     pub run_seconds: u64,
     /// Seconds of its last attempt (bound to end): the observed run time of a
@@ -87,6 +92,7 @@ impl HistoryEntry {
         let mut last_attempt_seconds = 0u64;
         let mut attempts = 0u32;
         let mut preemptions = 0u32;
+        let mut failed_attempts = 0u32;
         let mut ended_at = None;
         for e in &rec.events {
             match e.kind.as_str() {
@@ -99,6 +105,9 @@ impl HistoryEntry {
                 }
                 "preempting" => preemptions = preemptions.saturating_add(1),
                 k if ENDS.contains(&k) => {
+                    if k == "restarting" && bound.is_some() {
+                        failed_attempts = failed_attempts.saturating_add(1);
+                    }
                     if let Some(s) = bound.take() {
                         last_attempt_seconds = e.at.saturating_sub(s);
                         run_seconds = run_seconds.saturating_add(last_attempt_seconds);
@@ -141,6 +150,7 @@ impl HistoryEntry {
             exit_code,
             attempts,
             preemptions,
+            failed_attempts,
             run_seconds,
             last_attempt_seconds,
             gpu_hours,
@@ -325,5 +335,39 @@ mod tests {
         assert_eq!(h.exit_code, Some(0));
         assert_eq!(h.nodes, vec!["a", "b"]);
         assert!((h.gpu_hours - 8.0 * 410.0 / 3600.0).abs() < 1e-9);
+        assert_eq!(h.failed_attempts, 0);
+    }
+
+    #[test]
+    fn failed_attempts_are_counted_and_old_exports_still_read() {
+        let mut rec = JobRecord::submitted(
+            JobId(3),
+            "alice",
+            gangway_core::JobSpec::new("t", "q", 1, 1),
+            100,
+        );
+        for (at, kind) in [
+            (110, "scheduled"),
+            (400, "restarting"),
+            (430, "requeued"),
+            (440, "scheduled"),
+            (700, "restarting"),
+            (730, "requeued"),
+            (735, "scheduled"),
+            (800, "failed"),
+        ] {
+            rec.events.push(ev(at, kind));
+        }
+        rec.state = JobState::Failed;
+        let h = HistoryEntry::from_record(&rec, 1000);
+        assert_eq!((h.attempts, h.failed_attempts, h.preemptions), (3, 2, 0));
+        assert_eq!(h.run_seconds, 290 + 260 + 65);
+        assert_eq!(h.last_attempt_seconds, 65);
+        // A row exported before `failed_attempts` existed.
+        let mut old = serde_json::to_value(&h).expect("json");
+        old.as_object_mut().expect("row").remove("failed_attempts");
+        let back: HistoryEntry = serde_json::from_value(old).expect("old row");
+        assert_eq!(back.failed_attempts, 0);
+        assert_eq!(back.run_seconds, h.run_seconds);
     }
 }

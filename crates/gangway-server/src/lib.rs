@@ -118,8 +118,6 @@ pub fn open_with_audit(
     let mut control = Control::open(store, &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
-    control.sched.backfill = cfg.backfill;
-    control.sched.plan_depth = cfg.plan_depth;
     control.contract = cfg.contract();
     let policy = policy::load_or_seed(&mut control, &cfg, api::now())?;
     let live = policy::Live::new(&cfg);

@@ -218,7 +218,10 @@ fn every_pending_job_has_an_estimated_start_or_a_reason_code() {
          backfill: conservative\nqueues:\n  - name: open\n",
     )
     .expect("config");
-    assert_eq!(cfg.backfill, gangway_sched::Backfill::Conservative);
+    assert_eq!(
+        cfg.scheduler.backfill,
+        gangway_sched::Backfill::Conservative
+    );
     let s = start_with(cfg, dir.path());
     assert_eq!(s.register("node-a", 4).0, 201);
     assert_eq!(s.register("node-b", 4).0, 201);

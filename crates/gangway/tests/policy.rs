@@ -25,7 +25,11 @@ fn config() -> String {
 
 /// The test driver: finished jobs written into the store as the server
 /// writes them (a job of 2 GPUs every minute, alternating queues, each
-/// running 15 minutes), ending an hour ago.
+/// running 15 minutes), ending an hour ago. Every tenth job's first attempt
+/// failed after 5 minutes and was restarted; every thirtieth job failed for
+/// good after 2 minutes.
+const FAILED_JOBS: u64 = HISTORY_JOBS / 30;
+const RESTARTED_JOBS: u64 = HISTORY_JOBS / 10;
 fn record_history(data: &Path) {
     std::fs::create_dir_all(data).expect("data dir");
     let store = RedbStore::open(&data.join("gangway.redb")).expect("store");
@@ -45,8 +49,23 @@ fn record_history(data: &Path) {
             JobSpec::new(&format!("train-{i}"), queue, 1, 2),
             submitted,
         );
-        rec.state = JobState::Succeeded;
-        for (at, kind) in [(start, "scheduled"), (start + 900, "finished")] {
+        let events: Vec<(u64, &str)> = if i % 30 == 8 {
+            rec.state = JobState::Failed;
+            vec![(start, "scheduled"), (start + 120, "failed")]
+        } else if i % 10 == 5 {
+            rec.state = JobState::Succeeded;
+            vec![
+                (start, "scheduled"),
+                (start + 300, "restarting"),
+                (start + 330, "requeued"),
+                (start + 340, "scheduled"),
+                (start + 1240, "finished"),
+            ]
+        } else {
+            rec.state = JobState::Succeeded;
+            vec![(start, "scheduled"), (start + 900, "finished")]
+        };
+        for (at, kind) in events {
             rec.events.push(JobEvent {
                 at,
                 kind: kind.into(),
@@ -168,6 +187,11 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
     let table = ok(&cli(&c, ADMIN, &["policy", "what-if", file]));
     assert!(
         table.contains("queues.vision.quota.nominal.gpus: 8 -> 4") && table.contains("vision"),
+        "{table}"
+    );
+    // It replayed what happened, failures included.
+    assert!(
+        table.contains(&format!("replayed as they happened: {FAILED_JOBS} failed or timed-out jobs, {RESTARTED_JOBS} failed and restarted attempts")),
         "{table}"
     );
     assert_eq!(c.get("/v1/policy")["version"], 1);

@@ -47,6 +47,13 @@ pub fn version_key(n: u64) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SchedulerKnobs {
+    /// Backfill: `easy` (a reservation for the first job that does not
+    /// fit), `conservative` (for every planned job), `reservations:N`, or
+    /// `off` (docs/BACKFILL.md).
+    pub backfill: gangway_sched::Backfill,
+    /// Pending jobs given a planned start per cycle, in order (0 to
+    /// [`crate::config::MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
+    pub plan_depth: usize,
     /// Preempt lower-priority work and reclaim lent quota.
     pub preemption: bool,
     /// DRF fair share between queues (otherwise submit order within a priority).
@@ -66,6 +73,8 @@ impl Default for SchedulerKnobs {
     fn default() -> Self {
         let d = SchedulerConfig::default();
         SchedulerKnobs {
+            backfill: d.backfill,
+            plan_depth: d.plan_depth,
             preemption: d.preemption,
             fair_share: d.fair_share,
             max_preemption_searches: d.max_preemption_searches,
@@ -80,6 +89,8 @@ impl SchedulerKnobs {
     /// The scheduling core's configuration with these knobs.
     pub fn config(&self) -> SchedulerConfig {
         SchedulerConfig {
+            backfill: self.backfill,
+            plan_depth: self.plan_depth,
             preemption: self.preemption,
             fair_share: self.fair_share,
             max_preemption_searches: self.max_preemption_searches,
@@ -90,7 +101,8 @@ impl SchedulerKnobs {
         }
     }
 
-    fn check(&self) -> Result<(), PolicyError> {
+    /// Range checks, naming the field (`scheduler.plan_depth: ...`).
+    pub fn check(&self) -> Result<(), PolicyError> {
         let range = |field: &str, v: u64, lo: u64, hi: u64| {
             if v < lo || v > hi {
                 Err(PolicyError::Invalid(format!(
@@ -100,6 +112,12 @@ impl SchedulerKnobs {
                 Ok(())
             }
         };
+        range(
+            "plan_depth",
+            self.plan_depth as u64,
+            0,
+            crate::config::MAX_PLAN_DEPTH as u64,
+        )?;
         range(
             "max_preemption_searches",
             self.max_preemption_searches as u64,
@@ -619,11 +637,7 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
         .replace_queues(&policy.queues)
         .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
     c.queue_specs = policy.queues.clone();
-    // Backfill mode and plan depth come from the server's config file.
-    let (backfill, plan_depth) = (c.sched.backfill, c.sched.plan_depth);
     c.sched = policy.scheduler.config();
-    c.sched.backfill = backfill;
-    c.sched.plan_depth = plan_depth;
     Ok(())
 }
 
@@ -639,13 +653,20 @@ pub fn load_or_seed<S: Store>(
 ) -> Result<Policy, PolicyError> {
     match current(&c.store)? {
         Some(v) => {
-            install(c, &v.policy).map_err(|e| {
+            let policy = upgrade_knobs(c, &v, cfg, now)?;
+            install(c, &policy).map_err(|e| {
                 PolicyError::Invalid(format!(
                     "the policy version in force ({}) cannot be installed: {e}",
                     v.version
                 ))
             })?;
-            Ok(v.policy)
+            if Policy::from_config(cfg) != policy {
+                tracing::info!(
+                    "policy: the configuration file's queues, scheduler or gates differ from policy version {} in force; the file seeds version 1 only (change the policy with gangway policy apply)",
+                    v.version
+                );
+            }
+            Ok(policy)
         }
         None => {
             let policy = Policy::from_config(cfg);
@@ -671,6 +692,63 @@ pub fn load_or_seed<S: Store>(
             Ok(policy)
         }
     }
+}
+
+/// Whether stored version `v` predates `backfill` and `plan_depth` in the
+/// versioned policy (they were top-level configuration keys then).
+fn predates_backfill_knobs<S: Store>(store: &S, v: u64) -> Result<bool, PolicyError> {
+    let key = version_key(v);
+    let Some(kv) = store.get(&key)? else {
+        return Ok(false);
+    };
+    let raw: Value = decode(&key, &kv.value)?;
+    Ok(raw.pointer("/policy/scheduler/backfill").is_none())
+}
+
+/// The policy to install for stored version `v`. A version stored before
+/// backfill settings were versioned policy ran with the configuration
+/// file's `backfill` and `plan_depth`: they are kept, and where they differ
+/// from the defaults the leader records them as the next version (so the
+/// decision log says so, and a rollback returns to them).
+fn upgrade_knobs<S: Store>(
+    c: &Control<S>,
+    v: &PolicyVersion,
+    cfg: &ServerConfig,
+    now: Time,
+) -> Result<Policy, PolicyError> {
+    if !predates_backfill_knobs(&c.store, v.version)? {
+        return Ok(v.policy.clone());
+    }
+    let mut policy = v.policy.clone();
+    policy.scheduler.backfill = cfg.scheduler.backfill;
+    policy.scheduler.plan_depth = cfg.scheduler.plan_depth;
+    if policy == v.policy {
+        return Ok(policy);
+    }
+    let next = PolicyVersion {
+        version: v.version + 1,
+        policy: policy.clone(),
+        author: "config".into(),
+        at: now,
+        reason: "backfill and plan_depth are versioned policy now: kept as the configuration file set them".into(),
+        action: Action::Apply,
+        previous: Some(v.version),
+        diff: diff(&v.policy, &policy),
+        evidence: None,
+        gates: Vec::new(),
+        forced: false,
+        after: None,
+    };
+    // A follower cannot write: the leader records it.
+    match current_number(&c.store)? {
+        Some(cur) if cur.0 == v.version => {
+            if let Err(e) = commit(&c.store, &next, Some(cur)) {
+                tracing::warn!("policy: version {} not stored yet ({e})", next.version);
+            }
+        }
+        _ => {}
+    }
+    Ok(policy)
 }
 
 fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
@@ -917,6 +995,95 @@ mod tests {
             .expect_err("unknown class");
         assert!(e.to_string().contains("urgent"), "{e}");
         assert!(Policy::from_yaml("schedular: {}").is_err());
+    }
+
+    #[test]
+    fn backfill_settings_are_versioned_diffed_installed_and_checked() {
+        use gangway_sched::Backfill;
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let cfg = cfg();
+        let mut c = Control::open(store, &cfg.queues).expect("control");
+        let base = load_or_seed(&mut c, &cfg, 1).expect("seed");
+        assert_eq!(c.sched.backfill, Backfill::Easy);
+        let p = Policy::from_yaml(
+            "queues: [{ name: lab, quota: { nominal: { gpus: 16 } } }, { name: a, parent: lab, quota: { nominal: { gpus: 8 } }, node: { allow_root: true } }]\nscheduler: { backfill: \"off\", plan_depth: 10 }\ngates: { max_p95_wait_worse_pct: 10 }\n",
+        )
+        .expect("policy");
+        assert_eq!(
+            diff(&base, &p),
+            vec![
+                "scheduler.backfill: \"easy\" -> \"off\"",
+                "scheduler.plan_depth: 200 -> 10"
+            ]
+        );
+        check(&p, &cfg, &c).expect("valid");
+        install(&mut c, &p).expect("install");
+        assert_eq!((c.sched.backfill, c.sched.plan_depth), (Backfill::Off, 10));
+        install(&mut c, &base).expect("back");
+        assert_eq!(
+            (c.sched.backfill, c.sched.plan_depth),
+            (Backfill::Easy, 200)
+        );
+        let mut deep = base.clone();
+        deep.scheduler.plan_depth = 1_000_000;
+        let e = check(&deep, &cfg, &c).expect_err("deep").to_string();
+        assert!(
+            e.contains("scheduler.plan_depth: 1000000 is out of range"),
+            "{e}"
+        );
+        let e = Policy::from_yaml("scheduler: { backfill: sometimes }").expect_err("mode");
+        assert!(
+            e.to_string().contains("backfill: expected off, easy"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_version_stored_before_backfill_was_policy_keeps_the_files_settings() {
+        use gangway_sched::Backfill;
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let old_cfg = ServerConfig::from_yaml(
+            "admin_token: admin-secret\nagent_token: agent-secret\nbackfill: conservative\n",
+        )
+        .expect("config");
+        // Version 1 as an older server stored it: no backfill in its knobs.
+        let mut v1 = serde_json::to_value(PolicyVersion {
+            version: 1,
+            policy: Policy::from_config(&old_cfg),
+            author: "config".into(),
+            at: 5,
+            reason: "seeded".into(),
+            action: Action::Seed,
+            previous: None,
+            diff: Vec::new(),
+            evidence: None,
+            gates: Vec::new(),
+            forced: false,
+            after: None,
+        })
+        .expect("json");
+        let knobs = v1["policy"]["scheduler"].as_object_mut().expect("knobs");
+        knobs.remove("backfill");
+        knobs.remove("plan_depth");
+        store
+            .put(&version_key(1), v1.to_string().as_bytes())
+            .expect("put");
+        store.put(CURRENT_KEY, br#"{"version":1}"#).expect("put");
+        let mut c = Control::open(store, &old_cfg.queues).expect("control");
+        let p = load_or_seed(&mut c, &old_cfg, 10).expect("load");
+        assert_eq!(p.scheduler.backfill, Backfill::Conservative);
+        assert_eq!(c.sched.backfill, Backfill::Conservative);
+        let v2 = current(&c.store).expect("read").expect("v2");
+        assert_eq!(v2.version, 2);
+        assert_eq!(
+            v2.diff,
+            vec!["scheduler.backfill: \"easy\" -> \"conservative\""]
+        );
+        // Loaded again: nothing more to record.
+        load_or_seed(&mut c, &old_cfg, 20).expect("load");
+        assert_eq!(all_versions(&c.store).expect("all").len(), 2);
     }
 
     #[test]

@@ -4,6 +4,15 @@
 //! scheduling core, once under the policy in force and once under a
 //! candidate, on the cluster's own nodes. The server runs it off the state
 //! lock, on a copy; `gangway policy what-if --history FILE` runs it offline.
+//!
+//! What is replayed of each job is what happened to it: it asks for its GPUs
+//! for as long as they were bound over all its attempts. A job that failed
+//! runs as long as it ran before failing; attempts that failed and were
+//! restarted count with the GPU time they burned (run back to back with the
+//! rest: the simulator has no restart backoff); attempts ended by a
+//! preemption count with the work done before it (Gangway's preemption
+//! signals a checkpoint), while the preemptions themselves are each
+//! policy's own, decided by the core in the replay.
 
 use super::{GateResult, Gates, Policy, PolicyError};
 use crate::history::HistoryEntry;
@@ -66,6 +75,16 @@ pub struct WhatIf {
     pub to: Time,
     /// GPUs of the replayed cluster.
     pub gpus: u64,
+    /// Replayed jobs that failed or timed out (they run as long as they did).
+    #[serde(default)]
+    pub failed_jobs: usize,
+    /// Failed and restarted attempts whose run time is replayed with their job's.
+    #[serde(default)]
+    pub failed_attempts: u64,
+    /// Preemptions the cluster saw in the replayed jobs (the work before
+    /// each is replayed; each policy's replay preempts on its own).
+    #[serde(default)]
+    pub observed_preemptions: u64,
     /// The policy in force.
     pub current: Side,
     /// The candidate.
@@ -77,8 +96,8 @@ fn priority(p: &str) -> PriorityClass {
 }
 
 /// The replayable jobs of `entries`: those that ran and ended, submitted at
-/// or after `since` (the newest [`MAX_JOBS`]). Their run time is their last
-/// attempt's (a job that failed runs as long as it did before failing).
+/// or after `since` (the newest [`MAX_JOBS`]). Each runs for the seconds its
+/// GPUs were bound over all its attempts (see the module's notes).
 pub fn trace_of(entries: &[HistoryEntry], since: Time) -> (Trace, BTreeMap<String, usize>) {
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     let mut rows: Vec<&HistoryEntry> = Vec::new();
@@ -111,7 +130,7 @@ pub fn trace_of(entries: &[HistoryEntry], since: Time) -> (Trace, BTreeMap<Strin
         .map(|e| TraceJob {
             name: e.id.to_string(),
             submit: e.submitted_at - t0,
-            duration: e.last_attempt_seconds.max(1),
+            duration: e.run_seconds.max(1),
             gpus: e.replicas.saturating_mul(e.gpus_per_replica),
             cpu_millis: e.cpu_millis.saturating_mul(u64::from(e.replicas)),
             memory_mib: e.memory_mib.saturating_mul(u64::from(e.replicas)),
@@ -226,6 +245,22 @@ pub fn run(
         .min()
         .unwrap_or(0);
     let gpus = nodes.iter().map(|n| n.gpus.len() as u64).sum();
+    let replayed: std::collections::BTreeSet<String> =
+        trace.jobs.iter().map(|j| j.name.clone()).collect();
+    let (mut failed_jobs, mut failed_attempts, mut observed_preemptions) = (0, 0u64, 0u64);
+    for e in entries {
+        if !replayed.contains(&e.id.to_string()) {
+            continue;
+        }
+        if matches!(
+            e.state,
+            gangway_core::JobState::Failed | gangway_core::JobState::Timeout
+        ) {
+            failed_jobs += 1;
+        }
+        failed_attempts += u64::from(e.failed_attempts);
+        observed_preemptions += u64::from(e.preemptions);
+    }
     let (a, b) = std::thread::scope(|s| {
         let a = s.spawn(|| replay(&trace, nodes, current));
         let b = replay(&trace, nodes, candidate);
@@ -238,6 +273,9 @@ pub fn run(
         from: t0,
         to: t0 + trace.jobs.last().map_or(0, |j| j.submit),
         gpus,
+        failed_jobs,
+        failed_attempts,
+        observed_preemptions,
         current: a,
         candidate: b?,
     })
@@ -372,6 +410,12 @@ pub fn table(w: &WhatIf) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    if w.failed_jobs + w.failed_attempts as usize + w.observed_preemptions as usize > 0 {
+        out.push_str(&format!(
+            "replayed as they happened: {} failed or timed-out jobs, {} failed and restarted attempts, the work before {} preemptions\n",
+            w.failed_jobs, w.failed_attempts, w.observed_preemptions
+        ));
+    }
     for (side, s) in [("current", &w.current), ("candidate", &w.candidate)] {
         for (q, f) in &s.queues {
             if f.rejected > 0 {
@@ -428,6 +472,7 @@ mod tests {
             exit_code: Some(0),
             attempts: 1,
             preemptions: 0,
+            failed_attempts: 0,
             run_seconds: run,
             last_attempt_seconds: run,
             gpu_hours: 0.0,
@@ -445,6 +490,66 @@ mod tests {
             queues: vec![qa, qb],
             ..Policy::default()
         }
+    }
+
+    #[test]
+    fn the_candidates_backfill_mode_is_what_its_replay_runs() {
+        let nodes = vec![NodeSpec::uniform("n0", "l", "s", 8, "H100", 80)];
+        // Half the node busy, a whole-node job behind it, then a stream of
+        // half-node jobs: with a reservation the big job starts when the
+        // first ends; greedy (backfill off) lets the stream take its place.
+        let mut h = vec![entry(1, "a", 0, 1_000, 4), entry(2, "a", 1, 100, 8)];
+        for i in 0..6u64 {
+            h.push(entry(3 + i, "a", 2 + i * 300, 1_000, 4));
+        }
+        for e in &mut h {
+            e.time_limit_seconds = Some(e.run_seconds);
+        }
+        // A quota above the node's GPUs: what holds the big job back is
+        // GPUs, not its queue's quota.
+        let cur = policy(64, 8);
+        let mut greedy = cur.clone();
+        greedy.scheduler.backfill = gangway_sched::Backfill::Off;
+        let w = run(&h, 0, &nodes, &cur, &greedy).expect("what-if");
+        let (easy, off) = (&w.current.queues["a"], &w.candidate.queues["a"]);
+        assert!(off.p95_wait > easy.p95_wait + 600.0, "{easy:?} {off:?}");
+    }
+
+    #[test]
+    fn failed_and_preempted_attempts_are_replayed_with_the_gpu_time_they_took() {
+        let nodes = vec![NodeSpec::uniform("n0", "l", "s", 8, "H100", 80)];
+        // Job 1 holds the whole node: two attempts failed after 1,000 s
+        // each, then one preempted after 500 s, then it finished in 100 s.
+        let mut flaky = entry(1, "a", 1_000, 100, 8);
+        flaky.state = JobState::Succeeded;
+        flaky.attempts = 4;
+        flaky.failed_attempts = 2;
+        flaky.preemptions = 1;
+        flaky.run_seconds = 2_600;
+        flaky.ended_at = Some(1_000 + 3_000);
+        // Job 2, submitted 10 s later, needs the whole node too.
+        let mut after = entry(2, "a", 1_010, 60, 8);
+        after.state = JobState::Failed;
+        let cur = policy(8, 8);
+        let w = run(&[flaky, after], 0, &nodes, &cur, &cur).expect("what-if");
+        assert_eq!((w.jobs, w.failed_jobs), (2, 1));
+        assert_eq!((w.failed_attempts, w.observed_preemptions), (2, 1));
+        // Job 2 waits for all of job 1's GPU time, not only its last 100 s.
+        let a = &w.current.queues["a"];
+        assert!(a.avg_wait >= (2_600.0 - 10.0) / 2.0, "{a:?}");
+        assert!(a.avg_jct >= (2_600.0 + 2_650.0) / 2.0 - 1.0, "{a:?}");
+        let t = table(&w);
+        assert!(
+            t.contains("1 failed or timed-out jobs, 2 failed and restarted attempts, the work before 1 preemptions"),
+            "{t}"
+        );
+        // Evidence stored before these fields existed still reads.
+        let mut old = serde_json::to_value(&w).expect("json");
+        for k in ["failed_jobs", "failed_attempts", "observed_preemptions"] {
+            old.as_object_mut().expect("obj").remove(k);
+        }
+        let back: WhatIf = serde_json::from_value(old).expect("old evidence");
+        assert_eq!(back.failed_attempts, 0);
     }
 
     #[test]
