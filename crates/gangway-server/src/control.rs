@@ -394,7 +394,7 @@ impl<S: Store> Control<S> {
             cycle_seconds: 1,
             lifecycle: NodeLifecycle::default(),
             last_seen: HashMap::new(),
-            opened_at: crate::api::now(),
+            opened_at: crate::clock::now(),
             lost: HashSet::new(),
             node_failures: HashMap::new(),
             cordon_reasons: HashMap::new(),
@@ -456,7 +456,7 @@ impl<S: Store> Control<S> {
                 let _ = self.cluster.mark_preempting(r.id, by, r.submitted_at);
             }
         }
-        self.release_gated(crate::api::now(), false)?;
+        self.release_gated(crate::clock::now(), false)?;
         Ok(())
     }
 
