@@ -213,12 +213,18 @@ pub async fn scheduler_loop(app: Arc<App>) {
             );
             let r = expired.and_then(|_| c.cycle(now));
             policy::tick(&c, now);
-            // The /metrics snapshot, at most once a second.
+            // The /metrics snapshot, at most once a second: counted under
+            // the lock, published after it is released.
             let at = &app.metrics_at;
+            let mut snapshot = None;
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {
                 at.store(now, std::sync::atomic::Ordering::Relaxed);
-                app.metrics.refresh(&c);
+                snapshot = Some(metrics::Snapshot::gather(&c));
                 app.watch.refresh(&app.cfg, &c, now);
+            }
+            drop(c);
+            if let Some(s) = snapshot {
+                app.metrics.publish(s);
             }
             Some(r)
         })
