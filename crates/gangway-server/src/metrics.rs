@@ -1,12 +1,11 @@
 //! Prometheus metrics at `/metrics` (admin or metrics token), served from
-//! a snapshot the scheduler loop refreshes at most once a second: it counts
-//! jobs by state and queue under the state lock ([`Snapshot::gather`], one
-//! pass without allocation per job), then sets the gauges after releasing it
+//! a snapshot the scheduler loop refreshes at most once a second: it reads the
+//! job counts the job table keeps by state and queue and counts the GPUs under
+//! the state lock ([`Snapshot::gather`]), then sets the gauges after releasing it
 //! ([`Metrics::publish`]). A scrape takes no state lock: it encodes the gauges
 //! and the live counters.
 
 use crate::control::Control;
-use gangway_core::JobState;
 use gangway_store::Store;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -41,9 +40,9 @@ pub struct DecisionLabels {
     pub kind: String,
 }
 
-/// What `/metrics`' gauges show, gathered from the control state in one
-/// cheap pass (a count per state and queue, no allocation per job) so the
-/// state lock is held briefly; the gauges are then set without it.
+/// What `/metrics`' gauges show, gathered from the control state without
+/// walking its jobs (the job table keeps their counts by state and queue), so
+/// the state lock is held briefly; the gauges are then set without it.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Jobs by (state, queue).
@@ -57,16 +56,13 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Counts the jobs and GPUs of `c` (the caller holds the state lock).
+    /// Reads the job counts [`crate::records::JobTable`] keeps and counts
+    /// the GPUs of `c` (the caller holds the state lock; no job is walked).
     pub fn gather<S: Store>(c: &Control<S>) -> Self {
-        let mut counts: std::collections::HashMap<(JobState, &str), i64> =
-            std::collections::HashMap::new();
-        for (rec, _) in c.jobs.values() {
-            *counts.entry((rec.state, rec.spec.queue.as_str())).or_insert(0) += 1;
-        }
-        let jobs = counts
-            .into_iter()
-            .map(|((state, queue), n)| {
+        let jobs = c
+            .jobs
+            .counts()
+            .map(|(state, queue, n)| {
                 (
                     JobLabels {
                         state: format!("{state:?}").to_lowercase(),

@@ -256,7 +256,9 @@ fn print_metrics_figures(base: &str, a: &DashboardArgs, h: &LockHolds) -> Result
         });
         let during = submits(n);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let k = scraper.join().map_err(|_| anyhow::anyhow!("scraper panicked"))?;
+        let k = scraper
+            .join()
+            .map_err(|_| anyhow::anyhow!("scraper panicked"))?;
         Ok((during?, k))
     })?;
     println!("submit_alone_p50: {:.2} ms", pct(&alone, 0.5));
