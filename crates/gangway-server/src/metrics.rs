@@ -96,7 +96,7 @@ impl Snapshot {
         Snapshot {
             jobs: Vec::new(),
             gpus_allocated: clamp(allocated),
-            gpus_free: clamp(c.cluster.free_gpus() as u64),
+            gpus_free: clamp(c.cluster.free_gpus()),
             gpus_unhealthy: clamp(unhealthy),
         }
     }
