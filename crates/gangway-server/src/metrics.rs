@@ -379,6 +379,43 @@ mod tests {
     }
 
     #[test]
+    fn a_published_snapshot_replaces_the_last_and_gone_pairs_read_zero() {
+        let m = Metrics::new();
+        let l = |state: &str| JobLabels {
+            state: state.into(),
+            queue: "q".into(),
+        };
+        m.publish(Snapshot {
+            jobs: vec![(l("pending"), 2)],
+            gpus_allocated: 0,
+            gpus_free: 8,
+            gpus_unhealthy: 0,
+        });
+        let text = m.render();
+        assert!(
+            text.contains("gangway_jobs{state=\"pending\",queue=\"q\"} 2"),
+            "{text}"
+        );
+        m.publish(Snapshot {
+            jobs: vec![(l("running"), 2)],
+            gpus_allocated: 8,
+            gpus_free: 0,
+            gpus_unhealthy: 0,
+        });
+        let text = m.render();
+        assert!(
+            text.contains("gangway_jobs{state=\"pending\",queue=\"q\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gangway_jobs{state=\"running\",queue=\"q\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("gangway_gpus_allocated 8"), "{text}");
+        assert!(text.contains("gangway_gpus_free 0"), "{text}");
+    }
+
+    #[test]
     fn the_text_format_names_counters_by_their_total_series() {
         let om = "# HELP x_d Decisions.\n# TYPE x_d counter\nx_d_total{k=\"a\"} 1\nx_d_created 5\n# HELP x_g G.\n# TYPE x_g gauge\n# UNIT x_g seconds\nx_g 2\n# EOF\n";
         assert_eq!(
