@@ -24,7 +24,7 @@ use gangway_core::{JobId, JobSpec, JobState, NodeSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tokio::sync::Notify;
 
 pub use crate::authz::Principal;
@@ -186,12 +186,9 @@ pub async fn group_commit(
 
 const JOB_SEQ_LOST: &str = "submission lost in its batch; retry";
 
-/// Seconds since the epoch.
-pub fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+/// Seconds since the epoch (kept here for the binary's callers; the state
+/// layer uses [`crate::clock::now`]).
+pub use crate::clock::now;
 
 /// An API error: a status and a message naming the problem.
 #[derive(Debug)]
@@ -226,20 +223,42 @@ impl From<ControlError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ControlError::Store(_) | ControlError::Corrupt(..) => StatusCode::INTERNAL_SERVER_ERROR,
-            ControlError::Workflow(w) => w.status(),
+            ControlError::Workflow(w) => workflow_status(w),
         };
         ApiError(code, e.to_string())
     }
 }
 
+/// The HTTP status of a limit's refusal.
+fn limit_status(e: &LimitError) -> StatusCode {
+    match e {
+        LimitError::Field { .. } => StatusCode::BAD_REQUEST,
+        LimitError::Policy { .. } => StatusCode::FORBIDDEN,
+        LimitError::Rate { .. } => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
 impl From<LimitError> for ApiError {
     fn from(e: LimitError) -> Self {
-        let code = match &e {
-            LimitError::Field { .. } => StatusCode::BAD_REQUEST,
-            LimitError::Policy { .. } => StatusCode::FORBIDDEN,
-            LimitError::Rate { .. } => StatusCode::TOO_MANY_REQUESTS,
-        };
-        ApiError(code, e.to_string())
+        ApiError(limit_status(&e), e.to_string())
+    }
+}
+
+/// The HTTP status of a hold, release or update's refusal.
+fn workflow_status(e: &crate::workflow::WorkflowError) -> StatusCode {
+    use crate::workflow::WorkflowError as W;
+    match e {
+        W::NotPending(..) | W::NotHeld(_) => StatusCode::CONFLICT,
+        W::Forbidden(_) => StatusCode::FORBIDDEN,
+        W::Field(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        W::Malformed(_) => StatusCode::BAD_REQUEST,
+        W::Limit(l) => limit_status(l),
+    }
+}
+
+impl From<crate::workflow::WorkflowError> for ApiError {
+    fn from(e: crate::workflow::WorkflowError) -> Self {
+        ApiError(workflow_status(&e), e.to_string())
     }
 }
 
@@ -1503,14 +1522,14 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/jobs/{id}/hold", post(crate::workflow_api::hold))
         .route("/v1/jobs/{id}/release", post(crate::workflow_api::release))
         .route("/v1/jobs/{id}/update", post(crate::workflow_api::update))
-        .route("/v1/history", get(crate::history::list))
+        .route("/v1/history", get(crate::history_api::list))
         .route(
             "/v1/reservations",
-            post(crate::reservations::create).get(crate::reservations::list),
+            post(crate::reservations_api::create).get(crate::reservations_api::list),
         )
         .route(
             "/v1/reservations/{name}",
-            axum::routing::delete(crate::reservations::delete),
+            axum::routing::delete(crate::reservations_api::delete),
         )
         .merge(crate::dashboard::routes())
         .merge(crate::policy::api::routes())

@@ -296,7 +296,7 @@ pub async fn online(
     headers: axum::http::HeaderMap,
 ) -> Result<axum::Json<Backup>, crate::api::ApiError> {
     crate::api::authenticate_admin(&app, &headers, "take backups")?;
-    let now = crate::api::now();
+    let now = crate::clock::now();
     let app2 = app.clone();
     tokio::task::spawn_blocking(move || {
         let c = crate::api::lock(&app2)?;

@@ -223,8 +223,9 @@ pub struct Control<S: Store> {
     pub(crate) store: S,
     /// Scheduler's mirror of the store.
     pub cluster: ClusterState,
-    /// Job records with their store revisions.
-    pub jobs: BTreeMap<JobId, (JobRecord, u64)>,
+    /// Job records with their store revisions (and their counts by state
+    /// and queue, see [`crate::records::JobTable`]).
+    pub jobs: crate::records::JobTable,
     /// Last explanation per pending job.
     pub why: HashMap<JobId, gangway_sched::Explanation>,
     /// Maintenance reservations (see [`crate::reservations`]).
@@ -372,7 +373,7 @@ impl<S: Store> Control<S> {
             let spec: NodeSpec = decode(&kv.key, &kv.value)?;
             pending_nodes.insert(spec.name.clone(), spec);
         }
-        let mut jobs = BTreeMap::new();
+        let mut jobs = crate::records::JobTable::default();
         for kv in store.range("/jobs/")? {
             let rec: JobRecord = decode(&kv.key, &kv.value)?;
             jobs.insert(rec.id, (rec, kv.mod_revision));
@@ -394,7 +395,7 @@ impl<S: Store> Control<S> {
             cycle_seconds: 1,
             lifecycle: NodeLifecycle::default(),
             last_seen: HashMap::new(),
-            opened_at: crate::api::now(),
+            opened_at: crate::clock::now(),
             lost: HashSet::new(),
             node_failures: HashMap::new(),
             cordon_reasons: HashMap::new(),
@@ -456,7 +457,7 @@ impl<S: Store> Control<S> {
                 let _ = self.cluster.mark_preempting(r.id, by, r.submitted_at);
             }
         }
-        self.release_gated(crate::api::now(), false)?;
+        self.release_gated(crate::clock::now(), false)?;
         Ok(())
     }
 

@@ -7,6 +7,7 @@ pub mod api;
 pub mod audit;
 pub mod authz;
 pub mod backup;
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod counted_store;
@@ -14,6 +15,7 @@ pub mod dashboard;
 pub mod errors;
 pub mod ha;
 pub mod history;
+pub mod history_api;
 pub mod limits;
 pub mod listing;
 pub mod metrics;
@@ -22,6 +24,7 @@ pub mod openapi;
 pub mod policy;
 pub mod records;
 pub mod reservations;
+pub mod reservations_api;
 pub mod retention;
 pub mod workflow;
 pub mod workflow_api;
@@ -78,7 +81,7 @@ pub fn open(cfg: ServerConfig, data_dir: &Path) -> Result<Arc<App>, ServeError> 
     private_dir(data_dir)?;
     let path = data_dir.join("gangway.redb");
     let store = RedbStore::open(&path)?;
-    backup::prepare(&store, Some(data_dir), api::now())?;
+    backup::prepare(&store, Some(data_dir), clock::now())?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -108,7 +111,7 @@ pub fn open_with_audit(
     role: ha::Role,
     audit: audit::AuditLog,
 ) -> Result<Arc<App>, ServeError> {
-    backup::prepare(&*store, None, api::now())?;
+    backup::prepare(&*store, None, clock::now())?;
     let metrics = metrics::Metrics::new();
     let store: SharedStore = Arc::new(counted_store::CountedStore::new(
         store,
@@ -119,7 +122,7 @@ pub fn open_with_audit(
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
     control.contract = cfg.contract();
-    let policy = policy::load_or_seed(&mut control, &cfg, api::now())?;
+    let policy = policy::load_or_seed(&mut control, &cfg, clock::now())?;
     let live = policy::Live::new(&cfg);
     live.set(&policy);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -163,7 +166,7 @@ const RETENTION_EVERY: u64 = 60;
 /// Runs the scheduler loop forever: a cycle on every change and at least every `cycle_seconds`.
 pub async fn scheduler_loop(app: Arc<App>) {
     let period = Duration::from_secs(app.cfg.cycle_seconds.max(1));
-    let mut retained_at = api::now();
+    let mut retained_at = clock::now();
     loop {
         let _ = tokio::time::timeout(period, app.wake.notified()).await;
         // Let a burst of changes gather (a wake during the gap is kept).
@@ -171,15 +174,15 @@ pub async fn scheduler_loop(app: Arc<App>) {
         if !is_leader(&app) {
             continue;
         }
-        if api::now() >= retained_at.saturating_add(RETENTION_EVERY) {
-            retained_at = api::now();
+        if clock::now() >= retained_at.saturating_add(RETENTION_EVERY) {
+            retained_at = clock::now();
             let app2 = app.clone();
             let r = tokio::task::spawn_blocking(move || {
                 retention::pass(
                     &app2.control,
                     &app2.cfg.retention,
                     app2.export_dir.get().map(|p| p.as_path()),
-                    api::now(),
+                    clock::now(),
                 )
             })
             .await;
@@ -194,7 +197,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
             }
         }
         let start = Instant::now();
-        let now = api::now();
+        let now = clock::now();
         // The cycle runs on the blocking pool: the async workers stay free
         // for heartbeats and requests while it computes.
         let app2 = app.clone();
@@ -208,12 +211,18 @@ pub async fn scheduler_loop(app: Arc<App>) {
             );
             let r = expired.and_then(|_| c.cycle(now));
             policy::tick(&c, now);
-            // The /metrics snapshot, at most once a second.
+            // The /metrics snapshot, at most once a second: counted under
+            // the lock, published after it is released.
             let at = &app.metrics_at;
+            let mut snapshot = None;
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {
                 at.store(now, std::sync::atomic::Ordering::Relaxed);
-                app.metrics.refresh(&c);
+                snapshot = Some(metrics::Snapshot::gather(&c));
                 app.watch.refresh(&app.cfg, &c, now);
+            }
+            drop(c);
+            if let Some(s) = snapshot {
+                app.metrics.publish(s);
             }
             Some(r)
         })
@@ -222,7 +231,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
         app.metrics
             .cycle_seconds
             .observe(start.elapsed().as_secs_f64());
-        dashboard::record(&app, api::now());
+        dashboard::record(&app, clock::now());
         match result {
             Ok(d) => {
                 use metrics::DecisionLabels;

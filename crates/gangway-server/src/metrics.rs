@@ -1,5 +1,9 @@
 //! Prometheus metrics at `/metrics` (admin or metrics token), served from
-//! a snapshot the scheduler loop refreshes at most once a second.
+//! a snapshot the scheduler loop refreshes at most once a second: it reads the
+//! job counts the job table keeps by state and queue and counts the GPUs under
+//! the state lock ([`Snapshot::gather`]), then sets the gauges after releasing it
+//! ([`Metrics::publish`]). A scrape takes no state lock: it encodes the gauges
+//! and the live counters.
 
 use crate::control::Control;
 use gangway_store::Store;
@@ -36,6 +40,68 @@ pub struct DecisionLabels {
     pub kind: String,
 }
 
+/// What `/metrics`' gauges show, gathered from the control state without
+/// walking its jobs (the job table keeps their counts by state and queue), so
+/// the state lock is held briefly; the gauges are then set without it.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Jobs by (state, queue).
+    pub jobs: Vec<(JobLabels, i64)>,
+    /// GPUs bound to jobs.
+    pub gpus_allocated: i64,
+    /// Healthy free GPUs on schedulable nodes.
+    pub gpus_free: i64,
+    /// Unhealthy GPUs.
+    pub gpus_unhealthy: i64,
+}
+
+impl Snapshot {
+    /// Reads the job counts [`crate::records::JobTable`] keeps and counts
+    /// the GPUs of `c` (the caller holds the state lock; no job is walked).
+    pub fn gather<S: Store>(c: &Control<S>) -> Self {
+        let jobs = c
+            .jobs
+            .counts()
+            .map(|(state, queue, n)| {
+                (
+                    JobLabels {
+                        state: format!("{state:?}").to_lowercase(),
+                        queue: queue.to_string(),
+                    },
+                    n,
+                )
+            })
+            .collect();
+        Snapshot {
+            jobs,
+            ..Self::gather_gpus(c)
+        }
+    }
+
+    fn gather_gpus<S: Store>(c: &Control<S>) -> Self {
+        let unhealthy: u64 = c
+            .cluster
+            .nodes()
+            .iter()
+            .map(|n| (n.spec.gpus.len() as u32 - n.healthy.count_ones()) as u64)
+            .sum();
+        let allocated: u64 = c
+            .cluster
+            .capacity()
+            .alloc
+            .iter()
+            .map(|m| u64::from(m.count_ones()))
+            .sum();
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Snapshot {
+            jobs: Vec::new(),
+            gpus_allocated: clamp(allocated),
+            gpus_free: clamp(c.cluster.free_gpus()),
+            gpus_unhealthy: clamp(unhealthy),
+        }
+    }
+}
+
 /// All metrics.
 pub struct Metrics {
     registry: Registry,
@@ -55,6 +121,8 @@ pub struct Metrics {
     pub store_txns: Counter,
     /// Operations in those transactions (puts and deletes).
     pub store_ops: Counter,
+    /// The (state, queue) pairs the job gauge last showed.
+    job_labels: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
 }
 
 impl Default for Metrics {
@@ -78,6 +146,7 @@ impl Metrics {
             api_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             store_txns: Counter::default(),
             store_ops: Counter::default(),
+            job_labels: Default::default(),
             registry: Registry::default(),
         };
         registry.register("jobs", "Jobs by state and queue", m.jobs.clone());
@@ -121,9 +190,40 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Updates the gauges from the control state (the scheduler loop does
-    /// this periodically, so a scrape never walks the jobs under the lock).
+    /// Updates the gauges from the control state: [`Snapshot::gather`] then
+    /// [`Metrics::publish`]. The scheduler loop calls the two apart, so that
+    /// only the gathering holds the state lock.
     pub fn refresh<S: Store>(&self, c: &Control<S>) {
+        self.publish(Snapshot::gather(c));
+    }
+
+    /// Sets the gauges to `snap` (no state lock needed). Each gauge is set in
+    /// place, never cleared, so a scrape meanwhile never sees the job family
+    /// empty; a (state, queue) pair no longer present reads 0.
+    pub fn publish(&self, snap: Snapshot) {
+        let mut shown = self
+            .job_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now: std::collections::HashSet<JobLabels> =
+            snap.jobs.iter().map(|(l, _)| l.clone()).collect();
+        for gone in shown.difference(&now) {
+            self.jobs.get_or_create(gone).set(0);
+        }
+        for (l, n) in &snap.jobs {
+            self.jobs.get_or_create(l).set(*n);
+        }
+        *shown = now;
+        self.gpus_allocated.set(snap.gpus_allocated);
+        self.gpus_free.set(snap.gpus_free);
+        self.gpus_unhealthy.set(snap.gpus_unhealthy);
+    }
+
+    /// The refresh as it was before [`Snapshot`]: every job's labels built
+    /// and looked up in the gauge family while the caller holds the state
+    /// lock. Kept only as the baseline `gangway bench dashboard` measures
+    /// the snapshot against.
+    pub fn refresh_walking_baseline<S: Store>(&self, c: &Control<S>) {
         self.jobs.clear();
         for (rec, _) in c.jobs.values() {
             self.jobs
@@ -133,22 +233,10 @@ impl Metrics {
                 })
                 .inc();
         }
-        let unhealthy: u64 = c
-            .cluster
-            .nodes()
-            .iter()
-            .map(|n| (n.spec.gpus.len() as u32 - n.healthy.count_ones()) as u64)
-            .sum();
-        let allocated: u64 = c
-            .cluster
-            .capacity()
-            .alloc
-            .iter()
-            .map(|m| u64::from(m.count_ones()))
-            .sum();
-        self.gpus_allocated.set(allocated as i64);
-        self.gpus_free.set(c.cluster.free_gpus() as i64);
-        self.gpus_unhealthy.set(unhealthy as i64);
+        let s = Snapshot::gather_gpus(c);
+        self.gpus_allocated.set(s.gpus_allocated);
+        self.gpus_free.set(s.gpus_free);
+        self.gpus_unhealthy.set(s.gpus_unhealthy);
     }
 
     /// The OpenMetrics text of the last snapshot and the live counters.
@@ -288,6 +376,43 @@ mod tests {
             Format::negotiate(Some("application/openmetrics-text;q=0")),
             Format::Text
         );
+    }
+
+    #[test]
+    fn a_published_snapshot_replaces_the_last_and_gone_pairs_read_zero() {
+        let m = Metrics::new();
+        let l = |state: &str| JobLabels {
+            state: state.into(),
+            queue: "q".into(),
+        };
+        m.publish(Snapshot {
+            jobs: vec![(l("pending"), 2)],
+            gpus_allocated: 0,
+            gpus_free: 8,
+            gpus_unhealthy: 0,
+        });
+        let text = m.render();
+        assert!(
+            text.contains("gangway_jobs{state=\"pending\",queue=\"q\"} 2"),
+            "{text}"
+        );
+        m.publish(Snapshot {
+            jobs: vec![(l("running"), 2)],
+            gpus_allocated: 8,
+            gpus_free: 0,
+            gpus_unhealthy: 0,
+        });
+        let text = m.render();
+        assert!(
+            text.contains("gangway_jobs{state=\"pending\",queue=\"q\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gangway_jobs{state=\"running\",queue=\"q\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("gangway_gpus_allocated 8"), "{text}");
+        assert!(text.contains("gangway_gpus_free 0"), "{text}");
     }
 
     #[test]

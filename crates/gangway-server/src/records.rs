@@ -217,3 +217,122 @@ pub fn node_key(name: &str) -> String {
 
 /// Key holding the last job id handed out.
 pub const JOB_SEQ: &str = "/meta/job_seq";
+
+/// The control state's job records by id, each with its store revision, and
+/// a count of them by queue and state kept current on every insert and
+/// removal, so `/metrics` reads the counts instead of walking the jobs under
+/// the state lock. Reads go through `Deref` to the map; writes only through
+/// [`JobTable::insert`] and [`JobTable::remove`], which keep the counts.
+#[derive(Clone, Debug, Default)]
+pub struct JobTable {
+    map: BTreeMap<JobId, (JobRecord, u64)>,
+    counts: std::collections::HashMap<String, std::collections::HashMap<JobState, i64>>,
+}
+
+impl std::ops::Deref for JobTable {
+    type Target = BTreeMap<JobId, (JobRecord, u64)>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl JobTable {
+    /// Inserts or replaces a record; the replaced one, if any.
+    pub fn insert(&mut self, id: JobId, v: (JobRecord, u64)) -> Option<(JobRecord, u64)> {
+        self.count(&v.0, 1);
+        let old = self.map.insert(id, v);
+        if let Some((rec, _)) = &old {
+            self.count(rec, -1);
+        }
+        old
+    }
+
+    /// Removes a record; the removed one, if any.
+    pub fn remove(&mut self, id: &JobId) -> Option<(JobRecord, u64)> {
+        let old = self.map.remove(id);
+        if let Some((rec, _)) = &old {
+            self.count(rec, -1);
+        }
+        old
+    }
+
+    /// The jobs by (state, queue), non-zero counts only.
+    pub fn counts(&self) -> impl Iterator<Item = (JobState, &str, i64)> + '_ {
+        self.counts.iter().flat_map(|(q, by)| {
+            by.iter()
+                .filter(|(_, n)| **n != 0)
+                .map(move |(s, n)| (*s, q.as_str(), *n))
+        })
+    }
+
+    fn count(&mut self, rec: &JobRecord, d: i64) {
+        let by = match self.counts.get_mut(rec.spec.queue.as_str()) {
+            Some(by) => by,
+            None => self.counts.entry(rec.spec.queue.clone()).or_default(),
+        };
+        *by.entry(rec.state).or_insert(0) += d;
+    }
+}
+
+impl FromIterator<(JobId, (JobRecord, u64))> for JobTable {
+    fn from_iter<I: IntoIterator<Item = (JobId, (JobRecord, u64))>>(it: I) -> Self {
+        let mut t = JobTable::default();
+        for (id, v) in it {
+            t.insert(id, v);
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    /// The counts a walk of the table gives, as the table's counts are read.
+    fn walked(t: &JobTable) -> BTreeMap<(String, String), i64> {
+        let mut m = BTreeMap::new();
+        for (rec, _) in t.values() {
+            *m.entry((format!("{:?}", rec.state), rec.spec.queue.clone()))
+                .or_insert(0) += 1;
+        }
+        m
+    }
+
+    fn counted(t: &JobTable) -> BTreeMap<(String, String), i64> {
+        t.counts()
+            .map(|(s, q, n)| ((format!("{s:?}"), q.to_string()), n))
+            .collect()
+    }
+
+    #[test]
+    fn the_counts_follow_inserts_replacements_and_removals() {
+        let mut t = JobTable::default();
+        for i in 1..=6u64 {
+            let q = if i % 2 == 0 { "a" } else { "b" };
+            let r = JobRecord::submitted(JobId(i), "alice", JobSpec::new("j", q, 1, 1), 5);
+            t.insert(r.id, (r, i));
+        }
+        assert_eq!(counted(&t), walked(&t));
+        assert_eq!(counted(&t).get(&("Pending".into(), "a".into())), Some(&3));
+        // A state change replaces the record: it moves from one count to another.
+        let mut r = t[&JobId(2)].0.clone();
+        r.state = JobState::Running;
+        t.insert(r.id, (r, 9));
+        // A queue change too.
+        let mut r = t[&JobId(3)].0.clone();
+        r.spec.queue = "c".into();
+        t.insert(r.id, (r, 9));
+        assert!(t.remove(&JobId(5)).is_some());
+        assert!(t.remove(&JobId(5)).is_none());
+        assert_eq!(counted(&t), walked(&t));
+        assert_eq!(counted(&t).get(&("Running".into(), "a".into())), Some(&1));
+        assert_eq!(counted(&t).get(&("Pending".into(), "b".into())), Some(&1));
+        assert_eq!(counted(&t).get(&("Pending".into(), "c".into())), Some(&1));
+        // A count that reaches zero is not reported.
+        t.remove(&JobId(1));
+        assert_eq!(counted(&t).get(&("Pending".into(), "b".into())), None);
+        assert_eq!(counted(&t), walked(&t));
+        let rebuilt: JobTable = t.iter().map(|(k, v)| (*k, v.clone())).collect();
+        assert_eq!(counted(&rebuilt), walked(&t));
+    }
+}

@@ -6,19 +6,14 @@
 //! core's state ([`gangway_sched::ClusterState::set_maintenance`]) every cycle
 //! and drops the ones that have ended. Routes:
 //! `POST /v1/reservations` (admin), `GET /v1/reservations` (any person),
-//! `DELETE /v1/reservations/{name}` (admin).
+//! `DELETE /v1/reservations/{name}` (admin), served by
+//! [`crate::reservations_api`].
 
-use crate::api::{authenticate_admin, authenticate_person, lock, now, ApiError, App};
 use crate::control::{decode, encode, Control, ControlError};
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use gangway_core::Time;
 use gangway_store::{Op, Store};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Store prefix of reservations.
 pub const PREFIX: &str = "/reservations/";
@@ -81,13 +76,33 @@ impl Reservations {
     }
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, msg)
+/// Why a reservation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationError {
+    /// A malformed field, named in the message (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// A node the cluster does not have (422).
+    #[error("{0}")]
+    NoSuchNode(String),
+    /// The name is taken (409).
+    #[error("{0}")]
+    Exists(String),
+    /// [`MAX_RESERVATIONS`] reached (429).
+    #[error("{0}")]
+    TooMany(String),
+    /// The store or the control state.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+}
+
+fn bad(msg: impl Into<String>) -> ReservationError {
+    ReservationError::Malformed(msg.into())
 }
 
 /// Checks a name: lowercase letters, digits, `.`, `_`, `-`, starting with a
 /// letter or digit, 1 to [`MAX_NAME`] characters.
-pub fn check_name(name: &str) -> Result<(), ApiError> {
+pub fn check_name(name: &str) -> Result<(), ReservationError> {
     let ok_first = name
         .chars()
         .next()
@@ -110,7 +125,7 @@ impl<S: Store> Control<S> {
         req: CreateReservation,
         by: &str,
         now: Time,
-    ) -> Result<MaintenanceReservation, ApiError> {
+    ) -> Result<MaintenanceReservation, ReservationError> {
         check_name(&req.name)?;
         if req.nodes.is_empty() || req.nodes.len() > MAX_NODES {
             return Err(bad(format!("nodes: 1 to {MAX_NODES} node names")));
@@ -134,26 +149,22 @@ impl<S: Store> Control<S> {
         nodes.dedup();
         for n in &nodes {
             if self.cluster.node_index(n).is_none() {
-                return Err(ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    format!(
-                        "nodes: no node named {:?}",
-                        n.chars().take(64).collect::<String>()
-                    ),
-                ));
+                return Err(ReservationError::NoSuchNode(format!(
+                    "nodes: no node named {:?}",
+                    n.chars().take(64).collect::<String>()
+                )));
             }
         }
         if self.reservations.0.contains_key(&req.name) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                format!("reservation {} already exists", req.name),
-            ));
+            return Err(ReservationError::Exists(format!(
+                "reservation {} already exists",
+                req.name
+            )));
         }
         if self.reservations.0.len() >= MAX_RESERVATIONS {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("at most {MAX_RESERVATIONS} reservations at once"),
-            ));
+            return Err(ReservationError::TooMany(format!(
+                "at most {MAX_RESERVATIONS} reservations at once"
+            )));
         }
         let start = req.start.max(now.saturating_sub(PAST_TOLERANCE_SECONDS));
         let r = MaintenanceReservation {
@@ -225,100 +236,4 @@ impl<S: Store> Control<S> {
         }
         Ok(())
     }
-}
-
-/// `POST /v1/reservations` (admins).
-#[utoipa::path(
-    post, path = "/v1/reservations", tag = "reservations", operation_id = "create_reservation",
-    summary = "Create a maintenance reservation: its nodes take no job that would run into the window (admin)",
-    request_body(content = Object, content_type = "application/json", description = "{name, nodes, start, duration_seconds}"),
-    responses(
-        (status = 201, description = "{name, nodes, start, end, created_by}", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
-    ),
-    security(("bearer" = []))
-)]
-pub async fn create(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> Result<Response, ApiError> {
-    let p = authenticate_admin(&app, &headers, "create reservations")?;
-    let body = crate::api::read_body(&app, body).await?;
-    let req: CreateReservation =
-        serde_json::from_slice(&body).map_err(|e| bad(format!("reservation: {e}")))?;
-    let r = lock(&app)?.create_reservation(req, &p.name(), now())?;
-    app.wake.notify_one();
-    let mut res = (StatusCode::CREATED, Json(r.clone())).into_response();
-    res.extensions_mut()
-        .insert(crate::audit::AuditTarget(format!("reservation {}", r.name)));
-    Ok(res)
-}
-
-/// `GET /v1/reservations` (any person).
-#[utoipa::path(
-    get, path = "/v1/reservations", tag = "reservations", operation_id = "list_reservations",
-    summary = "Maintenance reservations",
-    responses(
-        (status = 200, description = "Every reservation", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
-    ),
-    security(("bearer" = []))
-)]
-pub async fn list(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-) -> Result<Json<Vec<MaintenanceReservation>>, ApiError> {
-    authenticate_person(&app, &headers)?;
-    let c = lock(&app)?;
-    Ok(Json(c.reservations.0.values().cloned().collect()))
-}
-
-/// `DELETE /v1/reservations/{name}` (admins).
-#[utoipa::path(
-    delete, path = "/v1/reservations/{name}", tag = "reservations", operation_id = "delete_reservation",
-    summary = "Delete a maintenance reservation (admin)",
-    params(("name" = String, Path, description = "Reservation name")),
-    responses(
-        (status = 200, description = "Deleted", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
-    ),
-    security(("bearer" = []))
-)]
-pub async fn delete(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Response, ApiError> {
-    authenticate_admin(&app, &headers, "delete reservations")?;
-    check_name(&name)?;
-    if !lock(&app)?.delete_reservation(&name, now())? {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no reservation named {name}"),
-        ));
-    }
-    app.wake.notify_one();
-    let mut res = Json(serde_json::json!({ "name": name, "deleted": true })).into_response();
-    res.extensions_mut()
-        .insert(crate::audit::AuditTarget(format!("reservation {name}")));
-    Ok(res)
 }

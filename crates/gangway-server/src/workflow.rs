@@ -9,11 +9,10 @@
 //! order ([`Control::release_gated`]), and `Control::open` rebuilds the same
 //! from the records alone.
 
-use crate::api::{ApiError, Principal};
+use crate::authz::Principal;
 use crate::config::ServerConfig;
 use crate::control::{Control, ControlError};
 use crate::records::{JobEvent, JobRecord};
-use axum::http::StatusCode;
 use gangway_core::workflow::{format_utc, parse_array, parse_dependency, AfterKind, Dependency};
 use gangway_core::{
     format_time_span, ArrayTask, BeginAt, JobId, JobSpec, JobState, PriorityClass, ReasonCode,
@@ -59,17 +58,12 @@ pub enum WorkflowError {
     /// A field the request got wrong (422).
     #[error("{0}")]
     Field(String),
-}
-
-impl WorkflowError {
-    /// The HTTP status of the refusal.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            WorkflowError::NotPending(..) | WorkflowError::NotHeld(_) => StatusCode::CONFLICT,
-            WorkflowError::Forbidden(_) => StatusCode::FORBIDDEN,
-            WorkflowError::Field(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        }
-    }
+    /// A malformed request, e.g. an update that changes nothing (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// A submission rule of the cluster's limits (status by rule).
+    #[error(transparent)]
+    Limit(#[from] crate::limits::LimitError),
 }
 
 /// Pending jobs kept out of the scheduler's state, each with its reason code
@@ -669,7 +663,7 @@ pub fn updated_spec(
     p: &Principal,
     rec: &JobRecord,
     u: &JobUpdate,
-) -> Result<(JobSpec, String), ApiError> {
+) -> Result<(JobSpec, String), WorkflowError> {
     let mut spec = rec.spec.clone();
     let mut what = Vec::new();
     if let Some(pr) = u.priority {
@@ -677,20 +671,17 @@ pub fn updated_spec(
         what.push(format!("priority {pr}"));
     }
     if let Some(t) = &u.time_limit {
-        let secs = t.seconds().map_err(|e| {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("time_limit: {e}"))
-        })?;
+        let secs = t
+            .seconds()
+            .map_err(|e| WorkflowError::Field(format!("time_limit: {e}")))?;
         if let Principal::User { .. } = p {
             if let Some(now) = rec.spec.time_limit_seconds() {
                 if secs > now {
-                    return Err(ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        format!(
+                    return Err(WorkflowError::Forbidden(format!(
                             "time_limit: users may only lower a time limit ({} now, {} asked); ask an admin",
                             format_time_span(now),
                             format_time_span(secs)
-                        ),
-                    ));
+                        )));
                 }
             }
         }
@@ -700,13 +691,10 @@ pub fn updated_spec(
     if let Some(q) = &u.queue {
         if let Principal::User { name, queues } = p {
             if !queues.contains(q) {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "queue: user {name} may not submit to queue {}",
-                        q.chars().take(253).collect::<String>()
-                    ),
-                ));
+                return Err(WorkflowError::Forbidden(format!(
+                    "queue: user {name} may not submit to queue {}",
+                    q.chars().take(253).collect::<String>()
+                )));
             }
         }
         spec.queue = q.clone();
@@ -717,16 +705,14 @@ pub fn updated_spec(
         what.push(format!("name {n:?}"));
     }
     if what.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "update: give at least one of priority, time_limit, queue, name",
+        return Err(WorkflowError::Malformed(
+            "update: give at least one of priority, time_limit, queue, name".into(),
         ));
     }
     crate::limits::check_submission(cfg, p, &spec)?;
     spec.validate()
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
-    crate::admission::admit(cfg, &spec)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+        .map_err(|e| WorkflowError::Field(e.to_string()))?;
+    crate::admission::admit(cfg, &spec).map_err(|e| WorkflowError::Field(e.to_string()))?;
     Ok((spec, what.join(", ")))
 }
 
@@ -768,7 +754,7 @@ mod tests {
     #[test]
     fn gated_jobs_stay_gated_across_a_restart_and_enter_when_free() {
         // Real times: `Control::open` decides gated jobs at the wall clock.
-        let t0 = crate::api::now();
+        let t0 = crate::clock::now();
         let (dir, mut c) = control_at(t0);
         let mut held = JobSpec::new("h", "q", 1, 1);
         held.hold = true;

@@ -91,11 +91,13 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         c.cycle(gangway_server::api::now())
             .context("scheduling the stored jobs")?;
     }
+    let held = metrics_lock_holds(&app, a.requests)?;
     let rt = tokio::runtime::Runtime::new()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
+    let served = app.clone();
     rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
+        let _ = gangway_server::serve(served, listener).await;
     });
     let views = [
         ("page", "/"),
@@ -130,5 +132,139 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         println!("{name}_p99: {:.1} ms", pct(&ms, 0.99));
         println!("{name}_bytes: {bytes} bytes");
     }
+    print_metrics_figures(&base, a, &held)?;
+    Ok(())
+}
+
+/// How long the `/metrics` refresh holds the state lock, in ms over `n`
+/// refreshes each: the baseline (labels built per job, set in the gauge
+/// family under the lock) and the snapshot (one counting pass under the
+/// lock, gauges set after).
+struct LockHolds {
+    baseline: Vec<f64>,
+    snapshot: Vec<f64>,
+    publish: Vec<f64>,
+}
+
+fn metrics_lock_holds(app: &gangway_server::api::App, n: usize) -> Result<LockHolds> {
+    let mut h = LockHolds {
+        baseline: Vec::new(),
+        snapshot: Vec::new(),
+        publish: Vec::new(),
+    };
+    for _ in 0..n.max(1) {
+        {
+            let c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+            let t = Instant::now();
+            app.metrics.refresh_walking_baseline(&c);
+            h.baseline.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let snap = {
+            let c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+            let t = Instant::now();
+            let s = gangway_server::metrics::Snapshot::gather(&c);
+            h.snapshot.push(t.elapsed().as_secs_f64() * 1e3);
+            s
+        };
+        let t = Instant::now();
+        app.metrics.publish(snap);
+        h.publish.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    for v in [&mut h.baseline, &mut h.snapshot, &mut h.publish] {
+        v.sort_by(f64::total_cmp);
+    }
+    Ok(h)
+}
+
+/// The `/metrics` figures: the refresh's lock hold before and after, a
+/// scrape's latency, and submissions' latency with and without a scraper
+/// hammering `/metrics` beside them (a scrape must not block them).
+fn print_metrics_figures(base: &str, a: &DashboardArgs, h: &LockHolds) -> Result<()> {
+    println!(
+        "metrics_refresh_lock_hold_baseline_p50: {:.2} ms",
+        pct(&h.baseline, 0.5)
+    );
+    println!(
+        "metrics_refresh_lock_hold_baseline_p99: {:.2} ms",
+        pct(&h.baseline, 0.99)
+    );
+    println!(
+        "metrics_refresh_lock_hold_snapshot_p50: {:.2} ms",
+        pct(&h.snapshot, 0.5)
+    );
+    println!(
+        "metrics_refresh_lock_hold_snapshot_p99: {:.2} ms",
+        pct(&h.snapshot, 0.99)
+    );
+    println!(
+        "metrics_refresh_lock_hold_ratio_p50: {:.1} x",
+        pct(&h.baseline, 0.5) / pct(&h.snapshot, 0.5).max(1e-6)
+    );
+    println!(
+        "metrics_publish_off_lock_p50: {:.2} ms",
+        pct(&h.publish, 0.5)
+    );
+    let agent = ureq::AgentBuilder::new().build();
+    let scrape = |agent: &ureq::Agent| -> Result<f64> {
+        let t = Instant::now();
+        agent
+            .get(&format!("{base}/metrics"))
+            .set("Authorization", "Bearer bench-admin-token")
+            .call()
+            .context("GET /metrics")?
+            .into_string()?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    };
+    let mut ms = (0..a.requests.max(100))
+        .map(|_| scrape(&agent))
+        .collect::<Result<Vec<_>>>()?;
+    ms.sort_by(f64::total_cmp);
+    println!("metrics_scrape_p50: {:.2} ms", pct(&ms, 0.5));
+    println!("metrics_scrape_p99: {:.2} ms", pct(&ms, 0.99));
+    let submits = |n: usize| -> Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let spec = serde_json::json!({
+                "name": format!("m{i}"), "queue": "research", "replicas": 1,
+                "resources": { "gpus": 1, "cpu_millis": 1000, "memory_mib": 1024 },
+                "run": { "command": ["true"] }
+            });
+            let t = Instant::now();
+            agent
+                .post(&format!("{base}/v1/jobs"))
+                .set("Authorization", "Bearer bench-admin-token")
+                .send_json(spec)
+                .context("POST /v1/jobs")?;
+            out.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        out.sort_by(f64::total_cmp);
+        Ok(out)
+    };
+    let n = a.requests.max(200);
+    let alone = submits(n)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (during, scrapes) = std::thread::scope(|sc| -> Result<(Vec<f64>, usize)> {
+        let scraper = sc.spawn(|| {
+            let agent = ureq::AgentBuilder::new().build();
+            let mut k = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if scrape(&agent).is_ok() {
+                    k += 1;
+                }
+            }
+            k
+        });
+        let during = submits(n);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let k = scraper
+            .join()
+            .map_err(|_| anyhow::anyhow!("scraper panicked"))?;
+        Ok((during?, k))
+    })?;
+    println!("submit_alone_p50: {:.2} ms", pct(&alone, 0.5));
+    println!("submit_alone_p99: {:.2} ms", pct(&alone, 0.99));
+    println!("submit_while_scraping_p50: {:.2} ms", pct(&during, 0.5));
+    println!("submit_while_scraping_p99: {:.2} ms", pct(&during, 0.99));
+    println!("scrapes_during_submissions: {scrapes} scrapes");
     Ok(())
 }

@@ -1,0 +1,235 @@
+//! The server's layering, checked on its sources: the state layer (the
+//! control state and what it is made of) knows nothing of HTTP. The API,
+//! dashboard and metrics depend on it, never the reverse. A state module that
+//! imports an HTTP module (or axum) fails this test, which names the file.
+//! See docs/ARCHITECTURE.md ("Layers of the server").
+
+use std::path::{Path, PathBuf};
+
+/// The state layer: files (relative to `src/`) that must not import HTTP.
+const STATE: &[&str] = &[
+    "admission.rs",
+    "audit.rs",
+    "authz.rs",
+    "clock.rs",
+    "config.rs",
+    "control.rs",
+    "control/",
+    "counted_store.rs",
+    "history.rs",
+    "limits.rs",
+    "nodes.rs",
+    "policy/mod.rs",
+    "policy/whatif.rs",
+    "records.rs",
+    "reservations.rs",
+    "retention.rs",
+    "workflow.rs",
+    "yaml.rs",
+];
+
+/// The HTTP layer (`crate::X` paths a state module may not name): routes,
+/// handlers, error mapping, rendering for scrapes and pages.
+const HTTP: &[&str] = &[
+    "api",
+    "dashboard",
+    "errors",
+    "history_api",
+    "listing",
+    "metrics",
+    "openapi",
+    "reservations_api",
+    "workflow_api",
+    "policy::api",
+    "policy::watch",
+];
+
+/// The runtime that wires both together (may import anything): the server's
+/// entry points, the HA leader loop, and the online backup route.
+const RUNTIME: &[&str] = &["lib.rs", "ha.rs", "backup.rs"];
+
+/// Crates of the HTTP stack a state module may not use.
+const HTTP_CRATES: &[&str] = &["axum", "tower", "tower_http", "hyper", "reqwest"];
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("src dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The module path (`policy::whatif`) `super` means in the file at `rel`.
+fn parent_module(rel: &str) -> Option<String> {
+    let parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
+    // `a/b.rs` and `a/mod.rs` are children of `a` and of the crate root.
+    match parts.as_slice() {
+        [_, "mod"] => None,
+        [dir, _] => Some((*dir).to_string()),
+        _ => None,
+    }
+}
+
+/// Every HTTP module or crate that `source` (the file at `rel`) names in
+/// code (comments skipped).
+fn http_imports(rel: &str, source: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let code: String = source
+        .lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Paths as written: `crate::a::b`, `crate::{a, b::c}`, `super::a`.
+    let mut paths: Vec<String> = Vec::new();
+    let bytes = code.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_word = code.is_char_boundary(i) && (i == 0 || !ident(bytes[i - 1]));
+        if starts_word {
+            let rest = &code[i..];
+            let prefix = ["crate::", "super::"]
+                .into_iter()
+                .find(|p| rest.starts_with(p));
+            if let Some(p) = prefix {
+                let base = if p == "super::" {
+                    parent_module(rel)
+                } else {
+                    None
+                };
+                let after = &rest[p.len()..];
+                let body: Vec<String> = if let Some(group) = after.strip_prefix('{') {
+                    let end = group.find('}').unwrap_or(group.len());
+                    group[..end]
+                        .split(',')
+                        .map(|s| s.trim().replace(' ', ""))
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                } else {
+                    let end = after
+                        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                        .unwrap_or(after.len());
+                    vec![after[..end].to_string()]
+                };
+                for b in body {
+                    paths.push(match &base {
+                        Some(m) => format!("{m}::{b}"),
+                        None => b,
+                    });
+                }
+            }
+            for krate in HTTP_CRATES {
+                if rest.starts_with(&format!("{krate}::")) && !found.contains(&krate.to_string()) {
+                    found.push((*krate).to_string());
+                }
+            }
+        }
+        i += 1;
+    }
+    for p in paths {
+        for h in HTTP {
+            let hit = p == *h || p.starts_with(&format!("{h}::"));
+            if hit && !found.contains(&h.to_string()) {
+                found.push((*h).to_string());
+            }
+        }
+    }
+    found
+}
+
+fn is_state(rel: &str) -> bool {
+    STATE
+        .iter()
+        .any(|s| rel == *s || (s.ends_with('/') && rel.starts_with(s)))
+}
+
+fn is_http(rel: &str) -> bool {
+    let module = rel
+        .trim_end_matches(".rs")
+        .trim_end_matches("/mod")
+        .replace('/', "::");
+    HTTP.iter()
+        .any(|h| module == *h || module.starts_with(&format!("{h}::")))
+}
+
+#[test]
+fn state_modules_import_no_http_module() {
+    let root = src();
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    all.sort();
+    let mut bad = Vec::new();
+    let mut unclassified = Vec::new();
+    for f in &all {
+        let rel = f
+            .strip_prefix(&root)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/");
+        if !is_state(&rel) && !is_http(&rel) && !RUNTIME.contains(&rel.as_str()) {
+            unclassified.push(rel.clone());
+        }
+        if is_state(&rel) {
+            let source = std::fs::read_to_string(f).expect("source");
+            let hits = http_imports(&rel, &source);
+            if !hits.is_empty() {
+                bad.push(format!("src/{rel} imports {}", hits.join(", ")));
+            }
+        }
+    }
+    assert!(
+        unclassified.is_empty(),
+        "classify these modules as state, HTTP or runtime in tests/layers.rs: {unclassified:?}"
+    );
+    assert!(
+        bad.is_empty(),
+        "the state layer must not depend on HTTP modules:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn every_listed_state_module_exists() {
+    for s in STATE {
+        let p = src().join(s);
+        assert!(p.exists(), "tests/layers.rs lists {s}, which is gone");
+    }
+}
+
+#[test]
+fn the_scanner_sees_the_import_forms() {
+    assert_eq!(http_imports("control.rs", "use crate::api::now;"), ["api"]);
+    assert_eq!(
+        http_imports("records.rs", "use crate::{records::X, metrics::Format};"),
+        ["metrics"]
+    );
+    assert_eq!(
+        http_imports("policy/whatif.rs", "fn f() { super::watch::render() }"),
+        ["policy::watch"]
+    );
+    assert_eq!(
+        http_imports("workflow.rs", "use axum::http::StatusCode;"),
+        ["axum"]
+    );
+    assert_eq!(
+        http_imports(
+            "control.rs",
+            "let x = crate::api_like::f(); // crate::api::now"
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        http_imports("policy/mod.rs", "pub mod api;\nuse crate::control::X;"),
+        Vec::<String>::new()
+    );
+}
