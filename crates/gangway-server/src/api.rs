@@ -778,7 +778,7 @@ async fn register_node(
             ))
         }
     };
-    crate::nodes::check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
+    check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
     let body = read_body(&app, body).await?;
     let spec: NodeSpec = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("node: {e}")))?;
@@ -907,7 +907,7 @@ async fn agent_sync(
 ) -> ApiResult<Json<SyncResponse>> {
     node_auth(&app, &headers, &node)?;
     // An agent left running while servers were upgraded past the skew policy.
-    crate::nodes::check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
+    check_agent_version(headers.get(gangway_core::agent::VERSION_HEADER))?;
     let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
@@ -1540,4 +1540,29 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn(crate::errors::json_errors))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(app)
+}
+
+/// The registering agent's version, from its
+/// [`gangway_core::agent::VERSION_HEADER`] header (an agent that states
+/// none predates it: 0.1), refused when the version-skew policy does not let
+/// it work with this server (400 for a malformed version, 409 for one too
+/// far apart, naming both versions).
+pub fn check_agent_version(
+    header: Option<&axum::http::HeaderValue>,
+) -> Result<gangway_core::agent::Version, crate::api::ApiError> {
+    use axum::http::StatusCode;
+    use gangway_core::agent::{check_skew, Version, UNSTATED_VERSION, VERSION_HEADER};
+    let agent = match header {
+        None => UNSTATED_VERSION,
+        Some(h) => h
+            .to_str()
+            .map_err(|_| gangway_core::agent::SkewError::Malformed("(not text)".into()))
+            .and_then(str::parse::<Version>)
+            .map_err(|e| {
+                crate::api::ApiError::new(StatusCode::BAD_REQUEST, format!("{VERSION_HEADER}: {e}"))
+            })?,
+    };
+    check_skew(Version::current(), agent)
+        .map_err(|e| crate::api::ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
+    Ok(agent)
 }

@@ -1718,13 +1718,9 @@ mod tests {
 
         // A rank failed at t=3; the other never exits: the gang restarts.
         let (_d, mut c, id) = one_node_running_job(60);
-        c.jobs
-            .get_mut(&id)
-            .expect("job")
-            .0
-            .spec
-            .restart
-            .max_restarts = 1;
+        let mut e = c.jobs[&id].clone();
+        e.0.spec.restart.max_restarts = 1;
+        c.jobs.insert(id, e);
         c.report("n", id, Some(0), Report::Failing(1), 3)
             .expect("failing");
         assert!(c

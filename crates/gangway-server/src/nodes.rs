@@ -88,31 +88,6 @@ pub struct Registered {
     pub pending: bool,
 }
 
-/// The registering agent's version, from its
-/// [`gangway_core::agent::VERSION_HEADER`] header (an agent that states
-/// none predates it: 0.1), refused when the version-skew policy does not let
-/// it work with this server (400 for a malformed version, 409 for one too
-/// far apart, naming both versions).
-pub fn check_agent_version(
-    header: Option<&axum::http::HeaderValue>,
-) -> Result<gangway_core::agent::Version, crate::api::ApiError> {
-    use axum::http::StatusCode;
-    use gangway_core::agent::{check_skew, Version, UNSTATED_VERSION, VERSION_HEADER};
-    let agent = match header {
-        None => UNSTATED_VERSION,
-        Some(h) => h
-            .to_str()
-            .map_err(|_| gangway_core::agent::SkewError::Malformed("(not text)".into()))
-            .and_then(str::parse::<Version>)
-            .map_err(|e| {
-                crate::api::ApiError::new(StatusCode::BAD_REQUEST, format!("{VERSION_HEADER}: {e}"))
-            })?,
-    };
-    check_skew(Version::current(), agent)
-        .map_err(|e| crate::api::ApiError::new(StatusCode::CONFLICT, e.to_string()))?;
-    Ok(agent)
-}
-
 /// Longest node name.
 const MAX_NODE_NAME: usize = 253;
 
