@@ -187,7 +187,7 @@ mod tests {
         f.attained_gpu_seconds = 3250;
         assert_eq!(rank(&p, &f).priority, 1001);
         f.attained_gpu_seconds = 3000;
-        f.running_for = Some(2000); // 4000 more GPU-seconds in this attempt
+        f.running_for = Some(2100); // 4200 more GPU-seconds in this attempt
         assert_eq!(rank(&p, &f).priority, 1000);
     }
 
