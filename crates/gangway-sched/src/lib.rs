@@ -27,6 +27,7 @@ pub mod placement;
 pub mod predict;
 pub mod preempt;
 pub mod quota;
+pub mod rank;
 pub mod state;
 
 pub use capacity::{Capacity, NodeIdx, QueueId};

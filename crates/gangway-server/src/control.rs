@@ -4,6 +4,7 @@
 //! in memory and acknowledged.
 
 mod contract;
+mod rank;
 
 pub use contract::{ContractConfig, ContractState};
 
@@ -130,6 +131,19 @@ pub(crate) enum AfterEnd {
 /// The record of a job whose attempt ends: requeued (preempted), restarting
 /// after a backoff or failed for good (a rank or node failed), or succeeded.
 pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord, AfterEnd) {
+    // The attempt's service counts for the ranking (`control/rank.rs`).
+    if let Some(start) = rec.attempt_started() {
+        let ran = now.saturating_sub(start);
+        let per = u64::from(rec.spec.resources.gpus);
+        let gpus = match rec.placement.len() {
+            0 => rec.spec.total_gpus(),
+            n => per.saturating_mul(n as u64),
+        };
+        rec.run_seconds = rec.run_seconds.saturating_add(ran);
+        rec.attained_gpu_seconds = rec
+            .attained_gpu_seconds
+            .saturating_add(gpus.saturating_mul(ran));
+    }
     rec.started_on.clear();
     rec.exited_on.clear();
     rec.preempted_by = None;
@@ -276,6 +290,8 @@ pub struct Control<S: Store> {
     predictor_saved_at: Time,
     /// Pending jobs kept out of the scheduler (held, begin, dependency, array limit).
     pub gates: crate::workflow::Gates,
+    /// Gangway's ranking: what was applied, when (see `control/rank.rs`).
+    pub(crate) ranks: rank::RankMemo,
 }
 
 /// Where the run-time predictor (learned from this cluster's completed jobs)
@@ -405,6 +421,7 @@ impl<S: Store> Control<S> {
             predictor_dirty: false,
             predictor_saved_at: 0,
             gates: Default::default(),
+            ranks: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
             // A predictor this version cannot read is relearned, not fatal.
@@ -1456,6 +1473,7 @@ impl<S: Store> Control<S> {
         self.enforce_time_limits(now)?;
         self.save_predictor(now)?;
         self.sync_reservations(now)?;
+        self.rank_jobs(now);
         let d = schedule(&self.cluster, now, &self.sched);
         let mut ports = if d.binds.is_empty() {
             HashMap::new()

@@ -116,6 +116,18 @@ pub struct JobRecord {
     /// (`DependencyNeverSatisfied`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<gangway_core::ReasonCode>,
+    /// GPU-seconds it held in attempts that have ended (from each attempt's
+    /// `scheduled` event to its end): the attained service the ranking
+    /// (`gangway_sched::rank`) reads. Older records start at 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attained_gpu_seconds: u64,
+    /// Wall-clock seconds its ended attempts ran (time not spent waiting).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub run_seconds: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A checkpoint reported through `$GANGWAY_CHECKPOINT_DIR/LATEST`.
@@ -190,7 +202,20 @@ impl JobRecord {
             held: None,
             array: None,
             end_reason: None,
+            attained_gpu_seconds: 0,
+            run_seconds: 0,
         }
+    }
+
+    /// When the current attempt was placed (its last `scheduled` event since
+    /// the last requeue or restart), if it was.
+    pub fn attempt_started(&self) -> Option<Time> {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| matches!(e.kind.as_str(), "scheduled" | "requeued" | "restarting"))
+            .filter(|e| e.kind == "scheduled")
+            .map(|e| e.at)
     }
 
     /// The distinct nodes of the current placement, in rank order.

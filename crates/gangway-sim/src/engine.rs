@@ -14,11 +14,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use thiserror::Error;
 
-/// Gangway's aging: a pending job that has waited this many times its
-/// expected (median predicted or declared) run time goes first in its queue.
-/// Measured on Chronus MIX1: 1, 2, 3 and 5 give average JCTs within 2 % of
-/// each other; 3 had the lowest.
-pub const AGING_FACTOR: u64 = 3;
+/// Gangway's aging bound (see [`gangway_sched::rank::AGING_FACTOR`]).
+pub use gangway_sched::rank::AGING_FACTOR;
 
 /// Knobs of a simulation run.
 #[derive(Clone, Debug, PartialEq)]
@@ -180,6 +177,8 @@ pub struct Engine {
     debug: bool,
     /// When ranks that change with time (age, aging) were last refreshed.
     last_refresh: Option<Time>,
+    /// Gangway's ranking knobs (the run's LAS thresholds).
+    rank_params: gangway_sched::rank::RankParams,
     /// Slurm fair share: per queue, decayed GPU-seconds used.
     queue_usage: std::collections::BTreeMap<String, f64>,
     /// Events processed.
@@ -254,6 +253,10 @@ impl Engine {
         if let Some(k) = opts.plan_depth {
             cfg.plan_depth = k;
         }
+        let rank_params = gangway_sched::rank::RankParams {
+            thresholds: opts.las_thresholds.clone(),
+            aging_factor: AGING_FACTOR,
+        };
         let mut e = Engine {
             policy,
             opts,
@@ -270,6 +273,7 @@ impl Engine {
                 .and_then(|w| w.parse().ok()),
             debug: std::env::var_os("GANGWAY_SIM_DEBUG").is_some(),
             last_refresh: None,
+            rank_params,
             queue_usage: Default::default(),
             events_processed: 0,
             cycles: 0,
@@ -530,43 +534,25 @@ impl Engine {
             }
             Ranking::Multifactor => self.multifactor(i),
             Ranking::WithinQueue => {
-                // Within its priority class, a band of attained service (as
-                // Tiresias): jobs that received less GPU time come first and may
-                // preempt those far past them in their own queue or in a queue
-                // that borrows; inside a band and queue, least predicted
-                // remaining work first, with aging.
-                let a = j.attained + u64::from(j.trace.gpus) * ran;
-                let bands = self.opts.las_thresholds.len() as i32;
-                let band = self.opts.las_thresholds.iter().filter(|t| a >= **t).count() as i32;
-                let class = j.trace.priority.value();
-                let rank = self.gangway_rank(i);
-                let _ = self.state.set_rank(id, rank);
-                class + bands - band
+                // Gangway's ranking, the same code as the live server's.
+                let Some(job) = self.state.job(id) else {
+                    return;
+                };
+                let facts = gangway_sched::rank::RankFacts {
+                    class: j.trace.priority.value(),
+                    gpus: u64::from(j.trace.gpus),
+                    attained_gpu_seconds: j.attained,
+                    running_for: j.run_start.map(|s| now - s),
+                    waited: j.waited + now.saturating_sub(j.pending_since),
+                    submitted: j.trace.submit,
+                    runtime: gangway_sched::rank::KnownRuntime::of(job, self.state.predictor()),
+                };
+                let r = gangway_sched::rank::rank(&self.rank_params, &facts);
+                let _ = gangway_sched::rank::apply(&mut self.state, id, r);
+                return;
             }
         };
         let _ = self.state.set_priority(id, prio);
-    }
-
-    /// Gangway's rank inside a queue: predicted remaining GPU-seconds (least
-    /// first; attained service counts through the time already run), and a job
-    /// that has waited more than [`AGING_FACTOR`] times its expected run time
-    /// goes first, oldest first, so no job starves behind shorter ones.
-    fn gangway_rank(&self, i: usize) -> i64 {
-        let j = &self.jobs[i];
-        let now = self.now;
-        let gpus = u64::from(j.trace.gpus).max(1);
-        let ran = j.attained / gpus; // seconds of GPU time received so far
-        let waited = j.waited + now.saturating_sub(j.pending_since);
-        let (rt, pred) = self.known_runtime(i);
-        let (remaining, expected) = match (rt, pred) {
-            (_, Some(p)) => (p.remaining_median(ran), p.median()),
-            (Some(d), None) => (d.saturating_sub(ran).max(1), d),
-            (None, None) => return 0,
-        };
-        if j.run_start.is_none() && waited > AGING_FACTOR * expected.max(60) {
-            return i64::MIN / 2 + j.trace.submit as i64;
-        }
-        remaining.saturating_mul(gpus).min(i64::MAX as u64 / 4) as i64
     }
 
     /// Slurm's multifactor priority: PriorityWeightAge, PriorityWeightFairshare
@@ -610,7 +596,7 @@ impl Engine {
     /// Refreshes ranks that change with time alone (age, aging, predictions),
     /// every 5 simulated minutes, like Slurm's PriorityCalcPeriod.
     fn refresh_ranks(&mut self) {
-        const PERIOD: Time = 300;
+        const PERIOD: Time = gangway_sched::rank::REFRESH_SECONDS;
         let r = self.policy.ranking();
         if !matches!(
             r,
@@ -690,7 +676,9 @@ impl Engine {
                 self.policy.ranking(),
                 Ranking::AttainedService | Ranking::WithinQueue
             ) {
-                if let Some(t) = self.opts.las_thresholds.iter().find(|t| **t > attained) {
+                if let Some(t) =
+                    gangway_sched::rank::next_threshold(&self.opts.las_thresholds, attained)
+                {
                     let dt = (t - attained).div_ceil(gpus);
                     if dt < left {
                         self.push(now + dt, Ev::Cross(i, a));

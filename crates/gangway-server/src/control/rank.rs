@@ -1,0 +1,268 @@
+//! Gangway's ranking in the live server: every cycle, each live job's
+//! priority (class plus attained-service band) and rank inside its queue
+//! (predicted remaining work, aging) are set from its stored record by
+//! [`gangway_sched::rank`], the same code the simulator measures.
+//!
+//! Running jobs are ranked every cycle (their band moves as they run);
+//! pending ones when they enter the scheduler or start a new attempt, and
+//! all of them every [`REFRESH_SECONDS`] (aging, predictions learned since).
+
+use super::Control;
+use crate::records::JobRecord;
+use gangway_core::{BeginAt, JobId, JobState, Time};
+use gangway_sched::rank::{self, KnownRuntime, RankFacts, RankParams, Ranked, REFRESH_SECONDS};
+use gangway_sched::JobStatus;
+use gangway_store::Store;
+use std::collections::HashMap;
+
+/// What the server last applied per job, to rank pending jobs only when
+/// something changed.
+#[derive(Debug, Default)]
+pub(crate) struct RankMemo {
+    /// Per job: the attempt and verdict last applied.
+    applied: HashMap<JobId, (u32, Ranked)>,
+    /// When every pending job was last re-ranked.
+    refreshed_at: Option<Time>,
+    /// The ranking's knobs.
+    pub(crate) params: RankParams,
+}
+
+/// The ranking's view of one stored job at `now`; `running` says whether
+/// the scheduler has it running.
+pub(crate) fn facts(rec: &JobRecord, running: bool, runtime: KnownRuntime, now: Time) -> RankFacts {
+    let running_for = running.then(|| rec.attempt_started().map_or(0, |s| now.saturating_sub(s)));
+    // Waiting counts from submission, or from the begin time the user asked
+    // for, less the time its attempts ran.
+    let since = match rec.spec.begin {
+        Some(BeginAt::Seconds(b)) => b.max(rec.submitted_at),
+        _ => rec.submitted_at,
+    };
+    let waited = now
+        .saturating_sub(since)
+        .saturating_sub(rec.run_seconds)
+        .saturating_sub(running_for.unwrap_or(0));
+    RankFacts {
+        class: rec.spec.priority.value(),
+        gpus: rec.spec.total_gpus(),
+        attained_gpu_seconds: rec.attained_gpu_seconds,
+        running_for,
+        waited,
+        submitted: rec.submitted_at,
+        runtime,
+    }
+}
+
+impl<S: Store> Control<S> {
+    /// Sets every live job's priority and in-queue rank (see the module doc).
+    pub(crate) fn rank_jobs(&mut self, now: Time) {
+        let refresh = self
+            .ranks
+            .refreshed_at
+            .is_none_or(|t| now >= t.saturating_add(REFRESH_SECONDS));
+        let mut verdicts = Vec::new();
+        for (rec, _) in self.jobs.values() {
+            if rec.state.is_terminal() || rec.state == JobState::Restarting {
+                continue;
+            }
+            let Some(job) = self.cluster.job(rec.id) else {
+                continue;
+            };
+            let running = matches!(job.status, JobStatus::Running(_));
+            if !running && !refresh {
+                let current = Ranked {
+                    priority: job.priority,
+                    rank: job.rank,
+                };
+                if self.ranks.applied.get(&rec.id) == Some(&(rec.attempt, current)) {
+                    continue;
+                }
+            }
+            let runtime = KnownRuntime::of(job, self.cluster.predictor());
+            let r = rank::rank(&self.ranks.params, &facts(rec, running, runtime, now));
+            verdicts.push((rec.id, rec.attempt, r));
+        }
+        for (id, attempt, r) in verdicts {
+            if rank::apply(&mut self.cluster, id, r).is_ok() {
+                self.ranks.applied.insert(id, (attempt, r));
+            }
+        }
+        if refresh {
+            self.ranks.refreshed_at = Some(now);
+            let cluster = &self.cluster;
+            self.ranks
+                .applied
+                .retain(|id, _| cluster.job(*id).is_some());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Report;
+    use super::*;
+    use gangway_core::{JobSpec, NodeSpec, PriorityClass, QueueSpec};
+    use gangway_store::RedbStore;
+
+    /// A server with one 4-GPU node and one queue.
+    fn server() -> (tempfile::TempDir, Control<RedbStore>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        c.register_node(
+            NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            0,
+        )
+        .expect("node");
+        (dir, c)
+    }
+
+    /// A job of the whole node (4 GPUs), with a declared run time.
+    fn whole_node(name: &str, runtime: Option<u64>) -> JobSpec {
+        let mut s = JobSpec::new(name, "q", 1, 4);
+        s.runtime_seconds = runtime;
+        s
+    }
+
+    /// Reports the job's current attempt running at `at` and exited (0) at `end`.
+    fn run_to_end(c: &mut Control<RedbStore>, id: JobId, at: Time, end: Time) {
+        let attempt = c.jobs[&id].0.attempt;
+        c.report("n", id, Some(attempt), Report::Running, at)
+            .expect("running");
+        c.report("n", id, Some(attempt), Report::Exited(0), end)
+            .expect("exited");
+    }
+
+    fn state(c: &Control<RedbStore>, id: JobId) -> JobState {
+        c.jobs[&id].0.state
+    }
+
+    #[test]
+    fn the_job_with_less_declared_remaining_work_starts_first() {
+        let (_d, mut c) = server();
+        let blocker = c.submit("alice", whole_node("b", None), 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        let long = c
+            .submit("alice", whole_node("long", Some(7200)), 2)
+            .expect("submit");
+        let short = c
+            .submit("alice", whole_node("short", Some(600)), 3)
+            .expect("submit");
+        c.cycle(4).expect("cycle");
+        run_to_end(&mut c, blocker, 5, 100);
+        let d = c.cycle(101).expect("cycle");
+        assert_eq!(d.binds.len(), 1);
+        assert_eq!(
+            state(&c, short),
+            JobState::Scheduled,
+            "submitted later, shorter"
+        );
+        assert_eq!(state(&c, long), JobState::Pending);
+    }
+
+    #[test]
+    fn the_job_with_less_predicted_remaining_work_starts_first() {
+        let (_d, mut c) = server();
+        // This cluster's history: "eval" jobs take 5 minutes, "train" ones 5 hours.
+        for _ in 0..10 {
+            c.cluster.learn_runtime(&whole_node("eval", None), 300);
+            c.cluster.learn_runtime(&whole_node("train", None), 18_000);
+        }
+        let blocker = c.submit("alice", whole_node("b", None), 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        let train = c
+            .submit("alice", whole_node("train", None), 2)
+            .expect("submit");
+        let eval = c
+            .submit("alice", whole_node("eval", None), 3)
+            .expect("submit");
+        c.cycle(4).expect("cycle");
+        let (p_train, p_eval) = (c.cluster.job(train), c.cluster.job(eval));
+        let (p_train, p_eval) = (p_train.expect("in").rank, p_eval.expect("in").rank);
+        assert!(p_eval < p_train, "ranks {p_eval} < {p_train}");
+        run_to_end(&mut c, blocker, 5, 100);
+        c.cycle(101).expect("cycle");
+        assert_eq!(state(&c, eval), JobState::Scheduled);
+        assert_eq!(state(&c, train), JobState::Pending);
+    }
+
+    #[test]
+    fn attained_service_is_kept_across_attempts_and_the_job_with_less_goes_first() {
+        let (_d, mut c) = server();
+        let old = c
+            .submit("alice", whole_node("old", None), 0)
+            .expect("submit");
+        c.cycle(1).expect("cycle");
+        c.report("n", old, Some(0), Report::Running, 2)
+            .expect("running");
+        // A higher class preempts it after 1000 s on 4 GPUs.
+        let mut urgent = whole_node("urgent", None);
+        urgent.priority = PriorityClass::High;
+        let urgent = c.submit("bob", urgent, 1000).expect("submit");
+        let d = c.cycle(1001).expect("cycle");
+        assert_eq!(d.preemptions.len(), 1);
+        c.report("n", old, Some(0), Report::Exited(0), 1002)
+            .expect("exited");
+        let rec = &c.jobs[&old].0;
+        assert_eq!(rec.state, JobState::Pending);
+        assert_eq!(
+            (rec.attained_gpu_seconds, rec.run_seconds),
+            (4 * 1001, 1001),
+            "from its placement at t=1 to its end at t=1002"
+        );
+        c.cycle(1003).expect("cycle");
+        assert_eq!(state(&c, urgent), JobState::Scheduled);
+        // A fresh job of the same class arrives; both wait for the urgent one.
+        let fresh = c
+            .submit("alice", whole_node("fresh", None), 1004)
+            .expect("submit");
+        c.cycle(1005).expect("cycle");
+        let prio = |c: &Control<RedbStore>, id| c.cluster.job(id).expect("in").priority;
+        assert_eq!(prio(&c, old), 1001, "one band down: 4004 GPU-s attained");
+        assert_eq!(prio(&c, fresh), 1002);
+        run_to_end(&mut c, urgent, 1006, 1100);
+        c.cycle(1101).expect("cycle");
+        assert_eq!(
+            state(&c, fresh),
+            JobState::Scheduled,
+            "less attained service"
+        );
+        assert_eq!(state(&c, old), JobState::Pending);
+    }
+
+    #[test]
+    fn a_job_past_the_aging_bound_goes_first() {
+        let (_d, mut c) = server();
+        let blocker = c.submit("alice", whole_node("b", None), 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        // Expected 200 s: past 3 × 200 s of waiting it goes first.
+        let aged = c
+            .submit("alice", whole_node("aged", Some(200)), 2)
+            .expect("submit");
+        let short = c
+            .submit("alice", whole_node("short", Some(60)), 350)
+            .expect("submit");
+        c.cycle(351).expect("cycle");
+        let rank = |c: &Control<RedbStore>, id| c.cluster.job(id).expect("in").rank;
+        assert!(
+            rank(&c, aged) > rank(&c, short),
+            "not aged yet: shorter first"
+        );
+        run_to_end(&mut c, blocker, 5, 700);
+        c.cycle(701).expect("cycle");
+        assert_eq!(state(&c, aged), JobState::Scheduled, "waited 699 s > 600 s");
+        assert_eq!(state(&c, short), JobState::Pending);
+    }
+
+    #[test]
+    fn old_records_without_attained_service_read_as_zero() {
+        let rec = JobRecord::submitted(JobId(1), "alice", whole_node("j", None), 0);
+        let mut v = serde_json::to_value(&rec).expect("json");
+        let obj = v.as_object_mut().expect("object");
+        assert!(!obj.contains_key("attained_gpu_seconds"));
+        let back: JobRecord = serde_json::from_value(v).expect("decode");
+        assert_eq!((back.attained_gpu_seconds, back.run_seconds), (0, 0));
+    }
+}
