@@ -139,8 +139,8 @@ impl Timeline {
     fn sync(&mut self, state: &ClusterState, cap: &crate::Capacity) {
         let Some(j) = &cap.journal else { return };
         let from = self.synced.min(j.len());
-        for k in from..j.len() {
-            self.reset_node(state, cap, j[k] as usize);
+        for &n in &j[from..] {
+            self.reset_node(state, cap, n as usize);
         }
         self.synced = j.len();
     }
