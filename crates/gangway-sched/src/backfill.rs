@@ -24,7 +24,6 @@
 //! when the counters say the gang fits.
 
 use crate::placement;
-use crate::preempt::{release_into, release_placement};
 use crate::state::{ClusterState, Gang, Placement};
 use crate::Session;
 use gangway_core::{JobId, Time, TopologyConstraint};
@@ -73,10 +72,137 @@ pub(crate) fn releases(state: &ClusterState, now: Time) -> Vec<(Time, JobId)> {
     .collect()
 }
 
-/// A released job: either running in the state or bound earlier in this cycle.
-enum Released<'a> {
-    Running(&'a crate::state::Job),
-    Bound(&'a crate::state::Job, &'a Placement),
+/// The plan's reusable working copy, kept for the whole cycle so that each
+/// planned job costs what its own walk touches, not a copy of every node.
+///
+/// Outside a walk, `g`, `cpu`, `mem` and `trial` equal the session's
+/// capacity (as of `synced` entries of its journal) and `h` is all zero; a
+/// walk records every node it changes and puts them back before it returns.
+pub(crate) struct Timeline {
+    /// Released so far: free GPU masks, CPU and memory per node.
+    g: Vec<u64>,
+    cpu: Vec<u64>,
+    mem: Vec<u64>,
+    /// Hostable replicas per node for the gang being planned (multi-node gangs).
+    h: Vec<u64>,
+    /// A capacity brought up to date with the releases when the counters say
+    /// the gang may fit; placement searches run on it.
+    trial: crate::Capacity,
+    /// Journal entries of the session capacity already copied in.
+    synced: usize,
+    /// Nodes changed by the current walk (to put back), duplicates allowed.
+    dirty: Vec<usize>,
+    /// Nodes changed since `trial` was last brought up to date.
+    stale: Vec<usize>,
+    /// The release stream flattened as far as any walk went: per release,
+    /// the range of its parts in `parts` (empty when the job is gone).
+    flat: Vec<(u32, u32)>,
+    /// What each release frees on a schedulable node: node, healthy GPUs, CPU, memory.
+    parts: Vec<(u32, u64, u64, u64)>,
+}
+
+impl Timeline {
+    /// A copy of the session's capacity; the journal must be on.
+    pub(crate) fn new(cap: &crate::Capacity) -> Self {
+        let mut trial = cap.clone();
+        trial.journal = None;
+        Timeline {
+            g: cap.free.clone(),
+            cpu: cap.free_cpu.clone(),
+            mem: cap.free_mem.clone(),
+            h: vec![0; cap.free.len()],
+            trial,
+            synced: cap.journal.as_ref().map_or(0, Vec::len),
+            dirty: Vec::new(),
+            stale: Vec::new(),
+            flat: Vec::new(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Copies node `n` of `cap` into the counters and the trial capacity.
+    fn reset_node(&mut self, state: &ClusterState, cap: &crate::Capacity, n: usize) {
+        self.g[n] = cap.free[n];
+        self.cpu[n] = cap.free_cpu[n];
+        self.mem[n] = cap.free_mem[n];
+        self.h[n] = 0;
+        let t = &mut self.trial;
+        t.alloc[n] = cap.alloc[n];
+        t.free_cpu[n] = cap.free_cpu[n];
+        t.free_mem[n] = cap.free_mem[n];
+        if t.free[n] != cap.free[n] {
+            t.set_free(&state.nodes, n as u32, cap.free[n]);
+        }
+    }
+
+    /// Follows the session capacity's changes since the last walk.
+    fn sync(&mut self, state: &ClusterState, cap: &crate::Capacity) {
+        let Some(j) = &cap.journal else { return };
+        let from = self.synced.min(j.len());
+        for &n in &j[from..] {
+            self.reset_node(state, cap, n as usize);
+        }
+        self.synced = j.len();
+    }
+
+    /// Puts back every node the walk changed.
+    fn restore(&mut self, state: &ClusterState, cap: &crate::Capacity) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &n in &dirty {
+            self.reset_node(state, cap, n);
+        }
+        self.dirty = dirty;
+        self.dirty.clear();
+        self.stale.clear();
+    }
+
+    /// Flattens releases up to index `i` of `releases`.
+    fn flatten_to(&mut self, state: &ClusterState, releases: &[(Time, JobId)], i: usize) {
+        while self.flat.len() <= i {
+            let id = releases[self.flat.len()].1;
+            let from = self.parts.len() as u32;
+            if let Some(v) = state.job(id) {
+                if let crate::JobStatus::Running(run) = &v.status {
+                    let vp = v.per_replica();
+                    for rp in &run.placement.replicas {
+                        let info = &state.nodes[rp.node as usize];
+                        if info.schedulable() {
+                            self.parts.push((
+                                rp.node,
+                                rp.gpus & info.healthy,
+                                vp.cpu_millis,
+                                vp.memory_mib,
+                            ));
+                        }
+                    }
+                }
+            }
+            self.flat.push((from, self.parts.len() as u32));
+        }
+    }
+
+    /// Adds what a release frees on node `n` to the counters.
+    fn release(&mut self, n: usize, gpus: u64, cpu: u64, mem: u64) {
+        self.g[n] |= gpus;
+        self.cpu[n] = self.cpu[n].saturating_add(cpu);
+        self.mem[n] = self.mem[n].saturating_add(mem);
+        self.dirty.push(n);
+        self.stale.push(n);
+    }
+
+    /// Brings the trial capacity up to date with the counters.
+    fn refresh_trial(&mut self, state: &ClusterState, cap: &crate::Capacity) {
+        for &n in &self.stale {
+            let t = &mut self.trial;
+            t.alloc[n] = cap.alloc[n] & !self.g[n];
+            t.free_cpu[n] = self.cpu[n];
+            t.free_mem[n] = self.mem[n];
+            if t.free[n] != self.g[n] {
+                t.set_free(&state.nodes, n as u32, self.g[n]);
+            }
+        }
+        self.stale.clear();
+    }
 }
 
 /// One change on the timeline of a gang being planned.
@@ -102,10 +228,43 @@ struct Held {
     mem: u64,
 }
 
+/// What a walk of the timeline found.
+pub(crate) enum Walk {
+    /// The earliest start and where.
+    Found(Time, Placement),
+    /// It cannot fit even once everything running has ended.
+    Never,
+    /// It walked `limit` running jobs' ends without finding a start.
+    OutOfBudget,
+}
+
 /// The earliest start and placement of `job` with `replicas` replicas on the
-/// timeline, if it can fit at all once running jobs end. Call
-/// [`Session::prepare_timeline`] first.
-pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Time, Placement)> {
+/// timeline, if it can fit at all once running jobs end, walking at most
+/// `limit` running jobs' ends; also how many it walked. Call
+/// [`Session::prepare_timeline`] first; `tl` is the session's timeline copy
+/// (taken out of the session for the walk).
+pub(crate) fn earliest(
+    s: &Session<'_>,
+    tl: &mut Timeline,
+    job: &Gang,
+    replicas: u32,
+    limit: usize,
+) -> (Walk, usize) {
+    tl.sync(s.state, &s.cap);
+    let mut walked = 0;
+    let r = walk(s, tl, job, replicas, limit, &mut walked);
+    tl.restore(s.state, &s.cap);
+    (r, walked)
+}
+
+fn walk(
+    s: &Session<'_>,
+    tl: &mut Timeline,
+    job: &Gang,
+    replicas: u32,
+    limit: usize,
+    walked: &mut usize,
+) -> Walk {
     let state: &ClusterState = s.state;
     let releases = s.releases.as_deref().unwrap_or(&[]);
     let req = s.request(job, replicas, None);
@@ -122,10 +281,6 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
         }) && nodes[n].schedulable()
     };
     let rt = plan_runtime(state, job);
-    // Released so far: free GPU masks, CPU and memory per node.
-    let mut g: Vec<u64> = s.cap.free.clone();
-    let mut cpu = s.cap.free_cpu.clone();
-    let mut mem = s.cap.free_mem.clone();
     // Plans overlapping the gang's run, per node, and which are active.
     let mut held: HashMap<usize, Held> = HashMap::default();
     let mut active = vec![false; s.plan.len()];
@@ -208,19 +363,39 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
         }
     };
     // A gang on one node only needs the touched nodes' counts; the others
-    // keep per-node, per-leaf and total counts of hostable replicas.
-    let mut h: Vec<u64> = if single {
-        Vec::new()
-    } else {
-        (0..nodes.len())
-            .map(|n| host(n, &g, &cpu, &mem, &held))
-            .collect()
-    };
+    // keep per-node, per-leaf and total counts of hostable replicas. Only
+    // nodes with at least one replica's GPUs free can host one, and the free
+    // index names them.
     let mut leaf_h = vec![0u64; if single { 0 } else { state.leaves().len() }];
-    for (n, v) in h.iter().enumerate() {
-        leaf_h[nodes[n].leaf as usize] += v;
+    let mut total_h: u64 = 0;
+    if !single {
+        let mut seed = |n: usize, tl: &mut Timeline| {
+            let v = host(n, &tl.g, &tl.cpu, &tl.mem, &held);
+            if v > 0 {
+                tl.h[n] = v;
+                tl.dirty.push(n);
+                leaf_h[nodes[n].leaf as usize] += v;
+                total_h += v;
+            }
+        };
+        if per.gpus == 0 {
+            for n in 0..nodes.len() {
+                seed(n, tl);
+            }
+        } else {
+            let cap = &s.cap;
+            for (c, buckets) in cap.index.iter().enumerate() {
+                if c >= 64 || req.class_mask & (1 << c) == 0 {
+                    continue;
+                }
+                for b in buckets.iter().skip(per.gpus as usize) {
+                    for n in b.iter_excluding(None) {
+                        seed(n, tl);
+                    }
+                }
+            }
+        }
     }
-    let mut total_h: u64 = h.iter().sum();
     let r = u64::from(replicas);
     let mut stream = merge(
         merge(
@@ -233,9 +408,8 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
         events.into_iter(),
     )
     .peekable();
-    let mut released: Vec<Released<'_>> = Vec::new();
-    let mut trial: Option<(crate::Capacity, usize)> = None;
     let mut touched: Vec<usize> = Vec::new();
+    let check_victims = !s.victims.is_empty();
     while let Some(&(t, _)) = stream.peek() {
         touched.clear();
         // Everything that happens at `t`.
@@ -253,25 +427,38 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
                     }
                 }
                 Event::Running(i) => {
-                    let id = releases[i].1;
-                    if s.victims.contains(&id) {
+                    if *walked >= limit {
+                        return Walk::OutOfBudget;
+                    }
+                    *walked += 1;
+                    if check_victims && s.victims.contains(&releases[i].1) {
                         // Victims leave soon anyway; their GPUs are for their preemptor.
                         continue;
                     }
-                    let Some(v) = state.job(id) else { continue };
-                    let crate::JobStatus::Running(run) = &v.status else {
-                        continue;
-                    };
-                    release_counters(state, v, &run.placement, &mut g, &mut cpu, &mut mem);
-                    touched.extend(run.placement.replicas.iter().map(|rp| rp.node as usize));
-                    released.push(Released::Running(v));
+                    tl.flatten_to(state, releases, i);
+                    let (a, b) = tl.flat[i];
+                    for k in a as usize..b as usize {
+                        let (n, m, c, me) = tl.parts[k];
+                        tl.release(n as usize, m, c, me);
+                        touched.push(n as usize);
+                    }
                 }
                 Event::Bound(bi) => {
                     let b = &s.decisions.binds[bi];
                     let Some(v) = state.job(b.job) else { continue };
-                    release_counters(state, v, &b.placement, &mut g, &mut cpu, &mut mem);
-                    touched.extend(b.placement.replicas.iter().map(|rp| rp.node as usize));
-                    released.push(Released::Bound(v, &b.placement));
+                    let vp = v.per_replica();
+                    for rp in &b.placement.replicas {
+                        let info = &nodes[rp.node as usize];
+                        if info.schedulable() {
+                            tl.release(
+                                rp.node as usize,
+                                rp.gpus & info.healthy,
+                                vp.cpu_millis,
+                                vp.memory_mib,
+                            );
+                        }
+                        touched.push(rp.node as usize);
+                    }
                 }
             }
         }
@@ -279,15 +466,17 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
         touched.sort_unstable();
         touched.dedup();
         for &n in &touched {
-            let nh = host(n, &g, &cpu, &mem, &held);
+            let nh = host(n, &tl.g, &tl.cpu, &tl.mem, &held);
             if single {
                 ready |= nh >= r;
                 continue;
             }
             let l = nodes[n].leaf as usize;
-            leaf_h[l] = leaf_h[l] + nh - h[n];
-            total_h = total_h + nh - h[n];
-            h[n] = nh;
+            let old = tl.h[n];
+            leaf_h[l] = leaf_h[l] + nh - old;
+            total_h = total_h + nh - old;
+            tl.h[n] = nh;
+            tl.dirty.push(n);
             ready |= if leaf_only {
                 leaf_h[l] >= r
             } else {
@@ -297,15 +486,9 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
         if !ready {
             continue;
         }
-        // Bring a real capacity up to date with everything released so far.
-        let (cap, done) = trial.get_or_insert_with(|| (s.cap.clone(), 0));
-        for rel in &released[*done..] {
-            match rel {
-                Released::Running(v) => release_into(state, cap, v),
-                Released::Bound(v, p) => release_placement(state, cap, v, p),
-            }
-        }
-        *done = released.len();
+        // Bring the trial capacity up to date with everything released so far.
+        tl.refresh_trial(state, &s.cap);
+        let cap = &mut tl.trial;
         // Take the holds out for the search and give them back after: take
         // and give of free GPUs are exact inverses, so no copy is needed.
         let mut taken: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(held.len());
@@ -321,30 +504,8 @@ pub(crate) fn earliest(s: &Session<'_>, job: &Gang, replicas: u32) -> Option<(Ti
             cap.give(&state.nodes, n, m, hc, hm);
         }
         if let Ok(p) = found {
-            return Some((t.max(s.now), p));
+            return Walk::Found(t.max(s.now), p);
         }
     }
-    None
-}
-
-/// Adds what `v` frees on `p` to the per-node counters.
-fn release_counters(
-    state: &ClusterState,
-    v: &crate::state::Job,
-    p: &Placement,
-    g: &mut [u64],
-    cpu: &mut [u64],
-    mem: &mut [u64],
-) {
-    let nodes = state.nodes();
-    let vp = v.per_replica();
-    for rp in &p.replicas {
-        let ni = rp.node as usize;
-        if !nodes[ni].schedulable() {
-            continue;
-        }
-        g[ni] |= rp.gpus & nodes[ni].healthy;
-        cpu[ni] = cpu[ni].saturating_add(vp.cpu_millis);
-        mem[ni] = mem[ni].saturating_add(vp.memory_mib);
-    }
+    Walk::Never
 }

@@ -43,6 +43,11 @@ pub struct Capacity {
     pub root_usage: Resources,
     /// Demand on the whole cluster.
     pub root_demand: Resources,
+    /// When on: every node whose free GPUs, CPU or memory changed, in order
+    /// (duplicates kept). A scheduling session turns it on so the plan's
+    /// reusable timeline copy can follow the session's binds node by node
+    /// instead of copying the whole capacity for every planned job.
+    pub(crate) journal: Option<Vec<NodeIdx>>,
 }
 
 impl Capacity {
@@ -63,6 +68,9 @@ impl Capacity {
         *leaf = *leaf + nc - oc;
         self.free_total = self.free_total + nc - oc;
         self.free[i] = mask;
+        if let Some(j) = &mut self.journal {
+            j.push(n);
+        }
     }
 
     /// Recomputes node `n`'s free mask from its allocation, health and schedulability.

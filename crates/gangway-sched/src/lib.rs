@@ -135,6 +135,9 @@ impl<'de> serde::Deserialize<'de> for Backfill {
 /// Default of [`SchedulerConfig::plan_depth`].
 pub const DEFAULT_PLAN_DEPTH: usize = 200;
 
+/// Default of [`SchedulerConfig::plan_budget`].
+pub const DEFAULT_PLAN_BUDGET: usize = 100_000;
+
 /// Policy switches for a cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -149,6 +152,13 @@ pub struct SchedulerConfig {
     /// order; later ones that do not fit wait with reason `Priority` and no
     /// estimate. Bounds the plan's cost on huge queues.
     pub plan_depth: usize,
+    /// Most running jobs' estimated ends the plan may walk per cycle for
+    /// plans that hold no reservation (reservations are always planned: they
+    /// decide what may start). Once spent, later jobs wait with reason
+    /// `Priority` and no estimate, as beyond `plan_depth`. On a busy
+    /// 50,000-node cluster one plan may walk hundreds of thousands of ends;
+    /// this keeps the cycle short whatever the queue holds.
+    pub plan_budget: usize,
     /// Most preemption searches per cycle. Keeping preemption gradual matters:
     /// on the contended Chronus trace, 4 gives a 7.7 h average JCT and 6,500
     /// preemptions where 64 gives 27.5 h and 117,000 (victims churn).
@@ -176,6 +186,7 @@ impl Default for SchedulerConfig {
             preemption: true,
             fair_share: true,
             plan_depth: DEFAULT_PLAN_DEPTH,
+            plan_budget: DEFAULT_PLAN_BUDGET,
             max_preemption_searches: 4,
             strict_order: false,
             max_preemptions_per_cycle: 256,
@@ -260,6 +271,9 @@ pub struct CycleStats {
     /// Of those, GPUs on nodes that are not wholly free: they cannot host a
     /// whole-node gang (the job big gangs wait for).
     pub fragmented_gpus: u64,
+    /// Running jobs' estimated ends the plan walked, over all planned jobs
+    /// (its main cost on a large, busy cluster).
+    pub plan_releases: usize,
 }
 
 /// The outcome of a cycle.
@@ -403,6 +417,11 @@ pub(crate) struct Session<'a> {
     pub(crate) releases: Option<Vec<(Time, JobId)>>,
     /// `bound` sorted by estimated end, as of `bound_sorted_len` binds.
     pub(crate) bound_sorted: Vec<(Time, usize)>,
+    /// The plan's working copy of the capacity, made on the first plan and
+    /// reused by the others (each walk puts back what it changed).
+    timeline: Option<backfill::Timeline>,
+    /// The plan's walk budget ([`SchedulerConfig::plan_budget`]) is spent.
+    plan_spent: bool,
     fail_cache: HashMap<ShapeKey, FitFailure>,
     fits_cache: HashMap<ShapeKey, bool>,
     /// Preemption searches that failed this cycle (shape, reason, priority, queue).
@@ -457,7 +476,12 @@ impl<'a> Session<'a> {
             state,
             now,
             cfg,
-            cap: state.capacity.clone(),
+            cap: {
+                // Journaled, so the plan's timeline copy follows the binds.
+                let mut c = state.capacity.clone();
+                c.journal = Some(Vec::new());
+                c
+            },
             reserved: Bitset::new(n),
             res_by_start: Vec::new(),
             maint_by_start: Vec::new(),
@@ -466,6 +490,8 @@ impl<'a> Session<'a> {
             plan: Vec::new(),
             releases: None,
             bound_sorted: Vec::new(),
+            timeline: None,
+            plan_spent: false,
             fail_cache: HashMap::default(),
             fits_cache: HashMap::default(),
             preempt_fail: HashSet::default(),
@@ -756,6 +782,7 @@ impl<'a> Session<'a> {
     /// victims already chosen this cycle counts as gone (it went to their preemptors).
     pub(crate) fn trial(&self) -> Capacity {
         let mut t = self.cap.clone();
+        t.journal = None;
         for (q, r, fixed) in &self.victim_quota {
             t.charge(&self.state.queues, *q, *r, false, *fixed);
         }
@@ -827,6 +854,14 @@ impl<'a> Session<'a> {
             placement: p.clone(),
             after: victims.iter().map(|v| v.id).collect(),
         });
+    }
+
+    /// Why a job that does not fit gets no plan this cycle: the plan is as
+    /// deep as it may go, or its walk budget is spent.
+    fn beyond_plan(&self) -> WaitReason {
+        WaitReason::BeyondPlan {
+            depth: self.decisions.plan.len().min(self.cfg.plan_depth) as u32,
+        }
     }
 
     fn eta(&self, reason: &WaitReason) -> Option<Time> {
@@ -942,13 +977,11 @@ impl<'a> Session<'a> {
                 if !self.cfg.backfill.enabled() {
                     return self.explain(id, WaitReason::NoFit(fail), None);
                 }
-                if self.decisions.plan.len() >= self.cfg.plan_depth {
-                    let reason = WaitReason::BeyondPlan {
-                        depth: self.cfg.plan_depth as u32,
-                    };
-                    return self.explain(id, reason, None);
-                }
                 let reserve = self.decisions.reservations.len() < self.cfg.backfill.reservations();
+                if self.decisions.plan.len() >= self.cfg.plan_depth || (self.plan_spent && !reserve)
+                {
+                    return self.explain(id, self.beyond_plan(), None);
+                }
                 match self.plan_start(job, kq.max(min), reserve) {
                     Some((start_at, nodes)) => {
                         let reason = if reserve {
@@ -957,6 +990,9 @@ impl<'a> Session<'a> {
                             WaitReason::Planned { start_at, nodes }
                         };
                         self.explain(id, reason, Some(start_at));
+                    }
+                    None if self.plan_spent && !reserve => {
+                        self.explain(id, self.beyond_plan(), None)
                     }
                     None => self.explain(id, WaitReason::NeverFits(fail), None),
                 }
@@ -971,11 +1007,35 @@ impl<'a> Session<'a> {
     /// when the gang cannot fit even once everything running has ended, or
     /// when the plan is full.
     fn plan_start(&mut self, job: &Gang, replicas: u32, reserve: bool) -> Option<(Time, u32)> {
-        if !self.cfg.backfill.enabled() || self.decisions.plan.len() >= self.cfg.plan_depth {
+        if !self.cfg.backfill.enabled()
+            || self.decisions.plan.len() >= self.cfg.plan_depth
+            || (self.plan_spent && !reserve)
+        {
             return None;
         }
         self.prepare_timeline();
-        let (start, placement) = backfill::earliest(self, job, replicas)?;
+        let mut tl = self
+            .timeline
+            .take()
+            .unwrap_or_else(|| backfill::Timeline::new(&self.cap));
+        let limit = if reserve {
+            usize::MAX
+        } else {
+            self.cfg
+                .plan_budget
+                .saturating_sub(self.decisions.stats.plan_releases)
+        };
+        let (found, walked) = backfill::earliest(self, &mut tl, job, replicas, limit);
+        self.timeline = Some(tl);
+        self.decisions.stats.plan_releases += walked;
+        let (start, placement) = match found {
+            backfill::Walk::Found(t, p) => (t, p),
+            backfill::Walk::Never => return None,
+            backfill::Walk::OutOfBudget => {
+                self.plan_spent = true;
+                return None;
+            }
+        };
         let end = start.saturating_add(backfill::plan_runtime(self.state, job));
         let per = job.per;
         let nodes = placement.nodes();

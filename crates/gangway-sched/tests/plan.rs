@@ -431,3 +431,84 @@ fn backfill_modes_parse_and_print() {
     assert_eq!(Backfill::Conservative.reservations(), usize::MAX);
     assert_eq!(SchedulerConfig::default().backfill, Backfill::Easy);
 }
+
+#[test]
+fn a_spent_plan_budget_leaves_later_jobs_unplanned_but_keeps_the_reservation() {
+    for budget in [0usize, usize::MAX] {
+        let mut d = driver(2, 8, Backfill::Easy);
+        d.cfg.plan_budget = budget;
+        for _ in 0..2 {
+            d.submit(job("q", 1, 8, Some(100)), None);
+        }
+        d.cycle();
+        let gangs: Vec<JobId> = (0..3)
+            .map(|_| d.submit(job("q", 2, 8, Some(100)), None))
+            .collect();
+        d.advance(10);
+        d.cycle();
+        // The reservation decides what may start: it is planned whatever the budget.
+        assert_eq!(d.last.reservations.len(), 1, "budget {budget}");
+        assert_eq!(explanation(&d, gangs[0]).estimated_start, Some(100));
+        if budget == 0 {
+            assert_eq!(d.last.plan.len(), 1);
+            for g in &gangs[1..] {
+                let e = explanation(&d, *g);
+                assert_eq!(e.reason, WaitReason::BeyondPlan { depth: 1 });
+                assert_eq!(e.estimated_start, None);
+                assert_eq!(e.code(), ReasonCode::Priority);
+            }
+        } else {
+            assert_eq!(d.last.plan.len(), 3);
+            assert_eq!(explanation(&d, gangs[2]).estimated_start, Some(300));
+            assert!(d.last.stats.plan_releases > 0);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// The plan's walk budget only drops estimates: under EASY backfill a
+    /// cluster driven with no budget at all binds, reserves and preempts
+    /// exactly as one with an unlimited budget, cycle after cycle.
+    #[test]
+    fn the_plan_budget_never_changes_what_starts(
+        nodes in 3usize..6,
+        jobs in prop::collection::vec(gen(), 1..30),
+    ) {
+        let mut a = driver(nodes, 8, Backfill::Easy);
+        let mut b = driver(nodes, 8, Backfill::Easy);
+        a.cfg.plan_budget = usize::MAX;
+        b.cfg.plan_budget = 0;
+        for (k, j) in jobs.iter().enumerate() {
+            for d in [&mut a, &mut b] {
+                let mut s: JobSpec = job("q", j.replicas, j.gpus, Some(j.runtime));
+                if j.any {
+                    s.topology = TopologyConstraint::Any;
+                }
+                d.submit(s, None);
+            }
+            if k % 5 != 4 {
+                continue;
+            }
+            a.cycle();
+            b.cycle();
+            prop_assert_eq!(&a.last.binds, &b.last.binds);
+            prop_assert_eq!(&a.last.reservations, &b.last.reservations);
+            prop_assert!(b.last.plan.len() <= a.last.plan.len());
+            let Some((next, _)) = a.state.running_by_end().next() else { continue };
+            a.advance(next);
+            b.advance(next);
+        }
+        for _ in 0..100 {
+            a.cycle();
+            b.cycle();
+            prop_assert_eq!(&a.last.binds, &b.last.binds);
+            prop_assert_eq!(&a.last.reservations, &b.last.reservations);
+            let Some((next, _)) = a.state.running_by_end().next() else { break };
+            a.advance(next);
+            b.advance(next);
+        }
+        prop_assert_eq!(a.state.pending_count(), 0, "every job ran");
+    }
+}
