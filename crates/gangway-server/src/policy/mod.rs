@@ -205,7 +205,8 @@ impl Gates {
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Queues (parents first): quotas, weights, allowed priority classes,
-    /// non-preemptible jobs, time limits. A queue's `node` policy is security
+    /// non-preemptible jobs, time limits, ordering within the queue and the
+    /// preemption rules for its jobs. A queue's `node` policy is security
     /// configuration and must match the configuration file's.
     #[serde(default)]
     pub queues: Vec<QueueSpec>,
