@@ -20,7 +20,10 @@ pub use job::{
 };
 pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
 pub use node_policy::{MountPolicy, NodePolicy, PolicyError};
-pub use queue::{QueueSpec, QueueTimeLimits, Quota, ResourceLimits};
+pub use queue::{
+    QueueOrdering, QueueSpec, QueueTimeLimits, Quota, ResourceLimits, MAX_MIN_RUN_SECONDS,
+    MAX_PREEMPTION_BUDGET,
+};
 pub use reason::ReasonCode;
 pub use resources::{Resource, Resources};
 pub use workflow::{ArrayTask, BeginAt};

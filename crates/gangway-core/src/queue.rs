@@ -96,6 +96,45 @@ pub struct QueueSpec {
     /// Time limits of the queue's jobs.
     #[serde(default)]
     pub time_limit: QueueTimeLimits,
+    /// How its jobs are ordered inside it (`ranked`, the default, or `fifo`).
+    #[serde(default, skip_serializing_if = "QueueOrdering::is_ranked")]
+    pub ordering: QueueOrdering,
+    /// A job of this queue that has run less than this in its attempt is not
+    /// a preemption victim (seconds, at most [`MAX_MIN_RUN_SECONDS`]);
+    /// `None`: the scheduler's `min_run_seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_run_seconds: Option<u64>,
+    /// A job of this queue preempted this many times is no longer a victim
+    /// (at most [`MAX_PREEMPTION_BUDGET`]); `None`: the scheduler's
+    /// `preemption_budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption_budget: Option<u32>,
+}
+
+/// Longest minimum run time before a job may be preempted: 7 days.
+pub const MAX_MIN_RUN_SECONDS: u64 = 7 * 86_400;
+
+/// Largest preemption budget.
+pub const MAX_PREEMPTION_BUDGET: u32 = 1000;
+
+/// How a queue orders its own pending jobs (between queues, priority and
+/// fair share decide as always).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueOrdering {
+    /// Gangway's ranking: attained-service band, predicted remaining work,
+    /// aging (`gangway_sched::rank`).
+    #[default]
+    Ranked,
+    /// Priority class, then submission order: no band, no prediction.
+    Fifo,
+}
+
+impl QueueOrdering {
+    /// Whether it is the default (`ranked`): left out when written.
+    pub fn is_ranked(&self) -> bool {
+        *self == QueueOrdering::Ranked
+    }
 }
 
 /// A queue's time limits (Slurm partitions' `DefaultTime` and `MaxTime`).
@@ -121,6 +160,26 @@ impl QueueSpec {
             self.allowed_priorities.contains(&p)
         }
     }
+
+    /// Range checks of its preemption rules, naming the field
+    /// (`min_run_seconds: ...`), for callers to prefix with the queue.
+    pub fn check_preemption_rules(&self) -> Result<(), String> {
+        if let Some(m) = self.min_run_seconds {
+            if m > MAX_MIN_RUN_SECONDS {
+                return Err(format!(
+                    "min_run_seconds: {m} is out of range (0 to {MAX_MIN_RUN_SECONDS})"
+                ));
+            }
+        }
+        if let Some(b) = self.preemption_budget {
+            if b > MAX_PREEMPTION_BUDGET {
+                return Err(format!(
+                    "preemption_budget: {b} is out of range (0 to {MAX_PREEMPTION_BUDGET})"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl QueueSpec {
@@ -138,6 +197,9 @@ impl QueueSpec {
             allow_non_preemptible: false,
             node: NodePolicy::default(),
             time_limit: QueueTimeLimits::default(),
+            ordering: QueueOrdering::Ranked,
+            min_run_seconds: None,
+            preemption_budget: None,
         }
     }
 
@@ -152,6 +214,49 @@ impl QueueSpec {
             allow_non_preemptible: false,
             node: NodePolicy::default(),
             time_limit: QueueTimeLimits::default(),
+            ordering: QueueOrdering::Ranked,
+            min_run_seconds: None,
+            preemption_budget: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_queues_read_ranked_with_the_schedulers_preemption_rules_and_write_unchanged() {
+        let old = r#"{"name":"q","weight":1}"#;
+        let q: QueueSpec = serde_json::from_str(old).expect("old spec");
+        assert_eq!(q.ordering, QueueOrdering::Ranked);
+        assert_eq!((q.min_run_seconds, q.preemption_budget), (None, None));
+        let v = serde_json::to_value(&q).expect("json");
+        for k in ["ordering", "min_run_seconds", "preemption_budget"] {
+            assert!(v.get(k).is_none(), "{k} written for a default");
+        }
+        let new = r#"{"name":"q","ordering":"fifo","min_run_seconds":600,"preemption_budget":2}"#;
+        let q: QueueSpec = serde_json::from_str(new).expect("new spec");
+        assert_eq!(q.ordering, QueueOrdering::Fifo);
+        assert_eq!(
+            (q.min_run_seconds, q.preemption_budget),
+            (Some(600), Some(2))
+        );
+        assert!(serde_json::from_str::<QueueSpec>(r#"{"name":"q","ordering":"lifo"}"#).is_err());
+    }
+
+    #[test]
+    fn preemption_rules_out_of_range_are_refused_with_the_field_named() {
+        let mut q = QueueSpec::unlimited("q", None);
+        q.min_run_seconds = Some(MAX_MIN_RUN_SECONDS);
+        q.preemption_budget = Some(MAX_PREEMPTION_BUDGET);
+        assert_eq!(q.check_preemption_rules(), Ok(()));
+        q.min_run_seconds = Some(MAX_MIN_RUN_SECONDS + 1);
+        let e = q.check_preemption_rules().expect_err("min run");
+        assert!(e.starts_with("min_run_seconds: 604801"), "{e}");
+        q.min_run_seconds = None;
+        q.preemption_budget = Some(MAX_PREEMPTION_BUDGET + 1);
+        let e = q.check_preemption_rules().expect_err("budget");
+        assert!(e.starts_with("preemption_budget: 1001"), "{e}");
     }
 }

@@ -10,7 +10,7 @@ use crate::explain::WaitReason;
 use crate::state::{ClusterState, Gang, Job, JobStatus, Placement};
 use crate::{quota, Preempt, PreemptReason, Session};
 use gangway_core::Time;
-use gangway_core::{JobId, TopologyConstraint};
+use gangway_core::{JobId, QueueSpec, TopologyConstraint};
 
 /// Gives a running job's GPUs and quota back on `cap` (for trial computations).
 pub fn release_into(state: &ClusterState, cap: &mut Capacity, job: &Job) {
@@ -47,11 +47,20 @@ fn related(state: &ClusterState, a: QueueId, b: QueueId) -> bool {
 
 /// Whether a running job may be chosen as a victim at `now`: not evicted
 /// already at this instant (progress: no ping-pong at one instant, whatever the
-/// grace period), within its preemption budget, and past the minimum run time.
-pub fn may_be_victim(job: &Job, started: Time, now: Time, cfg: &crate::SchedulerConfig) -> bool {
+/// grace period), within its preemption budget, and past the minimum run time
+/// (its queue's `queue`'s overrides, else the scheduler's `cfg`).
+pub fn may_be_victim(
+    job: &Job,
+    started: Time,
+    now: Time,
+    cfg: &crate::SchedulerConfig,
+    queue: &QueueSpec,
+) -> bool {
+    let budget = queue.preemption_budget.or(cfg.preemption_budget);
+    let min_run = queue.min_run_seconds.unwrap_or(cfg.min_run_seconds);
     job.last_preempted != Some(now)
-        && cfg.preemption_budget.is_none_or(|b| job.preemptions < b)
-        && now.saturating_sub(started) >= cfg.min_run_seconds
+        && budget.is_none_or(|b| job.preemptions < b)
+        && now.saturating_sub(started) >= min_run
 }
 
 /// One running preemptible job, flattened for fast scans.
@@ -96,7 +105,10 @@ impl<'a> VictimIndex<'a> {
                 let JobStatus::Running(r) = &job.status else {
                     continue;
                 };
-                if state.preempting.contains_key(&id) || !may_be_victim(job, r.started, now, cfg) {
+                let queue = &state.queues()[job.queue as usize].spec;
+                if state.preempting.contains_key(&id)
+                    || !may_be_victim(job, r.started, now, cfg, queue)
+                {
                     continue;
                 }
                 let per = job.per_replica();

@@ -26,7 +26,7 @@
 
 use crate::predict::{Prediction, RuntimePredictor};
 use crate::state::{ClusterState, Job, StateError};
-use gangway_core::{JobId, Time};
+use gangway_core::{JobId, QueueOrdering, Time};
 
 /// A pending job that has waited this many times its expected (median
 /// predicted or declared) run time goes first in its queue. Measured on
@@ -139,6 +139,22 @@ pub fn rank(p: &RankParams, f: &RankFacts) -> Ranked {
     }
 }
 
+/// Ranks one job of a queue ordered `ordering`: [`rank`] for `ranked`;
+/// for `fifo` the job's class at the top band (as a job that has received
+/// nothing, so it meets other queues' jobs as a fresh one does) and rank 0,
+/// so its queue keeps submission order within a class.
+pub fn rank_in(ordering: QueueOrdering, p: &RankParams, f: &RankFacts) -> Ranked {
+    match ordering {
+        QueueOrdering::Ranked => rank(p, f),
+        QueueOrdering::Fifo => Ranked {
+            priority: f
+                .class
+                .saturating_add(i32::try_from(p.thresholds.len()).unwrap_or(i32::MAX)),
+            rank: 0,
+        },
+    }
+}
+
 /// The rank inside the queue: predicted remaining GPU-seconds, or an aged
 /// pending job first. Attained service counts through the seconds already
 /// received in ended attempts (a running job's current attempt does not
@@ -222,6 +238,24 @@ mod tests {
         older.waited = 400_000;
         older.submitted = 50;
         assert!(rank(&p, &older).rank < aged_rank);
+    }
+
+    #[test]
+    fn a_fifo_queue_keeps_the_top_band_and_rank_zero() {
+        let p = RankParams::default();
+        let mut f = facts(KnownRuntime::Declared(60));
+        f.attained_gpu_seconds = 10_000;
+        f.running_for = Some(100);
+        let ranked = rank_in(QueueOrdering::Ranked, &p, &f);
+        assert_eq!(ranked, rank(&p, &f));
+        assert_eq!(ranked.priority, 1000);
+        assert_eq!(
+            rank_in(QueueOrdering::Fifo, &p, &f),
+            Ranked {
+                priority: 1002,
+                rank: 0
+            }
+        );
     }
 
     #[test]

@@ -878,3 +878,65 @@ fn a_job_past_its_estimate_is_not_expected_to_end_now() {
     assert!(d.is_running(a));
     assert!(r.start_at >= 1900, "reservation at {}", r.start_at);
 }
+
+/// Whether a production job preempts a low one of queue `q` (set up by
+/// `rules`) that started at 0, at `at`, under the scheduler's `cfg`.
+fn preempted_at(rules: impl Fn(&mut QueueSpec), cfg: SchedulerConfig, at: u64) -> bool {
+    let mut s = cluster(1, 8, 1);
+    let mut q = QueueSpec::unlimited("q", None);
+    rules(&mut q);
+    queue(&mut s, q);
+    let mut d = Driver::new(s);
+    d.cfg = cfg;
+    let mut low = job("q", 1, 8, None);
+    low.priority = PriorityClass::Low;
+    let low = d.submit(low, Some(100_000));
+    d.cycle();
+    assert!(d.is_running(low));
+    d.advance(at);
+    let mut prod = job("q", 1, 8, Some(3600));
+    prod.priority = PriorityClass::Production;
+    d.submit(prod, None);
+    let out = d.cycle().clone();
+    out.preemptions.iter().any(|p| p.job == low)
+}
+
+#[test]
+fn a_queues_preemption_rules_override_the_schedulers_either_way() {
+    let global = |min_run: u64, budget: Option<u32>| SchedulerConfig {
+        min_run_seconds: min_run,
+        preemption_budget: budget,
+        ..SchedulerConfig::default()
+    };
+    // Minimum run time: the queue's protects a victim the scheduler's would not...
+    assert!(preempted_at(|_| {}, global(0, None), 100));
+    assert!(!preempted_at(
+        |q| q.min_run_seconds = Some(3600),
+        global(0, None),
+        100
+    ));
+    assert!(preempted_at(
+        |q| q.min_run_seconds = Some(3600),
+        global(0, None),
+        3600
+    ));
+    // ...and allows one the scheduler's protects.
+    assert!(!preempted_at(|_| {}, global(600, None), 100));
+    assert!(preempted_at(
+        |q| q.min_run_seconds = Some(0),
+        global(600, None),
+        100
+    ));
+    // Preemption budget, both ways.
+    assert!(!preempted_at(
+        |q| q.preemption_budget = Some(0),
+        global(0, None),
+        100
+    ));
+    assert!(!preempted_at(|_| {}, global(0, Some(0)), 100));
+    assert!(preempted_at(
+        |q| q.preemption_budget = Some(1),
+        global(0, Some(0)),
+        100
+    ));
+}

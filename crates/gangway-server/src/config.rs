@@ -359,6 +359,8 @@ impl ServerConfig {
             ));
         }
         for q in &c.queues {
+            q.check_preemption_rules()
+                .map_err(|e| ConfigError::Invalid(format!("queue {}: {e}", q.name)))?;
             for (what, t) in [
                 ("default", &q.time_limit.default),
                 ("max", &q.time_limit.max),
@@ -537,6 +539,15 @@ mod tests {
                 "queues:\n  - name: q\n    time_limit: { default: 0 }\n",
                 "queue q: time_limit.default",
             ),
+            (
+                "queues:\n  - name: q\n    min_run_seconds: 604801\n",
+                "queue q: min_run_seconds: 604801 is out of range",
+            ),
+            (
+                "queues:\n  - name: q\n    preemption_budget: 1001\n",
+                "queue q: preemption_budget: 1001 is out of range",
+            ),
+            ("queues:\n  - name: q\n    ordering: lottery\n", "lottery"),
         ] {
             let e = ServerConfig::from_yaml(&format!("{BASE}{bad}")).expect_err(bad);
             assert!(e.to_string().contains(why), "{bad}: {e}");

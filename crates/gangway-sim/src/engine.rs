@@ -547,7 +547,8 @@ impl Engine {
                     submitted: j.trace.submit,
                     runtime: gangway_sched::rank::KnownRuntime::of(job, self.state.predictor()),
                 };
-                let r = gangway_sched::rank::rank(&self.rank_params, &facts);
+                let ordering = self.state.queues()[job.queue as usize].spec.ordering;
+                let r = gangway_sched::rank::rank_in(ordering, &self.rank_params, &facts);
                 let _ = gangway_sched::rank::apply(&mut self.state, id, r);
                 return;
             }
@@ -665,12 +666,15 @@ impl Engine {
             let attained = j.attained;
             let gpus = u64::from(j.trace.gpus).max(1);
             self.push(now + left.max(1), Ev::Finish(i, a));
-            if self.cfg.min_run_seconds > 0
-                && self.cfg.preemption
-                && self.cfg.min_run_seconds < left
-            {
+            // Its queue's minimum run time, else the scheduler's.
+            let min_run = self
+                .state
+                .job(b.job)
+                .and_then(|job| self.state.queues()[job.queue as usize].spec.min_run_seconds)
+                .unwrap_or(self.cfg.min_run_seconds);
+            if min_run > 0 && self.cfg.preemption && min_run < left {
                 // It becomes a possible victim then: the core must look again.
-                self.push(now + self.cfg.min_run_seconds, Ev::Cross(i, a));
+                self.push(now + min_run, Ev::Cross(i, a));
             }
             if matches!(
                 self.policy.ranking(),

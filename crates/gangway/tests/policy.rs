@@ -405,7 +405,7 @@ fn a_gated_policy_change_is_forced_logged_and_rolled_back_losing_nothing() {
     refused(
         &cli(&c, ADMIN, &["policy", "apply", file, "--reason", "x", "--pilot", "vision"]),
         "422",
-        &["queues[vision]: only allowed_priorities, allow_non_preemptible and time_limit are pilotable"],
+        &["queues[vision]: only allowed_priorities, allow_non_preemptible, time_limit, ordering, min_run_seconds and preemption_budget are pilotable"],
     );
     let out = ok(&cli(
         &c,

@@ -3,9 +3,14 @@
 //! (predicted remaining work, aging) are set from its stored record by
 //! [`gangway_sched::rank`], the same code the simulator measures.
 //!
+//! A queue whose `ordering` is `fifo` keeps its jobs at their class's top
+//! band with rank 0: priority, then submission order
+//! ([`gangway_sched::rank::rank_in`]).
+//!
 //! Running jobs are ranked every cycle (their band moves as they run);
 //! pending ones when they enter the scheduler or start a new attempt, and
-//! all of them every [`REFRESH_SECONDS`] (aging, predictions learned since).
+//! all of them every [`REFRESH_SECONDS`] (aging, predictions learned since)
+//! or when a policy is installed (a queue's ordering may have changed).
 
 use super::Control;
 use crate::records::JobRecord;
@@ -21,8 +26,8 @@ use std::collections::HashMap;
 pub(crate) struct RankMemo {
     /// Per job: the attempt and verdict last applied.
     applied: HashMap<JobId, (u32, Ranked)>,
-    /// When every pending job was last re-ranked.
-    refreshed_at: Option<Time>,
+    /// When every pending job was last re-ranked (`None`: at the next cycle).
+    pub(crate) refreshed_at: Option<Time>,
     /// The ranking's knobs.
     pub(crate) params: RankParams,
 }
@@ -78,7 +83,12 @@ impl<S: Store> Control<S> {
                 }
             }
             let runtime = KnownRuntime::of(job, self.cluster.predictor());
-            let r = rank::rank(&self.ranks.params, &facts(rec, running, runtime, now));
+            let ordering = self.cluster.queues()[job.queue as usize].spec.ordering;
+            let r = rank::rank_in(
+                ordering,
+                &self.ranks.params,
+                &facts(rec, running, runtime, now),
+            );
             verdicts.push((rec.id, rec.attempt, r));
         }
         for (id, attempt, r) in verdicts {

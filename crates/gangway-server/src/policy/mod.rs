@@ -131,9 +131,19 @@ impl SchedulerKnobs {
             100_000,
         )?;
         if let Some(b) = self.preemption_budget {
-            range("preemption_budget", u64::from(b), 0, 1000)?;
+            range(
+                "preemption_budget",
+                u64::from(b),
+                0,
+                u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
+            )?;
         }
-        range("min_run_seconds", self.min_run_seconds, 0, 7 * 86_400)
+        range(
+            "min_run_seconds",
+            self.min_run_seconds,
+            0,
+            gangway_core::MAX_MIN_RUN_SECONDS,
+        )
     }
 }
 
@@ -195,7 +205,8 @@ impl Gates {
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Queues (parents first): quotas, weights, allowed priority classes,
-    /// non-preemptible jobs, time limits. A queue's `node` policy is security
+    /// non-preemptible jobs, time limits, ordering within the queue and the
+    /// preemption rules for its jobs. A queue's `node` policy is security
     /// configuration and must match the configuration file's.
     #[serde(default)]
     pub queues: Vec<QueueSpec>,
@@ -257,17 +268,23 @@ pub enum Action {
     },
 }
 
+/// A queue's settings a pilot may change (see [`pilot_policy`]).
+pub const PILOTABLE: &str = "allowed_priorities, allow_non_preemptible, time_limit, ordering, min_run_seconds and preemption_budget";
+
 /// Most queues one pilot may name.
 pub const MAX_PILOT_QUEUES: usize = 64;
 
 /// The policy of a pilot of `candidate` on `queues`: `current` with the
 /// candidate's settings for those queues only. Pilotable are the settings
-/// that govern only the queue's own jobs: `allowed_priorities` (which
-/// classes order its jobs), `allow_non_preemptible` (the preemption rule for
-/// its jobs) and `time_limit`. Anything else moves GPUs or order between
-/// queues (quotas, weights, the tree, the scheduler's knobs) or judges
-/// changes (gates), so a candidate that changes it is refused for a pilot
-/// with the setting named; apply it without `--pilot`.
+/// that govern only the queue's own jobs ([`PILOTABLE`]):
+/// `allowed_priorities` (which classes order its jobs), `ordering` (the
+/// order within the queue), the preemption rules for its jobs
+/// (`allow_non_preemptible`, and `min_run_seconds` and `preemption_budget`,
+/// which override the scheduler's knobs for its jobs as victims) and
+/// `time_limit`. Anything else moves GPUs or order between queues (quotas,
+/// weights, the tree, the scheduler's knobs) or judges changes (gates), so a
+/// candidate that changes it is refused for a pilot with the setting named;
+/// apply it without `--pilot`.
 pub fn pilot_policy(
     current: &Policy,
     candidate: &Policy,
@@ -303,9 +320,12 @@ pub fn pilot_policy(
         masked.allowed_priorities = mine.allowed_priorities.clone();
         masked.allow_non_preemptible = mine.allow_non_preemptible;
         masked.time_limit = mine.time_limit.clone();
+        masked.ordering = mine.ordering;
+        masked.min_run_seconds = mine.min_run_seconds;
+        masked.preemption_budget = mine.preemption_budget;
         if masked != *mine {
             return refuse(format!(
-                "queues[{}]: only allowed_priorities, allow_non_preemptible and time_limit are pilotable (quota, weight and parent move GPUs between queues); apply without --pilot",
+                "queues[{}]: only {PILOTABLE} are pilotable (quota, weight and parent move GPUs between queues); apply without --pilot",
                 mine.name
             ));
         }
@@ -559,6 +579,8 @@ pub fn check<S: Store>(
                 q.name
             ));
         }
+        q.check_preemption_rules()
+            .map_err(|e| PolicyError::Invalid(format!("queues[{}].{e}", q.name)))?;
         for (what, t) in [
             ("default", &q.time_limit.default),
             ("max", &q.time_limit.max),
@@ -638,6 +660,8 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
         .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
     c.queue_specs = policy.queues.clone();
     c.sched = policy.scheduler.config();
+    // A queue's ordering may have changed: re-rank every job at the next cycle.
+    c.ranks.refreshed_at = None;
     Ok(())
 }
 
@@ -989,6 +1013,15 @@ mod tests {
         p.scheduler.min_run_seconds = 100 * 86_400;
         refuse(&p, "scheduler.min_run_seconds");
         let mut p = base.clone();
+        p.queues[1].min_run_seconds = Some(8 * 86_400);
+        refuse(
+            &p,
+            "queues[a].min_run_seconds: 691200 is out of range (0 to 604800)",
+        );
+        let mut p = base.clone();
+        p.queues[1].preemption_budget = Some(5000);
+        refuse(&p, "queues[a].preemption_budget: 5000 is out of range");
+        let mut p = base.clone();
         p.gates.min_jain = Some(1.5);
         refuse(&p, "gates.min_jain");
         let e = Policy::from_yaml("queues: [{ name: x, allowed_priorities: [urgent] }]")
@@ -1116,6 +1149,110 @@ mod tests {
             .expect_err("no change")
             .to_string()
             .contains("changes nothing"));
+    }
+
+    #[test]
+    fn a_fifo_pilot_orders_only_its_queue_by_submission_and_min_run_is_pilotable() {
+        use crate::control::Report;
+        let cfg = ServerConfig::from_yaml(
+            "admin_token: admin-secret\nagent_token: agent-secret\nqueues:\n  - name: a\n  - name: b\n  - name: c\n",
+        )
+        .expect("config");
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &cfg.queues).expect("control");
+        let base = load_or_seed(&mut c, &cfg, 0).expect("seed");
+        c.register_node(
+            gangway_core::NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            0,
+        )
+        .expect("node");
+        let whole = |q: &str, runtime: u64| {
+            let mut s = JobSpec::new("j", q, 1, 4);
+            s.runtime_seconds = Some(runtime);
+            s
+        };
+        let blocker = c.submit("alice", whole("c", 60), 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        // In each queue a long job, then a short one.
+        let a_long = c.submit("alice", whole("a", 7200), 2).expect("submit");
+        let a_short = c.submit("alice", whole("a", 600), 3).expect("submit");
+        let b_long = c.submit("alice", whole("b", 7200), 2).expect("submit");
+        let b_short = c.submit("alice", whole("b", 600), 3).expect("submit");
+        c.cycle(4).expect("cycle");
+        let rank = |c: &Control<RedbStore>, id| c.cluster.job(id).expect("in").rank;
+        assert!(
+            rank(&c, a_short) < rank(&c, a_long),
+            "ranked before the pilot"
+        );
+
+        // Pilot `ordering: fifo` on a (the candidate orders both queues so).
+        let mut cand = base.clone();
+        for q in &mut cand.queues {
+            q.ordering = gangway_core::QueueOrdering::Fifo;
+        }
+        check(&cand, &cfg, &c).expect("valid");
+        let pilot = pilot_policy(&base, &cand, &["a".into()]).expect("pilotable");
+        assert_eq!(
+            diff(&base, &pilot),
+            vec!["queues.a.ordering: (unset) -> \"fifo\""]
+        );
+        install(&mut c, &pilot).expect("install");
+        // Re-ranked at the next cycle, not at the next periodic refresh.
+        c.cycle(6).expect("cycle");
+        assert_eq!((rank(&c, a_long), rank(&c, a_short)), (0, 0));
+        assert!(rank(&c, b_short) < rank(&c, b_long), "b still ranks");
+
+        // The node frees one job at a time: record the order they start in
+        // (no agent sends heartbeats here: the node stays Ready meanwhile).
+        c.lifecycle.node_not_ready_seconds = 3600;
+        c.lifecycle.node_lost_seconds = 7200;
+        let mut order = Vec::new();
+        let (mut running, mut t) = (blocker, 10);
+        loop {
+            let attempt = c.jobs[&running].0.attempt;
+            c.report("n", running, Some(attempt), Report::Running, t)
+                .expect("running");
+            c.report("n", running, Some(attempt), Report::Exited(0), t + 1)
+                .expect("exited");
+            let d = c.cycle(t + 2).expect("cycle");
+            let Some(b) = d.binds.first() else { break };
+            running = b.job;
+            order.push(running);
+            t += 10;
+        }
+        assert_eq!(order.len(), 4, "{order:?}");
+        let at = |id| order.iter().position(|j| *j == id).expect("started");
+        assert!(
+            at(a_long) < at(a_short),
+            "fifo: submit order in a {order:?}"
+        );
+        assert!(
+            at(b_short) < at(b_long),
+            "ranked: shorter first in b {order:?}"
+        );
+
+        // A queue's minimum run time before preemption is pilotable too...
+        let mut min_run = base.clone();
+        for q in &mut min_run.queues {
+            q.min_run_seconds = Some(600);
+        }
+        let p = pilot_policy(&base, &min_run, &["b".into()]).expect("pilotable");
+        assert_eq!(p.queue("b").expect("b").min_run_seconds, Some(600));
+        assert_eq!(p.queue("a").expect("a").min_run_seconds, None);
+        // ...a quota still is not.
+        let mut quota = min_run.clone();
+        quota.queues[1].quota.nominal.gpus = Some(2);
+        let e = pilot_policy(&base, &quota, &["b".into()]).expect_err("quota");
+        assert!(
+            e.to_string().contains(
+                "queues[b]: only allowed_priorities, allow_non_preemptible, time_limit, ordering, min_run_seconds and preemption_budget are pilotable"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
