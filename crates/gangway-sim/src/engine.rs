@@ -205,17 +205,17 @@ impl Engine {
     }
 
     /// Prepares a run of `trace` on a cluster state built by the caller (nodes
-    /// and queue tree) with the core configured by `cfg`; jobs keep submit
-    /// order within their queue and priority class, as on a live server. The
-    /// policy what-if replays a cluster's own history this way, once per
-    /// candidate policy.
+    /// and queue tree) with the core configured by `cfg`; jobs are ranked
+    /// within their queue and priority class by `gangway_sched::rank` (each
+    /// queue's `ordering`), as on a live server. The policy what-if replays a
+    /// cluster's own history this way, once per candidate policy.
     pub fn with_state(
         trace: &Trace,
         state: ClusterState,
         cfg: gangway_sched::SchedulerConfig,
         opts: SimOptions,
     ) -> Self {
-        Self::from_parts(trace, Policy::Capacity, state, cfg, opts)
+        Self::from_parts(trace, Policy::Gangway, state, cfg, opts)
     }
 
     fn from_parts(

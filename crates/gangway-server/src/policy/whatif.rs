@@ -486,10 +486,15 @@ mod tests {
         qa.quota.borrowing_limit.gpus = Some(0);
         let mut qb = QueueSpec::gpus("b", None, b);
         qb.quota.borrowing_limit.gpus = Some(0);
-        Policy {
+        let mut p = Policy {
             queues: vec![qa, qb],
             ..Policy::default()
-        }
+        };
+        // The replay ranks as the live server does, so with preemption on a
+        // newcomer would preempt a job past an attained-service band; these
+        // tests look at one effect at a time.
+        p.scheduler.preemption = false;
+        p
     }
 
     #[test]
@@ -550,6 +555,32 @@ mod tests {
         }
         let back: WhatIf = serde_json::from_value(old).expect("old evidence");
         assert_eq!(back.failed_attempts, 0);
+    }
+
+    #[test]
+    fn an_ordering_change_is_judged_by_its_replay() {
+        let nodes = vec![NodeSpec::uniform("n0", "l", "s", 8, "H100", 80)];
+        // The node is busy for 1,000 s; then a long and a short whole-node
+        // job wait, the long one submitted first, both with estimates.
+        let mut h = vec![
+            entry(1, "a", 0, 1_000, 8),
+            entry(2, "a", 10, 3_000, 8),
+            entry(3, "a", 20, 100, 8),
+        ];
+        for e in &mut h {
+            e.runtime_seconds = Some(e.run_seconds);
+        }
+        let cur = policy(8, 8);
+        let mut fifo = cur.clone();
+        fifo.queues[0].ordering = gangway_core::QueueOrdering::Fifo;
+        let w = run(&h, 0, &nodes, &cur, &fifo).expect("what-if");
+        let (ranked, plain) = (&w.current.queues["a"], &w.candidate.queues["a"]);
+        // Ranked: the short job goes first; in submit order it waits for
+        // the long one (about 3,000 s more for one job of three).
+        assert!(
+            plain.avg_wait > ranked.avg_wait + 900.0,
+            "{ranked:?} {plain:?}"
+        );
     }
 
     #[test]
