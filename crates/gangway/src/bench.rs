@@ -163,7 +163,9 @@ fn build_cluster(nodes: usize) -> Result<ClusterState> {
     Ok(s)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile (0 to 1) of ascending `sorted` values, nearest rank; 0
+/// when there are none. Every bench reports its percentiles with this.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -2,6 +2,7 @@
 //! percentiles against a real server on loopback, and the time to list jobs
 //! with many stored.
 
+use crate::bench::percentile;
 use anyhow::{Context, Result};
 use clap::Args;
 use std::sync::{Arc, Mutex};
@@ -23,13 +24,6 @@ pub struct ApiArgs {
 
 const CONFIG: &str =
     "admin_token: bench-admin-token\nagent_token: bench-agent-token\nnode_approval: auto\nqueues:\n  - name: bench\n";
-
-fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
 
 /// Runs the API benchmark.
 pub fn run(a: &ApiArgs) -> Result<()> {
@@ -100,8 +94,8 @@ pub fn run(a: &ApiArgs) -> Result<()> {
     );
     println!("submissions: {} jobs", l.len());
     println!("submissions_per_sec: {:.1} jobs/s", l.len() as f64 / secs);
-    println!("submit_latency_p50: {:.2} ms", pct(&l, 0.5));
-    println!("submit_latency_p99: {:.2} ms", pct(&l, 0.99));
+    println!("submit_latency_p50: {:.2} ms", percentile(&l, 0.5));
+    println!("submit_latency_p99: {:.2} ms", percentile(&l, 0.99));
     // Fill the store up to `stored` jobs (in batches, as group commit would).
     let have = l.len();
     {
@@ -144,7 +138,7 @@ pub fn run(a: &ApiArgs) -> Result<()> {
     pages.sort_by(f64::total_cmp);
     println!(
         "list_jobs_page_latency_p50: {:.2} ms (100 of {total} jobs)",
-        pct(&pages, 0.5)
+        percentile(&pages, 0.5)
     );
     let (ms, bytes) = get("/v1/jobs")?;
     println!(

@@ -2,6 +2,7 @@
 //! submitting all the while, and the leader killed with SIGKILL again and
 //! again. Prints failover times and what happened to every submission.
 
+use crate::bench::percentile;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gangway_store::testing::EtcdProcess;
@@ -93,13 +94,6 @@ fn submit(urls: &[String], key: &str, start: usize) -> Option<u64> {
         }
     }
     None
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// Runs the benchmark.

@@ -20,7 +20,7 @@
 //! describing jobs, a scraper reading `/metrics`, and the probe. Figures are
 //! printed as `metric: value unit`.
 
-use crate::bench::{philly_gpus, Rng};
+use crate::bench::{percentile, philly_gpus, Rng};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use gangway_core::agent::{GpuHealth, SyncRequest, SyncResponse, TaskReport, TaskState};
@@ -86,13 +86,6 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {

@@ -1,6 +1,7 @@
 //! `gangway bench dashboard`: the time the server takes to answer what the
 //! dashboard's views read, on a large cluster (10,000 nodes, 100,000 jobs).
 
+use crate::bench::percentile;
 use anyhow::{Context, Result};
 use clap::Args;
 use gangway_store::{Op, RedbStore, Store};
@@ -22,12 +23,6 @@ pub struct DashboardArgs {
 
 // The nodes have no agents here: the node lifecycle must not declare them lost.
 const CONFIG: &str = "admin_token: bench-admin-token\nagent_token: bench-agent-token\nnode_approval: auto\nnode_not_ready_seconds: 100000000\nnode_lost_seconds: 100000000\nqueues:\n  - name: research\n  - name: prod\n  - name: vision\n";
-
-fn pct(v: &[f64], p: f64) -> f64 {
-    v.get(((v.len().max(1) - 1) as f64 * p).round() as usize)
-        .copied()
-        .unwrap_or(0.0)
-}
 
 /// Runs the benchmark.
 pub fn run(a: &DashboardArgs) -> Result<()> {
@@ -128,8 +123,8 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
             bytes = body.len();
         }
         ms.sort_by(f64::total_cmp);
-        println!("{name}_p50: {:.1} ms", pct(&ms, 0.5));
-        println!("{name}_p99: {:.1} ms", pct(&ms, 0.99));
+        println!("{name}_p50: {:.1} ms", percentile(&ms, 0.5));
+        println!("{name}_p99: {:.1} ms", percentile(&ms, 0.99));
         println!("{name}_bytes: {bytes} bytes");
     }
     print_metrics_figures(&base, a, &held)?;
@@ -182,27 +177,27 @@ fn metrics_lock_holds(app: &gangway_server::api::App, n: usize) -> Result<LockHo
 fn print_metrics_figures(base: &str, a: &DashboardArgs, h: &LockHolds) -> Result<()> {
     println!(
         "metrics_refresh_lock_hold_baseline_p50: {:.2} ms",
-        pct(&h.baseline, 0.5)
+        percentile(&h.baseline, 0.5)
     );
     println!(
         "metrics_refresh_lock_hold_baseline_p99: {:.2} ms",
-        pct(&h.baseline, 0.99)
+        percentile(&h.baseline, 0.99)
     );
     println!(
         "metrics_refresh_lock_hold_snapshot_p50: {:.2} ms",
-        pct(&h.snapshot, 0.5)
+        percentile(&h.snapshot, 0.5)
     );
     println!(
         "metrics_refresh_lock_hold_snapshot_p99: {:.2} ms",
-        pct(&h.snapshot, 0.99)
+        percentile(&h.snapshot, 0.99)
     );
     println!(
         "metrics_refresh_lock_hold_ratio_p50: {:.1} x",
-        pct(&h.baseline, 0.5) / pct(&h.snapshot, 0.5).max(1e-6)
+        percentile(&h.baseline, 0.5) / percentile(&h.snapshot, 0.5).max(1e-6)
     );
     println!(
         "metrics_publish_off_lock_p50: {:.2} ms",
-        pct(&h.publish, 0.5)
+        percentile(&h.publish, 0.5)
     );
     let agent = ureq::AgentBuilder::new().build();
     let scrape = |agent: &ureq::Agent| -> Result<f64> {
@@ -219,8 +214,8 @@ fn print_metrics_figures(base: &str, a: &DashboardArgs, h: &LockHolds) -> Result
         .map(|_| scrape(&agent))
         .collect::<Result<Vec<_>>>()?;
     ms.sort_by(f64::total_cmp);
-    println!("metrics_scrape_p50: {:.2} ms", pct(&ms, 0.5));
-    println!("metrics_scrape_p99: {:.2} ms", pct(&ms, 0.99));
+    println!("metrics_scrape_p50: {:.2} ms", percentile(&ms, 0.5));
+    println!("metrics_scrape_p99: {:.2} ms", percentile(&ms, 0.99));
     let submits = |n: usize| -> Result<Vec<f64>> {
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
@@ -261,10 +256,16 @@ fn print_metrics_figures(base: &str, a: &DashboardArgs, h: &LockHolds) -> Result
             .map_err(|_| anyhow::anyhow!("scraper panicked"))?;
         Ok((during?, k))
     })?;
-    println!("submit_alone_p50: {:.2} ms", pct(&alone, 0.5));
-    println!("submit_alone_p99: {:.2} ms", pct(&alone, 0.99));
-    println!("submit_while_scraping_p50: {:.2} ms", pct(&during, 0.5));
-    println!("submit_while_scraping_p99: {:.2} ms", pct(&during, 0.99));
+    println!("submit_alone_p50: {:.2} ms", percentile(&alone, 0.5));
+    println!("submit_alone_p99: {:.2} ms", percentile(&alone, 0.99));
+    println!(
+        "submit_while_scraping_p50: {:.2} ms",
+        percentile(&during, 0.5)
+    );
+    println!(
+        "submit_while_scraping_p99: {:.2} ms",
+        percentile(&during, 0.99)
+    );
     println!("scrapes_during_submissions: {scrapes} scrapes");
     Ok(())
 }

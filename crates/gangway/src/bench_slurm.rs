@@ -17,7 +17,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Options of `bench slurm`.
@@ -142,104 +141,56 @@ fn start_slurm(dir: &Path, jobs: usize) -> Result<(Guard, PathBuf)> {
     )
 }
 
-/// Runs `n` submissions over `clients` threads, each a new process made by
-/// `cmd`; returns each one's latency in ms. Any failure fails the run.
-fn drive(
-    clients: usize,
-    n: usize,
-    cmd: Arc<dyn Fn() -> Command + Send + Sync>,
-) -> Result<(f64, Vec<f64>)> {
-    let lat = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let failed = Arc::new(Mutex::new(None::<String>));
+/// Runs `n` submissions over `clients` threads; `client()` makes each
+/// thread's submitter (a new process per call, or one keep-alive HTTP
+/// client). Returns the seconds taken and each submission's latency in ms.
+/// Any failure fails the run.
+fn drive<F>(clients: usize, n: usize, client: impl Fn() -> F) -> Result<(f64, Vec<f64>)>
+where
+    F: FnMut() -> Result<(), String> + Send + 'static,
+{
     let start = Instant::now();
     let handles: Vec<_> = (0..clients)
         .map(|c| {
-            let (lat, failed, cmd) = (lat.clone(), failed.clone(), cmd.clone());
+            let mut submit = client();
             let mine = n / clients + usize::from(c < n % clients);
-            std::thread::spawn(move || {
+            std::thread::spawn(move || -> Result<Vec<f64>, String> {
+                let mut lat = Vec::with_capacity(mine);
                 for _ in 0..mine {
                     let t = Instant::now();
-                    let out = cmd().stdout(Stdio::null()).output();
-                    let ms = t.elapsed().as_secs_f64() * 1000.0;
-                    match out {
-                        Ok(o) if o.status.success() => {
-                            if let Ok(mut l) = lat.lock() {
-                                l.push(ms);
-                            }
-                        }
-                        other => {
-                            let why = match other {
-                                Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
-                                Err(e) => e.to_string(),
-                            };
-                            if let Ok(mut f) = failed.lock() {
-                                f.get_or_insert(why);
-                            }
-                            return;
-                        }
-                    }
+                    submit()?;
+                    lat.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
+                Ok(lat)
             })
         })
         .collect();
+    let mut lat = Vec::with_capacity(n);
     for h in handles {
-        let _ = h.join();
+        let mine = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))?
+            .map_err(|why| anyhow::anyhow!("a submission failed: {}", why.trim()))?;
+        lat.extend(mine);
     }
-    let secs = start.elapsed().as_secs_f64();
-    if let Some(why) = failed.lock().ok().and_then(|f| f.clone()) {
-        bail!("a submission failed: {}", why.trim());
-    }
-    let v = Arc::try_unwrap(lat)
-        .ok()
-        .and_then(|m| m.into_inner().ok())
-        .unwrap_or_default();
-    Ok((secs, v))
+    Ok((start.elapsed().as_secs_f64(), lat))
 }
 
-/// Submissions through Gangway's HTTP API with keep-alive clients.
-fn drive_api(clients: usize, n: usize, base: &str) -> Result<(f64, Vec<f64>)> {
-    let lat = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let start = Instant::now();
-    let handles: Vec<_> = (0..clients)
-        .map(|c| {
-            let (lat, base) = (lat.clone(), base.to_string());
-            let mine = n / clients + usize::from(c < n % clients);
-            std::thread::spawn(move || -> Result<()> {
-                let agent = ureq::AgentBuilder::new().build();
-                for _ in 0..mine {
-                    let t = Instant::now();
-                    agent
-                        .post(&format!("{base}/v1/jobs"))
-                        .set("Authorization", &format!("Bearer {TOKEN}"))
-                        .set("Content-Type", "application/yaml")
-                        .send_string(JOB)
-                        .context("submitting through the API")?;
-                    if let Ok(mut l) = lat.lock() {
-                        l.push(t.elapsed().as_secs_f64() * 1000.0);
-                    }
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join()
-            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+/// A submitter that runs `cmd()` as a new process per submission.
+fn by_process(
+    cmd: impl Fn() -> Command + Send + 'static,
+) -> impl FnMut() -> Result<(), String> + Send + 'static {
+    move || match cmd().stdout(Stdio::null()).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).into_owned()),
+        Err(e) => Err(e.to_string()),
     }
-    let secs = start.elapsed().as_secs_f64();
-    let v = Arc::try_unwrap(lat)
-        .ok()
-        .and_then(|m| m.into_inner().ok())
-        .unwrap_or_default();
-    Ok((secs, v))
 }
 
+/// Percentile of unsorted latencies.
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    crate::bench::percentile(v, p)
 }
 
 /// Runs the comparison.
@@ -295,9 +246,9 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home)?;
 
-    let sbatch: Arc<dyn Fn() -> Command + Send + Sync> = {
+    let sbatch = || {
         let conf = conf.clone();
-        Arc::new(move || {
+        by_process(move || {
             let mut c = Command::new("sbatch");
             c.env("SLURM_CONF", &conf).args([
                 "--hold",
@@ -308,10 +259,10 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
             c
         })
     };
-    let gangway: Arc<dyn Fn() -> Command + Send + Sync> = {
+    let gangway = || {
         let (exe, base, job_file, home) =
             (exe.clone(), base.clone(), job_file.clone(), home.clone());
-        Arc::new(move || {
+        by_process(move || {
             let mut c = Command::new(&exe);
             c.env("HOME", &home)
                 .env_remove("GANGWAY_CA")
@@ -319,6 +270,19 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
                 .arg(&job_file);
             c
         })
+    };
+    // Keep-alive HTTP clients, one per thread, as tools submit.
+    let api = || {
+        let (agent, url) = (ureq::AgentBuilder::new().build(), format!("{base}/v1/jobs"));
+        move || {
+            agent
+                .post(&url)
+                .set("Authorization", &format!("Bearer {TOKEN}"))
+                .set("Content-Type", "application/yaml")
+                .send_string(JOB)
+                .map(drop)
+                .map_err(|e| format!("submitting through the API: {e}"))
+        }
     };
 
     println!(
@@ -329,14 +293,14 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
     let (mut s_lat, mut g_lat) = (Vec::new(), Vec::new());
     for r in 0..a.rounds {
         let n = a.jobs / a.rounds + usize::from(r < a.jobs % a.rounds);
-        let (s, mut l) = drive(a.clients, n, sbatch.clone())?;
+        let (s, mut l) = drive(a.clients, n, sbatch)?;
         s_secs += s;
         s_lat.append(&mut l);
-        let (s, mut l) = drive(a.clients, n, gangway.clone())?;
+        let (s, mut l) = drive(a.clients, n, gangway)?;
         g_secs += s;
         g_lat.append(&mut l);
     }
-    let (api_secs, mut api_lat) = drive_api(a.clients, a.jobs, &base)?;
+    let (api_secs, mut api_lat) = drive(a.clients, a.jobs, api)?;
 
     // Every acknowledged job is stored.
     let out = Command::new("squeue")
