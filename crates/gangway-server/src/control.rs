@@ -107,6 +107,23 @@ pub(crate) enum Ending {
     Cancelled(String),
 }
 
+impl Ending {
+    /// How a live attempt ends when the server ends it without its ranks'
+    /// word (its node gone, its grace run out), `msg` saying why: as its stop
+    /// asked (cancelled; restarted or failed), requeued when it was being
+    /// preempted, failed otherwise.
+    pub(crate) fn forced(rec: &JobRecord, msg: String) -> Ending {
+        match (&rec.stopping, rec.state) {
+            (Some(Stopping::Cancelled { by }), _) => {
+                Ending::Cancelled(format!("cancelled by {by}; {msg}"))
+            }
+            (Some(Stopping::Failed { message }), _) => Ending::Failed(format!("{message}; {msg}")),
+            (None, JobState::Preempting) => Ending::Requeued(msg),
+            (None, _) => Ending::Failed(msg),
+        }
+    }
+}
+
 impl JobEvent {
     fn new(at: Time, kind: &str, message: String) -> Self {
         JobEvent {
@@ -1386,24 +1403,13 @@ impl<S: Store> Control<S> {
             let Some((rec, _)) = self.jobs.get(&id) else {
                 continue;
             };
-            let ending = match (&rec.stopping, rec.state) {
-                (_, s)
-                    if !matches!(
-                        s,
-                        JobState::Scheduled | JobState::Running | JobState::Preempting
-                    ) =>
-                {
-                    continue
-                }
-                (Some(Stopping::Cancelled { by }), _) => {
-                    Ending::Cancelled(format!("cancelled by {by}; {msg}"))
-                }
-                (Some(Stopping::Failed { message }), _) => {
-                    Ending::Failed(format!("{message}; {msg}"))
-                }
-                (None, JobState::Preempting) => Ending::Requeued(msg),
-                (None, _) => Ending::Failed(msg),
-            };
+            if !matches!(
+                rec.state,
+                JobState::Scheduled | JobState::Running | JobState::Preempting
+            ) {
+                continue;
+            }
+            let ending = Ending::forced(rec, msg);
             let (rec, after) = ended(rec.clone(), ending, now);
             afters.push((id, after));
             recs.push(rec);

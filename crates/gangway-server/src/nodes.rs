@@ -501,13 +501,9 @@ impl<S: Store> Control<S> {
                 "grace of {grace}s (+{margin}s) ran out before its ranks stopped; the server took its GPUs back and its agents kill what still runs"
             );
             tracing::warn!("job {id}: {msg}");
-            let ending = match &rec.stopping {
-                Some(Stopping::Cancelled { by }) => {
-                    Ending::Cancelled(format!("cancelled by {by}; {msg}"))
-                }
-                Some(Stopping::Failed { message }) => Ending::Failed(format!("{message}; {msg}")),
-                None => Ending::Requeued(msg),
-            };
+            // Only gangs being stopped are due: a cancel, a failed rank or
+            // a preemption.
+            let ending = Ending::forced(&rec, msg);
             self.end_attempt(rec, ending, now)?;
             ended_ids.push(id);
         }
