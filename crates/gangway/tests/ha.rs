@@ -161,6 +161,29 @@ fn replicas(etcd: &EtcdProcess, n: usize) -> Replicas {
     reps
 }
 
+/// Every job the server lists: the list is paged (500 by default), so
+/// follow the cursor to the end.
+fn all_jobs(url: &str) -> Vec<Value> {
+    let mut jobs = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("{url}/v1/jobs?limit=5000");
+        if let Some(c) = &cursor {
+            path += &format!("&cursor={c}");
+        }
+        let resp = ureq::get(&path)
+            .set("Authorization", &format!("Bearer {ADMIN}"))
+            .call()
+            .expect("list");
+        cursor = resp.header("x-next-cursor").map(str::to_string);
+        let page: Vec<Value> = resp.into_json().expect("json");
+        jobs.extend(page);
+        if cursor.is_none() {
+            return jobs;
+        }
+    }
+}
+
 fn wait_leader(reps: &Replicas) -> usize {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -280,12 +303,7 @@ fn leader_kill_9_under_submissions_loses_and_duplicates_nothing() {
     eprintln!("failover seconds: {failovers:?}");
 
     let leader = wait_leader(&reps);
-    let jobs: Vec<Value> = ureq::get(&format!("{}/v1/jobs", reps.all[leader].url()))
-        .set("Authorization", &format!("Bearer {ADMIN}"))
-        .call()
-        .expect("list")
-        .into_json()
-        .expect("json");
+    let jobs = all_jobs(&reps.all[leader].url());
     let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for j in &jobs {
         by_name
