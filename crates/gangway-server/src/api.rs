@@ -40,7 +40,9 @@ pub struct App {
     /// When `/metrics`' snapshot was last refreshed (seconds since the epoch).
     pub metrics_at: std::sync::atomic::AtomicU64,
     /// Control state behind one lock: every change is short and ordered.
-    pub control: Mutex<Control<SharedStore>>,
+    /// Job reads (list, describe) read its published view instead
+    /// ([`crate::view`]).
+    pub control: crate::view::StateLock<SharedStore>,
     /// Configuration.
     pub cfg: ServerConfig,
     /// Metrics.
@@ -265,7 +267,7 @@ impl From<crate::workflow::WorkflowError> for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The control state, or a 500 if a panic poisoned it.
-pub fn lock(app: &App) -> ApiResult<std::sync::MutexGuard<'_, Control<SharedStore>>> {
+pub fn lock(app: &App) -> ApiResult<crate::view::StateGuard<'_, SharedStore>> {
     app.control.lock().map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -290,8 +292,9 @@ pub fn identify(app: &App, headers: &HeaderMap) -> Option<Principal> {
     if let Some(p) = app.tokens.find(&h) {
         return Some(p);
     }
-    let c = app.control.lock().ok()?;
-    c.node_of_token(&h).map(|n| Principal::Node(n.to_string()))
+    // Node tokens from the published view: authenticating takes no lock.
+    let v = app.control.view();
+    v.node_of_token(&h).map(|n| Principal::Node(n.to_string()))
 }
 
 /// Who the bearer token belongs to (401 when missing or unknown); users and
@@ -385,20 +388,21 @@ pub struct JobView {
     pub admitted: bool,
 }
 
-fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView {
-    let why = c.why.get(&rec.id);
+/// A job as the API shows it, from the read view (no state lock).
+fn view(v: &crate::view::ReadView, rec: &JobRecord, access: JobAccess) -> JobView {
+    let why = v.why.get(&rec.id);
     let mut record = rec.clone();
     if access == JobAccess::Redacted {
         for v in record.spec.run.env.values_mut() {
             *v = REDACTED.to_string();
         }
     }
-    let gate = c.gate_reason(rec.id);
+    let gate = v.gate_reason(rec.id);
     JobView {
         record,
         reason: gate
             .map(|(_, m)| m.to_string())
-            .or_else(|| why.map(|w| w.render(&c.cluster, c.why_at))),
+            .or_else(|| why.map(|w| w.render(&v.names, v.why_at))),
         reason_code: gate
             .map(|(code, _)| code)
             .or(rec.end_reason)
@@ -406,14 +410,7 @@ fn view(c: &Control<SharedStore>, rec: &JobRecord, access: JobAccess) -> JobView
         admitted: rec.state == JobState::Pending
             && why.is_some_and(|w| !matches!(w.reason, gangway_sched::WaitReason::Quota(_))),
         estimated_start: why.and_then(|w| w.estimated_start),
-        planned_nodes: c
-            .planned_nodes
-            .get(&rec.id)
-            .into_iter()
-            .flatten()
-            .filter_map(|n| c.cluster.nodes().get(*n as usize))
-            .map(|n| n.spec.name.clone())
-            .collect(),
+        planned_nodes: v.planned_node_names(rec.id),
     }
 }
 
@@ -538,19 +535,20 @@ async fn list_jobs(
     let page = q
         .check()
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    let c = lock(&app)?;
-    let (jobs, next) = page.select(&c.jobs);
+    // The published view: a listing never waits for the state lock.
+    let v = app.control.view();
+    let (jobs, next) = page.select(&v.jobs);
     let out: Vec<JobView> = jobs
         .into_iter()
         .map(|r| {
             view(
-                &c,
+                &v,
                 r,
                 job_access(&p, &r.user).unwrap_or(JobAccess::Redacted),
             )
         })
         .collect();
-    drop(c);
+    drop(v);
     let mut res = Json(out).into_response();
     if let Some(n) = next {
         let h = res.headers_mut();
@@ -587,13 +585,13 @@ async fn get_job(
     Path(id): Path<u64>,
 ) -> ApiResult<Json<JobView>> {
     let p = authenticate_person(&app, &headers)?;
-    let c = lock(&app)?;
-    let (rec, _) = c
-        .jobs
-        .get(&JobId(id))
+    // The published view: describing a job never waits for the state lock.
+    let v = app.control.view();
+    let rec = v
+        .job(JobId(id))
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
     let access = job_access(&p, &rec.user).unwrap_or(JobAccess::Redacted);
-    Ok(Json(view(&c, rec, access)))
+    Ok(Json(view(&v, rec, access)))
 }
 
 #[utoipa::path(

@@ -257,12 +257,15 @@ pub struct Control<S: Store> {
     /// Job records with their store revisions (and their counts by state
     /// and queue, see [`crate::records::JobTable`]).
     pub jobs: crate::records::JobTable,
-    /// Last explanation per pending job.
-    pub why: HashMap<JobId, gangway_sched::Explanation>,
+    /// Last explanation per pending job (shared with the read view).
+    pub why: crate::view::Why,
     /// Maintenance reservations (see [`crate::reservations`]).
     pub reservations: crate::reservations::Reservations,
     /// Planned nodes per pending job in the last cycle's backfill plan.
-    pub planned_nodes: HashMap<JobId, Vec<gangway_sched::NodeIdx>>,
+    pub planned_nodes: crate::view::PlannedNodes,
+    /// The queues and nodes, without jobs, that the last cycle's
+    /// explanations refer to (see [`crate::view::ReadView::names`]).
+    pub(crate) names: std::sync::Arc<ClusterState>,
     /// When they were computed.
     pub why_at: Time,
     /// Scheduler knobs.
@@ -270,7 +273,9 @@ pub struct Control<S: Store> {
     /// Per-node credentials (token digests) handed out at registration.
     pub node_tokens: HashMap<String, crate::nodes::NodeCredential>,
     /// Node names by their token's digest (authentication).
-    pub node_by_token: HashMap<crate::authz::TokenHash, String>,
+    /// (A persistent map: the read view shares it, so authenticating a node
+    /// takes no lock.)
+    pub node_by_token: crate::view::NodeTokens,
     /// Nodes that joined with the join token and wait for an admin's approval.
     pub pending_nodes: BTreeMap<String, NodeSpec>,
     /// The queues of the configuration (the scheduler's state is rebuilt
@@ -294,7 +299,7 @@ pub struct Control<S: Store> {
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
     /// The agents' last verdict per GPU.
-    pub(crate) reported_health: HashMap<(String, u32), bool>,
+    pub(crate) reported_health: HashMap<String, BTreeMap<u32, bool>>,
     /// Seconds between cycles when nothing changes (the stall detector's period).
     pub cycle_seconds: u64,
     /// Job-contract knobs (ports, checkpoint root).
@@ -387,7 +392,7 @@ impl<S: Store> Control<S> {
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
         let mut node_tokens = HashMap::new();
-        let mut node_by_token = HashMap::new();
+        let mut node_by_token = crate::view::NodeTokens::new();
         for kv in store.range("/node_tokens/")? {
             let name = kv.key["/node_tokens/".len()..].to_string();
             let cred = crate::nodes::NodeCredential::decode(&kv.key, &kv.value)?;
@@ -415,9 +420,10 @@ impl<S: Store> Control<S> {
             store,
             cluster,
             jobs,
-            why: HashMap::new(),
+            why: Default::default(),
             why_at: 0,
-            planned_nodes: HashMap::new(),
+            planned_nodes: Default::default(),
+            names: Default::default(),
             reservations: Default::default(),
             sched: SchedulerConfig::default(),
             node_tokens,
@@ -454,7 +460,7 @@ impl<S: Store> Control<S> {
 
     /// Puts every live job back into the scheduler's state.
     pub(crate) fn rebuild(&mut self) -> Result<(), ControlError> {
-        let live: Vec<JobRecord> = self
+        let live: Vec<std::sync::Arc<JobRecord>> = self
             .jobs
             .values()
             .map(|(r, _)| r.clone())
@@ -822,7 +828,7 @@ impl<S: Store> Control<S> {
         if rec.state.is_terminal() {
             return Err(ControlError::Finished(id, rec.state));
         }
-        let mut rec = rec.clone();
+        let mut rec = JobRecord::clone(rec);
         let on_nodes = matches!(
             rec.state,
             JobState::Scheduled | JobState::Running | JobState::Preempting
@@ -925,16 +931,32 @@ impl<S: Store> Control<S> {
         if !rec.placement.iter().any(|r| r.node == node) {
             return Err(ControlError::NotOnNode(node.to_string(), id));
         }
-        let mut rec = rec.clone();
-        let nodes = rec.nodes().len();
+        let state = rec.state;
         let live = matches!(
-            rec.state,
+            state,
             JobState::Scheduled | JobState::Running | JobState::Preempting
         );
         // Being stopped already: a preemption, a cancel or a failed rank.
-        let stopping = rec.stopping.is_some() || rec.state == JobState::Preempting;
+        let stopping = rec.stopping.is_some() || state == JobState::Preempting;
+        // Reports that change nothing (every sync repeats its running
+        // tasks) are answered from the shared record, without copying it.
         match report {
-            Report::Running if rec.state == JobState::Scheduled => {
+            Report::Running if state == JobState::Scheduled && rec.started_on.contains(node) => {
+                return Ok(state)
+            }
+            Report::Running if state == JobState::Scheduled => {}
+            Report::Running if live => return Ok(state),
+            Report::Running => return Err(ControlError::BadReport(id, state, "running")),
+            Report::Failing(_) | Report::Exited(_) if !live => {
+                return Err(ControlError::BadReport(id, state, "an exit"))
+            }
+            Report::Failing(_) if stopping => return Ok(state),
+            Report::Failing(_) | Report::Exited(_) => {}
+        }
+        let mut rec = JobRecord::clone(rec);
+        let nodes = rec.nodes().len();
+        match report {
+            Report::Running => {
                 if rec.started_on.insert(node.to_string()) {
                     if rec.started_on.len() == nodes {
                         rec.state = JobState::Running;
@@ -948,12 +970,6 @@ impl<S: Store> Control<S> {
                     self.write(rec)?;
                 }
             }
-            Report::Running if live => return Ok(rec.state),
-            Report::Running => return Err(ControlError::BadReport(id, rec.state, "running")),
-            Report::Failing(_) | Report::Exited(_) if !live => {
-                return Err(ControlError::BadReport(id, rec.state, "an exit"))
-            }
-            Report::Failing(_) if stopping => return Ok(rec.state),
             Report::Failing(code) => {
                 // The whole gang stops together (signal, short grace); the
                 // outcome is decided once no process of it is left anywhere.
@@ -1134,7 +1150,12 @@ impl<S: Store> Control<S> {
             .cluster
             .node_index(node)
             .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
-        self.last_seen.insert(node.to_string(), now);
+        match self.last_seen.get_mut(node) {
+            Some(t) => *t = now,
+            None => {
+                self.last_seen.insert(node.to_string(), now);
+            }
+        }
         self.lost.remove(node);
         let mut changed = false;
         if !self.cluster.nodes()[n as usize].ready {
@@ -1204,9 +1225,13 @@ impl<S: Store> Control<S> {
             return Ok(false);
         };
         let mut changed = false;
+        // Looked up by name: a heartbeat with no news allocates nothing here.
+        let seen = match self.reported_health.get_mut(node) {
+            Some(m) => m,
+            None => self.reported_health.entry(node.to_string()).or_default(),
+        };
         for g in gpus {
-            let key = (node.to_string(), g.index);
-            if self.reported_health.insert(key, g.healthy) == Some(g.healthy) {
+            if seen.insert(g.index, g.healthy) == Some(g.healthy) {
                 continue;
             }
             let spec = &self.cluster.nodes()[n as usize].spec;
@@ -1410,7 +1435,7 @@ impl<S: Store> Control<S> {
                 continue;
             }
             let ending = Ending::forced(rec, msg);
-            let (rec, after) = ended(rec.clone(), ending, now);
+            let (rec, after) = ended(JobRecord::clone(rec), ending, now);
             afters.push((id, after));
             recs.push(rec);
         }
@@ -1445,7 +1470,7 @@ impl<S: Store> Control<S> {
             .values()
             .map(|(r, _)| r)
             .filter(|r| r.state == JobState::Restarting && r.restart_at.is_some_and(|t| t <= now))
-            .cloned()
+            .map(|r| JobRecord::clone(r))
             .collect();
         for mut rec in due {
             rec.state = JobState::Pending;
@@ -1507,7 +1532,7 @@ impl<S: Store> Control<S> {
             if rec.stopping.is_some() {
                 continue;
             }
-            let mut rec = rec.clone();
+            let mut rec = JobRecord::clone(rec);
             rec.state = JobState::Preempting;
             rec.preempted_by = Some(p.by);
             rec.signal_at_ms = Some(contract::wall_ms());
@@ -1526,7 +1551,7 @@ impl<S: Store> Control<S> {
             let Some((rec, _)) = self.jobs.get(&b.job) else {
                 continue;
             };
-            let mut rec = rec.clone();
+            let mut rec = JobRecord::clone(rec);
             rec.state = JobState::Scheduled;
             rec.placement = self.placement_to(&b.placement);
             rec.ran_on = rec.placement.iter().map(|r| r.node.clone()).collect();
@@ -1575,15 +1600,12 @@ impl<S: Store> Control<S> {
         apply(&mut self.cluster, &applied, now)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
         // Explanations are kept structured and rendered when someone asks.
-        self.why.clear();
-        for e in &d.pending {
-            self.why.insert(e.job, e.clone());
-        }
+        // Published with the cycle in the read view (shared, not copied).
+        self.why = crate::view::Why::from_cycle(d.pending.iter().cloned());
         self.why_at = now;
-        self.planned_nodes.clear();
-        for r in &d.plan {
-            self.planned_nodes.insert(r.job, r.nodes.clone());
-        }
+        self.planned_nodes =
+            std::sync::Arc::new(d.plan.iter().map(|r| (r.job, r.nodes.clone())).collect());
+        self.names = crate::view::names_of(&self.cluster, &self.names);
         Ok(d)
     }
 }
@@ -1742,9 +1764,10 @@ mod tests {
 
         // A rank failed at t=3; the other never exits: the gang restarts.
         let (_d, mut c, id) = one_node_running_job(60);
-        let mut e = c.jobs[&id].clone();
-        e.0.spec.restart.max_restarts = 1;
-        c.jobs.insert(id, e);
+        let (rec, rev) = c.jobs[&id].clone();
+        let mut rec = JobRecord::clone(&rec);
+        rec.spec.restart.max_restarts = 1;
+        c.jobs.insert(id, (rec, rev));
         c.report("n", id, Some(0), Report::Failing(1), 3)
             .expect("failing");
         assert!(c

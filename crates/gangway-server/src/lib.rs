@@ -26,6 +26,7 @@ pub mod records;
 pub mod reservations;
 pub mod reservations_api;
 pub mod retention;
+pub mod view;
 pub mod workflow;
 pub mod workflow_api;
 pub mod yaml;
@@ -131,7 +132,7 @@ pub fn open_with_audit(
         rate: limits::RateLimiter::default(),
         audit,
         metrics_at: std::sync::atomic::AtomicU64::new(0),
-        control: Mutex::new(control),
+        control: view::StateLock::new(control),
         cfg,
         metrics,
         wake: tokio::sync::Notify::new(),

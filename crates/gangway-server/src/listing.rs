@@ -194,6 +194,21 @@ impl Listed for crate::records::JobRecord {
     }
 }
 
+impl<T: Listed> Listed for std::sync::Arc<T> {
+    fn id(&self) -> JobId {
+        (**self).id()
+    }
+    fn state(&self) -> JobState {
+        (**self).state()
+    }
+    fn queue(&self) -> &str {
+        (**self).queue()
+    }
+    fn user(&self) -> &str {
+        (**self).user()
+    }
+}
+
 impl JobPage {
     /// Whether a job passes the filters (not the cursor).
     pub fn matches<J: Listed>(&self, j: &J) -> bool {
@@ -205,9 +220,9 @@ impl JobPage {
 
     /// One page of `jobs` (in id order) and the cursor of the next page, if
     /// any job may follow. Walks only from the cursor on.
-    pub fn select<'a, J: Listed + 'a>(
+    pub fn select<'a, J: Listed + Clone + 'a>(
         &self,
-        jobs: &'a std::collections::BTreeMap<JobId, (J, u64)>,
+        jobs: &'a imbl::OrdMap<JobId, (J, u64)>,
     ) -> (Vec<&'a J>, Option<String>) {
         use std::ops::Bound::{Excluded, Unbounded};
         let it: Box<dyn Iterator<Item = &'a (J, u64)>> = match (self.after, self.desc) {
@@ -239,8 +254,8 @@ impl JobPage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
+    #[derive(Clone)]
     struct J(u64, JobState, &'static str);
     impl Listed for J {
         fn id(&self) -> JobId {
@@ -257,7 +272,7 @@ mod tests {
         }
     }
 
-    fn jobs(n: u64) -> BTreeMap<JobId, (J, u64)> {
+    fn jobs(n: u64) -> imbl::OrdMap<JobId, (J, u64)> {
         (1..=n)
             .map(|i| {
                 let st = if i % 2 == 0 {

@@ -404,7 +404,7 @@ impl<S: Store> Control<S> {
         self.lost.remove(name);
         self.node_failures.remove(name);
         self.cordon_reasons.remove(name);
-        self.reported_health.retain(|(n, _), _| n != name);
+        self.reported_health.remove(name);
     }
 
     /// Nodes waiting for approval, by name.
@@ -491,7 +491,7 @@ impl<S: Store> Control<S> {
                     .flatten()
                     .map(|(t, g)| (t.saturating_add(g).saturating_add(margin), g))
                     .min()?;
-                (now >= deadline).then(|| (r.clone(), grace))
+                (now >= deadline).then(|| (crate::records::JobRecord::clone(r), grace))
             })
             .collect();
         let mut ended_ids = Vec::new();

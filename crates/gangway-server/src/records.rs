@@ -3,6 +3,7 @@
 use gangway_core::{JobId, JobSpec, JobState, Time};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// One rank group's GPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -243,6 +244,12 @@ pub fn node_key(name: &str) -> String {
 /// Key holding the last job id handed out.
 pub const JOB_SEQ: &str = "/meta/job_seq";
 
+/// Job records by id, each with its store revision: a persistent map whose
+/// records are shared (`Arc`), so a copy of it (the read view, see
+/// [`crate::view`]) costs O(1) and a write after a copy O(log n), never
+/// O(jobs).
+pub type JobMap = imbl::OrdMap<JobId, (Arc<JobRecord>, u64)>;
+
 /// The control state's job records by id, each with its store revision, and
 /// a count of them by queue and state kept current on every insert and
 /// removal, so `/metrics` reads the counts instead of walking the jobs under
@@ -250,20 +257,25 @@ pub const JOB_SEQ: &str = "/meta/job_seq";
 /// [`JobTable::insert`] and [`JobTable::remove`], which keep the counts.
 #[derive(Clone, Debug, Default)]
 pub struct JobTable {
-    map: BTreeMap<JobId, (JobRecord, u64)>,
+    map: JobMap,
     counts: std::collections::HashMap<String, std::collections::HashMap<JobState, i64>>,
 }
 
 impl std::ops::Deref for JobTable {
-    type Target = BTreeMap<JobId, (JobRecord, u64)>;
+    type Target = JobMap;
     fn deref(&self) -> &Self::Target {
         &self.map
     }
 }
 
 impl JobTable {
-    /// Inserts or replaces a record; the replaced one, if any.
-    pub fn insert(&mut self, id: JobId, v: (JobRecord, u64)) -> Option<(JobRecord, u64)> {
+    /// Inserts or replaces a record (owned or shared); the replaced one, if any.
+    pub fn insert(
+        &mut self,
+        id: JobId,
+        v: (impl Into<Arc<JobRecord>>, u64),
+    ) -> Option<(Arc<JobRecord>, u64)> {
+        let v = (v.0.into(), v.1);
         self.count(&v.0, 1);
         let old = self.map.insert(id, v);
         if let Some((rec, _)) = &old {
@@ -273,12 +285,18 @@ impl JobTable {
     }
 
     /// Removes a record; the removed one, if any.
-    pub fn remove(&mut self, id: &JobId) -> Option<(JobRecord, u64)> {
+    pub fn remove(&mut self, id: &JobId) -> Option<(Arc<JobRecord>, u64)> {
         let old = self.map.remove(id);
         if let Some((rec, _)) = &old {
             self.count(rec, -1);
         }
         old
+    }
+
+    /// A copy of the map that shares every record and node with this table
+    /// (O(1)): what the read view publishes.
+    pub fn snapshot(&self) -> JobMap {
+        self.map.clone()
     }
 
     /// The jobs by (state, queue), non-zero counts only.
@@ -299,8 +317,8 @@ impl JobTable {
     }
 }
 
-impl FromIterator<(JobId, (JobRecord, u64))> for JobTable {
-    fn from_iter<I: IntoIterator<Item = (JobId, (JobRecord, u64))>>(it: I) -> Self {
+impl<R: Into<Arc<JobRecord>>> FromIterator<(JobId, (R, u64))> for JobTable {
+    fn from_iter<I: IntoIterator<Item = (JobId, (R, u64))>>(it: I) -> Self {
         let mut t = JobTable::default();
         for (id, v) in it {
             t.insert(id, v);
@@ -340,11 +358,11 @@ mod table_tests {
         assert_eq!(counted(&t), walked(&t));
         assert_eq!(counted(&t).get(&("Pending".into(), "a".into())), Some(&3));
         // A state change replaces the record: it moves from one count to another.
-        let mut r = t[&JobId(2)].0.clone();
+        let mut r = JobRecord::clone(&t[&JobId(2)].0);
         r.state = JobState::Running;
         t.insert(r.id, (r, 9));
         // A queue change too.
-        let mut r = t[&JobId(3)].0.clone();
+        let mut r = JobRecord::clone(&t[&JobId(3)].0);
         r.spec.queue = "c".into();
         t.insert(r.id, (r, 9));
         assert!(t.remove(&JobId(5)).is_some());

@@ -145,7 +145,7 @@ impl<S: Store> Control<S> {
                 !named.contains(&r.id) && !r.array.as_ref().is_some_and(|a| named.contains(&a.job))
             })
             .take(max)
-            .map(|(r, _)| r.clone())
+            .map(|(r, _)| JobRecord::clone(r))
             .collect()
     }
 
@@ -243,7 +243,7 @@ impl<S: Store> Control<S> {
 /// as many expired idempotency keys. The state lock is held to pick and to
 /// delete, not while the export is written.
 pub fn pass(
-    control: &std::sync::Mutex<Control<crate::SharedStore>>,
+    control: &crate::view::StateLock<crate::SharedStore>,
     retention: &Retention,
     export_dir: Option<&Path>,
     now: Time,

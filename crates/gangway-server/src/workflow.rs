@@ -21,7 +21,7 @@ use gangway_core::{
 use gangway_sched::Rejection;
 use gangway_store::Store;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Who holds a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -71,7 +71,8 @@ pub enum WorkflowError {
 #[derive(Default, Debug)]
 pub struct Gates {
     /// Why each waits.
-    pub waiting: BTreeMap<JobId, (ReasonCode, String)>,
+    /// (A persistent map: the read view shares it.)
+    pub waiting: crate::view::GateMap,
 }
 
 /// What the gate says of a pending job.
@@ -172,7 +173,7 @@ impl<S: Store> Control<S> {
             let deps = parse_dependency(d).map_err(|e| spec_error(SpecError::BadDependency(e)))?;
             for dep in deps {
                 if let Dependency::After(_, ids) = dep {
-                    if let Some(id) = ids.iter().find(|id| !self.jobs.contains_key(id)) {
+                    if let Some(id) = ids.iter().find(|id| !self.jobs.contains_key(*id)) {
                         return Err(spec_error(SpecError::BadDependency(format!(
                             "job {id} does not exist"
                         ))));
@@ -269,7 +270,7 @@ impl<S: Store> Control<S> {
                         .filter(|(id, (r, _))| {
                             **id != rec.id
                                 && !r.state.is_terminal()
-                                && !self.gates.waiting.contains_key(id)
+                                && !self.gates.waiting.contains_key(*id)
                         })
                         .count()
                 });
@@ -394,7 +395,7 @@ impl<S: Store> Control<S> {
                 }
                 Gate::Never(msg) => {
                     if may_write {
-                        never.push((rec.clone(), msg.clone()));
+                        never.push((JobRecord::clone(rec), msg.clone()));
                     }
                     self.gates
                         .waiting
@@ -431,7 +432,7 @@ impl<S: Store> Control<S> {
         if rec.state != JobState::Pending || !rec.placement.is_empty() {
             return Err(WorkflowError::NotPending(id, state_name(rec.state), verb).into());
         }
-        Ok(rec.clone())
+        Ok(JobRecord::clone(rec))
     }
 
     /// The pending jobs `id` names: every pending task when `id` is an
@@ -474,7 +475,7 @@ impl<S: Store> Control<S> {
             if rec.held == Some(kind) || rec.held == Some(Hold::Admin) {
                 continue;
             }
-            let mut rec = rec.clone();
+            let mut rec = JobRecord::clone(rec);
             rec.held = Some(kind);
             rec.events.push(JobEvent {
                 at: now,
@@ -509,7 +510,7 @@ impl<S: Store> Control<S> {
             .iter()
             .filter_map(|i| self.jobs.get(i).map(|(r, _)| r))
             .filter(|r| r.held.is_some())
-            .cloned()
+            .map(|r| JobRecord::clone(r))
             .collect();
         if held.is_empty() {
             return Err(WorkflowError::NotHeld(id).into());
@@ -605,7 +606,7 @@ impl<S: Store> Control<S> {
                 continue;
             };
             if rec.placement.is_empty() {
-                let mut rec = rec.clone();
+                let mut rec = JobRecord::clone(rec);
                 rec.state = JobState::Cancelled;
                 rec.events.push(JobEvent {
                     at: now,

@@ -24,6 +24,7 @@ const STATE: &[&str] = &[
     "records.rs",
     "reservations.rs",
     "retention.rs",
+    "view.rs",
     "workflow.rs",
     "yaml.rs",
 ];

@@ -28,6 +28,8 @@ pub enum Which {
     Cluster(crate::bench_cluster::ClusterArgs),
     /// Submissions per second against Slurm's sbatch on this machine.
     Slurm(crate::bench_slurm::SlurmArgs),
+    /// What one agent sync costs the server, in process.
+    Sync(crate::bench_sync::SyncArgs),
 }
 
 /// Options of `bench sched`.
@@ -67,6 +69,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::Dashboard(a) => crate::bench_dashboard::run(&a),
         Which::Cluster(a) => crate::bench_cluster::run(&a),
         Which::Slurm(a) => crate::bench_slurm::run(&a),
+        Which::Sync(a) => crate::bench_sync::run(&a),
     }
 }
 
@@ -255,6 +258,9 @@ struct Figures {
     steady_seconds: f64,
     cycle_ms: Vec<f64>,
     apply_ms: Vec<f64>,
+    /// A full copy of the scheduler's state (what computing a cycle off the
+    /// server's lock would copy under it).
+    clone_ms: Vec<f64>,
     preemptions: usize,
 }
 
@@ -294,6 +300,7 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         steady_seconds: 0.0,
         cycle_ms: Vec::new(),
         apply_ms: Vec::new(),
+        clone_ms: Vec::new(),
         preemptions: 0,
     };
     let mut exiting: Vec<(Time, JobId)> = Vec::new();
@@ -345,6 +352,10 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         } else {
             steady += 1;
             f.apply_ms.push(t2.elapsed().as_secs_f64() * 1e3);
+            let t3 = Instant::now();
+            let copy = state.clone();
+            f.clone_ms.push(t3.elapsed().as_secs_f64() * 1e3);
+            drop(copy);
             f.preemptions += d.preemptions.len();
             f.steady_placements += d.binds.len();
             f.steady_seconds += dt;
@@ -402,6 +413,10 @@ fn sched(a: &SchedArgs) -> Result<()> {
         p("cycle_latency_p99", percentile(&c, 0.99), "ms");
         p("cycle_latency_max", c.last().copied().unwrap_or(0.0), "ms");
         p("apply_latency_p50", percentile(&ap, 0.5), "ms");
+        let mut cl = f.clone_ms.clone();
+        cl.sort_by(f64::total_cmp);
+        p("state_clone_p50", percentile(&cl, 0.5), "ms");
+        p("state_clone_p99", percentile(&cl, 0.99), "ms");
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak_rss: {rss:.1} MiB");

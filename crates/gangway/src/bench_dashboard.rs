@@ -19,6 +19,11 @@ pub struct DashboardArgs {
     /// Requests per view.
     #[arg(long, default_value_t = 20)]
     requests: usize,
+    /// Hold the state lock (no cycle runs) while timing the job views only:
+    /// what a listing costs by itself when it reads the published view.
+    /// Without reads off the lock this would block.
+    #[arg(long)]
+    hold_lock: bool,
 }
 
 // The nodes have no agents here: the node lifecycle must not declare them lost.
@@ -108,7 +113,15 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         "# gangway bench dashboard: {} nodes x 8 GPUs, {} jobs; server time per view over {} requests on loopback",
         a.nodes, a.jobs, a.requests
     );
+    let held_lock = if a.hold_lock {
+        Some(app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?)
+    } else {
+        None
+    };
     for (name, path) in views {
+        if held_lock.is_some() && !path.starts_with("/v1/jobs") {
+            continue;
+        }
         let mut ms = Vec::with_capacity(a.requests);
         let mut bytes = 0usize;
         for _ in 0..a.requests {
@@ -126,6 +139,9 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         println!("{name}_p50: {:.1} ms", percentile(&ms, 0.5));
         println!("{name}_p99: {:.1} ms", percentile(&ms, 0.99));
         println!("{name}_bytes: {bytes} bytes");
+    }
+    if held_lock.is_some() {
+        return Ok(());
     }
     print_metrics_figures(&base, a, &held)?;
     Ok(())

@@ -7,6 +7,7 @@ mod bench_chaos;
 mod bench_cluster;
 mod bench_dashboard;
 mod bench_slurm;
+mod bench_sync;
 mod client;
 mod human;
 mod local;

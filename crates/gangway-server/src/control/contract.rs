@@ -169,7 +169,7 @@ impl<S: Store> Control<S> {
         if !rec.placement.iter().any(|r| r.node == node) {
             return Err(ControlError::NotOnNode(node.to_string(), id));
         }
-        Ok(rec.clone())
+        Ok(JobRecord::clone(rec))
     }
 
     /// Rank 0's node could not bind the rendezvous port (a process outside
@@ -393,7 +393,7 @@ impl<S: Store> Control<S> {
             let Some((rec, _)) = self.jobs.get(&id) else {
                 continue;
             };
-            let mut rec = rec.clone();
+            let mut rec = JobRecord::clone(rec);
             rec.state = JobState::Preempting;
             rec.time_limit_hit = Some(now);
             rec.signal_at_ms = Some(wall_ms());
@@ -505,7 +505,7 @@ impl<S: Store> Control<S> {
             .values()
             .map(|(r, _)| r)
             .filter(|r| !r.state.is_terminal())
-            .map(Self::checkpoint_subdir_of)
+            .map(|r| Self::checkpoint_subdir_of(r))
             .collect();
         items
             .into_iter()
@@ -656,7 +656,7 @@ mod tests {
         assert_eq!(a.resume_from.as_deref(), Some("/ck/alice/job-1/step-340"));
         assert_eq!(a.checkpoint_subdir, "alice/job-1");
         // Being stopped, with a checkpoint from after the signal: stop now.
-        let mut rec = c.jobs[&id].0.clone();
+        let mut rec = JobRecord::clone(&c.jobs[&id].0);
         rec.state = JobState::Preempting;
         rec.signal_at_ms = Some(25_000);
         c.write(rec).expect("write");
