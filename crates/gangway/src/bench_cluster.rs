@@ -236,6 +236,10 @@ struct Fleet {
     base: String,
     /// Requests in flight at most (and so connections open).
     permits: tokio::sync::Semaphore,
+    /// Registrations in flight at most: the server registers a node under
+    /// its state lock, so thousands at once would hold every connection
+    /// and starve the registered nodes' syncs (they would turn NotReady).
+    registrations: tokio::sync::Semaphore,
     /// `{"gpus":[...],"tasks":[`: every sync body starts so.
     sync_prefix: Vec<u8>,
     gpus: u32,
@@ -245,6 +249,12 @@ struct Fleet {
     registered: AtomicUsize,
     /// Syncs answered (the phases' CPU per sync divides by it).
     syncs: AtomicU64,
+    /// Registrations refused with 429 and retried.
+    retries: AtomicUsize,
+    /// Set once every agent has registered: sync latencies and lateness
+    /// are recorded from then on (registrations, slow and many at once,
+    /// would otherwise be measured through the syncs queued behind them).
+    measuring: AtomicBool,
     stop: AtomicBool,
 }
 
@@ -305,6 +315,7 @@ impl Fleet {
         uri: hyper::Uri,
         auth: HeaderValue,
         body: Vec<u8>,
+        limit: Duration,
     ) -> Result<(StatusCode, Bytes, f64), String> {
         let t = Instant::now();
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
@@ -327,9 +338,9 @@ impl Fleet {
                 .to_bytes();
             Ok::<_, String>((status, body))
         };
-        let (status, body) = tokio::time::timeout(Duration::from_secs(30), exchange)
+        let (status, body) = tokio::time::timeout(limit, exchange)
             .await
-            .map_err(|_| "no answer within 30 s".to_string())??;
+            .map_err(|_| format!("no answer within {} s", limit.as_secs()))??;
         Ok((status, body, ms(t)))
     }
 
@@ -347,14 +358,23 @@ impl Fleet {
         let body = serde_json::to_vec(&node)?;
         let uri: hyper::Uri = format!("{}/v1/nodes", self.base).parse()?;
         let auth = HeaderValue::from_str(&format!("Bearer {JOIN}"))?;
+        let _one_of_few = self.registrations.acquire().await?;
         let mut tries = 0;
         loop {
+            // A registration is not retried on a timeout (the server may have
+            // taken it, and the join token registers a name once): wait long.
             let (status, answer, _) = self
-                .post(uri.clone(), auth.clone(), body.clone())
+                .post(
+                    uri.clone(),
+                    auth.clone(),
+                    body.clone(),
+                    Duration::from_secs(300),
+                )
                 .await
                 .map_err(|e| anyhow::anyhow!("registering {name}: {e}"))?;
             if status == StatusCode::TOO_MANY_REQUESTS && tries < 100 {
                 tries += 1;
+                self.retries.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -399,11 +419,16 @@ impl Fleet {
             stats.sync_errors += 1;
             return false;
         };
-        let resp = match self.post(uri.clone(), auth.clone(), body).await {
+        let resp = match self
+            .post(uri.clone(), auth.clone(), body, Duration::from_secs(30))
+            .await
+        {
             Ok((status, answer, t)) if status == StatusCode::OK => {
                 match serde_json::from_slice::<SyncResponse>(&answer) {
                     Ok(resp) => {
-                        stats.sync_ms.push(t);
+                        if self.measuring.load(Ordering::Relaxed) {
+                            stats.sync_ms.push(t);
+                        }
                         resp
                     }
                     Err(_) => {
@@ -485,7 +510,9 @@ async fn hollow_agent(fleet: Arc<Fleet>, i: usize) -> Result<AgentStats> {
             break;
         }
         let now = Instant::now();
-        if last.is_some_and(|l| now - l > period + period / 2) {
+        if last.is_some_and(|l| now - l > period + period / 2)
+            && fleet.measuring.load(Ordering::Relaxed)
+        {
             stats.late += 1;
         }
         last = Some(now);
@@ -540,6 +567,7 @@ impl Agents {
             http,
             base: base.to_string(),
             permits: tokio::sync::Semaphore::new(a.agent_connections),
+            registrations: tokio::sync::Semaphore::new(a.agent_connections.div_ceil(8)),
             sync_prefix: sync_prefix(&health)?,
             gpus: a.gpus_per_node,
             period: Duration::from_millis(a.sync_ms.max(1)),
@@ -547,6 +575,8 @@ impl Agents {
             running,
             registered: AtomicUsize::new(0),
             syncs: AtomicU64::new(0),
+            retries: AtomicUsize::new(0),
+            measuring: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
         let tasks = (0..a.nodes)
@@ -581,6 +611,58 @@ impl Agents {
             Some(e) => Err(e),
             None => Ok(all),
         }
+    }
+}
+
+/// A line on stderr every ten seconds (agents registered, jobs submitted,
+/// syncs and CPU since the last line), so a run too big for the machine
+/// shows how far it got and why.
+struct Progress {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Progress {
+    fn start(fleet: Arc<Fleet>, submitted: Arc<AtomicUsize>, server: u32) -> Progress {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut last = (Instant::now(), Cpu::now(server, None), 0u64);
+            while !done.load(Ordering::Relaxed) {
+                let tick = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < tick && !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let (now, cpu, syncs) = (
+                    Instant::now(),
+                    Cpu::now(server, None),
+                    fleet.syncs.load(Ordering::Relaxed),
+                );
+                let secs = (now - last.0).as_secs_f64().max(1e-9);
+                let cores = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => format!("{:.2}", (b - a) / secs),
+                    _ => "n/a".into(),
+                };
+                eprintln!(
+                    "[{:.0} s] {} agents registered, {} jobs submitted, {:.0} syncs/s; cores: server {}, bench {} (agents {:.2})",
+                    t0.elapsed().as_secs_f64(),
+                    fleet.registered.load(Ordering::Relaxed),
+                    submitted.load(Ordering::Relaxed),
+                    (syncs - last.2) as f64 / secs,
+                    cores(last.1.server, cpu.server),
+                    cores(last.1.bench, cpu.bench),
+                    (cpu.agents - last.1.agents) / secs,
+                );
+                last = (now, cpu, syncs);
+            }
+        });
+        Progress { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
     }
 }
 
@@ -860,6 +942,8 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let agents = Agents::start(a, &base, running.clone())?;
     let fleet = agents.fleet.clone();
     let syncs = || fleet.syncs.load(Ordering::Relaxed);
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let progress = Progress::start(fleet.clone(), submitted.clone(), server_pid);
     while fleet.registered.load(Ordering::Relaxed) < a.nodes {
         if agents.tasks.iter().any(|t| t.is_finished()) {
             // Agents end only when told to: this one failed to register.
@@ -870,6 +954,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let reg_secs = t_reg.elapsed().as_secs_f64();
+    fleet.measuring.store(true, Ordering::Relaxed);
     eprintln!("registered {} hollow agents in {reg_secs:.1} s", a.nodes);
 
     // Phase 0: idle: only the agents' syncs (and cycles with nothing to
@@ -894,7 +979,12 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let submitters: Vec<_> = (0..a.clients)
         .map(|_| {
-            let (base, next, bodies) = (base.clone(), next.clone(), bodies.clone());
+            let (base, next, bodies, submitted) = (
+                base.clone(),
+                next.clone(),
+                bodies.clone(),
+                submitted.clone(),
+            );
             std::thread::spawn(move || {
                 let http = ureq::AgentBuilder::new()
                     .timeout(Duration::from_secs(30))
@@ -903,7 +993,10 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
                 while let Some(body) = bodies.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let t = Instant::now();
                     match submit(&http, &base, body) {
-                        Ok(_) => lat.push(ms(t)),
+                        Ok(_) => {
+                            lat.push(ms(t));
+                            submitted.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(_) => errors += 1,
                     }
                 }
@@ -1076,6 +1169,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let m2 = scrape(&http, &base);
     let rss = server.peak_rss_mib();
     let cpu_end = cpu();
+    progress.stop();
     let mut stats = agents.stop()?;
     let sync = sorted(std::mem::take(&mut stats.sync_ms));
     let (list, describe) = (sorted(list), sorted(describe));
@@ -1091,7 +1185,11 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         "# gangway bench cluster: {} hollow nodes x {} GPUs, {} backlog jobs, {} clients, {store}, agents sync every {} ms",
         a.nodes, a.gpus_per_node, a.pending, a.clients, a.sync_ms
     );
-    println!("registration_secs: {reg_secs:.2} s ({} nodes)", a.nodes);
+    println!(
+        "registration_secs: {reg_secs:.2} s ({} nodes, {} retries after 429)",
+        a.nodes,
+        fleet.retries.load(Ordering::Relaxed)
+    );
     println!(
         "submissions: {} jobs ({sub_errors} refused or failed)",
         sub_lat.len()
@@ -1126,7 +1224,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     );
     println!("agent_sync_p50: {:.2} ms", percentile(&sync, 0.5));
     println!(
-        "agent_sync_p99: {:.2} ms ({} syncs, {} failed, {} late by over half a period)",
+        "agent_sync_p99: {:.2} ms ({} syncs after registration, {} failed, {} late by over half a period)",
         percentile(&sync, 0.99),
         sync.len(),
         stats.sync_errors,
@@ -1191,6 +1289,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         a,
         &[&idle, &submitting, &steady],
         sub_lat.len(),
+        delta(&m0, &m1, "gangway_scheduling_cycle_seconds_sum"),
         steady_requests,
         (cpu_start, cpu_end),
     );
@@ -1212,6 +1311,7 @@ fn print_cpu(
     a: &ClusterArgs,
     phases: &[&Phase; 3],
     submissions: usize,
+    cycle_secs: f64,
     steady_requests: usize,
     (start, end): (Cpu, Cpu),
 ) {
@@ -1246,7 +1346,11 @@ fn print_cpu(
     show(
         "server_cpu_ms_per_submission",
         per_submission,
-        "submission phase: server CPU less its syncs at the idle cost, / submissions",
+        &format!(
+            "submission phase: server CPU less its syncs at the idle cost, / jobs submitted; \
+             it includes placing them ({cycle_secs:.2} s in scheduling cycles) and the reports \
+             of those that ran and ended meanwhile"
+        ),
     );
     if let (Some(e), Some(i)) = (submitting.etcd(), idle.etcd()) {
         let idle_rate = i / idle.secs.max(1e-9);
