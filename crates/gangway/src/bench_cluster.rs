@@ -22,13 +22,20 @@
 
 use crate::bench::{percentile, philly_gpus, Rng};
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use clap::{Args, ValueEnum};
-use gangway_core::agent::{GpuHealth, SyncRequest, SyncResponse, TaskReport, TaskState};
+use gangway_core::agent::{
+    GpuHealth, SyncRequest, SyncResponse, TaskReport, TaskState, VERSION, VERSION_HEADER,
+};
+use http_body_util::{BodyExt, Full};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{json, Value};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,9 +72,18 @@ pub struct ClusterArgs {
     /// Milliseconds between an agent's syncs.
     #[arg(long, default_value_t = 1000)]
     sync_ms: u64,
-    /// Threads driving the hollow agents.
-    #[arg(long, default_value_t = 32)]
+    /// Worker threads of the hollow agents' async runtime (each agent is a
+    /// task on it, not a thread).
+    #[arg(long, default_value_t = 2)]
     agent_threads: usize,
+    /// Keep-alive connections the hollow agents share (requests in flight
+    /// at most).
+    #[arg(long, default_value_t = 256)]
+    agent_connections: usize,
+    /// Seconds with only the agents syncing, after registration, to measure
+    /// the server's CPU per sync alone.
+    #[arg(long, default_value_t = 5)]
+    idle_seconds: u64,
     /// Shortest run time of a backlog job, in seconds.
     #[arg(long, default_value_t = 5)]
     min_runtime: u64,
@@ -203,23 +219,84 @@ struct Task {
     nnodes: u32,
 }
 
-/// One hollow node.
-struct Hollow {
-    name: String,
-    token: String,
-    tasks: HashMap<(u64, u32), Task>,
+/// When each gang's nodes first reported it running, by job then attempt:
+/// (nodes seen, nodes in the gang, when the last of them was seen).
+type RunningAt = Arc<Mutex<HashMap<u64, HashMap<u32, (u32, u32, Instant)>>>>;
+
+/// The HTTP client every hollow agent shares: keep-alive connections to the
+/// server, pooled.
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+/// What the hollow agents share: one async HTTP client with pooled
+/// keep-alive connections (so an agent costs a task, not a thread or a TCP
+/// handshake per sync), the constant part of every sync body, and the
+/// counters the phases read.
+struct Fleet {
+    http: Http,
+    base: String,
+    /// Requests in flight at most (and so connections open).
+    permits: tokio::sync::Semaphore,
+    /// Registrations in flight at most: the server registers a node under
+    /// its state lock, so thousands at once would hold every connection
+    /// and starve the registered nodes' syncs (they would turn NotReady).
+    registrations: tokio::sync::Semaphore,
+    /// `{"gpus":[...],"tasks":[`: every sync body starts so.
+    sync_prefix: Vec<u8>,
+    gpus: u32,
+    period: Duration,
+    nodes: usize,
+    running: RunningAt,
+    registered: AtomicUsize,
+    /// Syncs answered (the phases' CPU per sync divides by it).
+    syncs: AtomicU64,
+    /// Registrations refused with 429 and retried.
+    retries: AtomicUsize,
+    /// Set once every agent has registered: sync latencies and lateness
+    /// are recorded from then on (registrations, slow and many at once,
+    /// would otherwise be measured through the syncs queued behind them).
+    measuring: AtomicBool,
+    stop: AtomicBool,
 }
 
-/// When each gang's nodes first reported it running: (nodes seen, last time).
-type RunningAt = Arc<Mutex<HashMap<(u64, u32), (u32, u32, Instant)>>>;
-
-/// What the agent threads measure.
+/// What one hollow agent measured.
 #[derive(Default)]
 struct AgentStats {
+    /// Each sync's latency (ms), from asking for a connection to the whole answer.
     sync_ms: Vec<f64>,
     sync_errors: usize,
-    /// Syncs that started later than a period after the previous one.
+    /// Syncs that started over one and a half periods after the previous one.
     late: usize,
+}
+
+/// The start of every sync body: a [`SyncRequest`] with these GPUs and no
+/// tasks, less the closing `]}` (the tasks are its last field).
+fn sync_prefix(gpus: &[GpuHealth]) -> Result<Vec<u8>> {
+    let mut b = serde_json::to_vec(&SyncRequest {
+        gpus: gpus.to_vec(),
+        tasks: Vec::new(),
+    })?;
+    if !b.ends_with(b"\"tasks\":[]}") {
+        bail!(
+            "a sync request no longer ends with its tasks: {}",
+            String::from_utf8_lossy(&b)
+        );
+    }
+    b.truncate(b.len() - 2);
+    Ok(b)
+}
+
+/// A whole sync body: the prefix, then the task reports.
+fn sync_body(prefix: &[u8], tasks: &[TaskReport]) -> Result<Vec<u8>, serde_json::Error> {
+    let mut b = Vec::with_capacity(prefix.len() + 2 + 96 * tasks.len());
+    b.extend_from_slice(prefix);
+    for (i, t) in tasks.iter().enumerate() {
+        if i > 0 {
+            b.push(b',');
+        }
+        serde_json::to_writer(&mut b, t)?;
+    }
+    b.extend_from_slice(b"]}");
+    Ok(b)
 }
 
 fn sleep_secs(run: &gangway_core::RunSpec) -> u64 {
@@ -229,206 +306,509 @@ fn sleep_secs(run: &gangway_core::RunSpec) -> u64 {
     }
 }
 
-fn register(http: &ureq::Agent, base: &str, name: &str, gpus: u32, rack: usize) -> Result<String> {
-    let node = json!({
-        "name": name,
-        "cpu_millis": 128_000,
-        "memory_mib": 2_097_152,
-        "leaf": format!("rack{rack:04}"),
-        "spine": format!("spine{:03}", rack / 16),
-        "gpus": (0..gpus).map(|i| json!({"index": i, "model": "H100", "memory_gib": 80})).collect::<Vec<_>>()
-    });
-    let mut tries = 0;
-    let r: Value = loop {
-        match http
-            .post(&format!("{base}/v1/nodes"))
-            .set("Authorization", &format!("Bearer {JOIN}"))
-            .send_json(node.clone())
-        {
-            Err(ureq::Error::Status(429, _)) if tries < 100 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            r => {
-                break r
-                    .with_context(|| format!("registering {name}"))?
-                    .into_json()?
-            }
-        }
-    };
-    r["node_token"]
-        .as_str()
-        .map(str::to_string)
-        .with_context(|| format!("no node token for {name}: {r}"))
-}
+impl Fleet {
+    /// POSTs a JSON body as an agent (bearer token and version header);
+    /// the answer's status and body, and the latency in ms (waiting for a
+    /// free connection included).
+    async fn post(
+        &self,
+        uri: hyper::Uri,
+        auth: HeaderValue,
+        body: Vec<u8>,
+        limit: Duration,
+    ) -> Result<(StatusCode, Bytes, f64), String> {
+        let t = Instant::now();
+        let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header(header::AUTHORIZATION, auth)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(VERSION_HEADER, VERSION)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let exchange = async {
+            let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(limit, exchange)
+            .await
+            .map_err(|_| format!("no answer within {} s", limit.as_secs()))??;
+        Ok((status, body, ms(t)))
+    }
 
-/// Syncs one hollow node; returns whether it should sync again at once.
-fn sync_one(
-    http: &ureq::Agent,
-    base: &str,
-    n: &mut Hollow,
-    gpus: &[GpuHealth],
-    running: &RunningAt,
-    stats: &mut AgentStats,
-) -> bool {
-    let now = Instant::now();
-    let tasks: Vec<TaskReport> = n
-        .tasks
-        .iter()
-        .map(|(&(job, attempt), t)| {
-            // As a real agent, it says the ranks run before it says they
-            // exited, even when its syncs lag behind a short job.
-            let state = if now >= t.ends && t.reported_running {
-                TaskState::Exited { exit_code: 0 }
-            } else {
-                TaskState::Running
-            };
-            TaskReport::new(gangway_core::JobId(job), attempt, state)
-        })
-        .collect();
-    let req = SyncRequest {
-        gpus: gpus.to_vec(),
-        tasks,
-    };
-    let t = Instant::now();
-    let r = http
-        .post(&format!("{base}/v1/agent/{}/sync", n.name))
-        .set("Authorization", &format!("Bearer {}", n.token))
-        .send_json(&req)
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.into_json::<SyncResponse>().map_err(|e| e.to_string()));
-    let resp = match r {
-        Ok(resp) => resp,
-        Err(_) => {
+    /// Registers a node with the join token (waiting and retrying on 429, as
+    /// a real agent does); its node token.
+    async fn register(&self, name: &str, rack: usize) -> Result<String> {
+        let node = json!({
+            "name": name,
+            "cpu_millis": 128_000,
+            "memory_mib": 2_097_152,
+            "leaf": format!("rack{rack:04}"),
+            "spine": format!("spine{:03}", rack / 16),
+            "gpus": (0..self.gpus).map(|i| json!({"index": i, "model": "H100", "memory_gib": 80})).collect::<Vec<_>>()
+        });
+        let body = serde_json::to_vec(&node)?;
+        let uri: hyper::Uri = format!("{}/v1/nodes", self.base).parse()?;
+        let auth = HeaderValue::from_str(&format!("Bearer {JOIN}"))?;
+        let _one_of_few = self.registrations.acquire().await?;
+        let mut tries = 0;
+        loop {
+            // A registration is not retried on a timeout (the server may have
+            // taken it, and the join token registers a name once): wait long.
+            let (status, answer, _) = self
+                .post(
+                    uri.clone(),
+                    auth.clone(),
+                    body.clone(),
+                    Duration::from_secs(300),
+                )
+                .await
+                .map_err(|e| anyhow::anyhow!("registering {name}: {e}"))?;
+            if status == StatusCode::TOO_MANY_REQUESTS && tries < 100 {
+                tries += 1;
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            if !status.is_success() {
+                bail!(
+                    "registering {name}: {status}: {}",
+                    String::from_utf8_lossy(&answer)
+                );
+            }
+            let v: Value = serde_json::from_slice(&answer)
+                .with_context(|| format!("registering {name}: the answer"))?;
+            return v["node_token"]
+                .as_str()
+                .map(str::to_string)
+                .with_context(|| format!("no node token for {name}: {v}"));
+        }
+    }
+
+    /// Syncs one hollow node; returns whether it should sync again at once.
+    async fn sync_one(
+        &self,
+        uri: &hyper::Uri,
+        auth: &HeaderValue,
+        tasks: &mut HashMap<(u64, u32), Task>,
+        stats: &mut AgentStats,
+    ) -> bool {
+        let now = Instant::now();
+        let reports: Vec<TaskReport> = tasks
+            .iter()
+            .map(|(&(job, attempt), t)| {
+                // As a real agent, it says the ranks run before it says they
+                // exited, even when its syncs lag behind a short job.
+                let state = if now >= t.ends && t.reported_running {
+                    TaskState::Exited { exit_code: 0 }
+                } else {
+                    TaskState::Running
+                };
+                TaskReport::new(gangway_core::JobId(job), attempt, state)
+            })
+            .collect();
+        let Ok(body) = sync_body(&self.sync_prefix, &reports) else {
             stats.sync_errors += 1;
             return false;
-        }
-    };
-    let done = Instant::now();
-    stats.sync_ms.push((done - t).as_secs_f64() * 1e3);
-    // The server now knows these ranks run.
-    for (k, task) in n.tasks.iter_mut() {
-        if !task.reported_running {
-            task.reported_running = true;
-            if let Ok(mut m) = running.lock() {
-                let e = m.entry(*k).or_insert((0, task.nnodes, done));
-                e.0 += 1;
-                e.2 = done;
+        };
+        let resp = match self
+            .post(uri.clone(), auth.clone(), body, Duration::from_secs(30))
+            .await
+        {
+            Ok((status, answer, t)) if status == StatusCode::OK => {
+                match serde_json::from_slice::<SyncResponse>(&answer) {
+                    Ok(resp) => {
+                        if self.measuring.load(Ordering::Relaxed) {
+                            stats.sync_ms.push(t);
+                        }
+                        resp
+                    }
+                    Err(_) => {
+                        stats.sync_errors += 1;
+                        return false;
+                    }
+                }
+            }
+            _ => {
+                stats.sync_errors += 1;
+                return false;
+            }
+        };
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        let done = Instant::now();
+        // The server now knows these ranks run.
+        for (&(job, attempt), task) in tasks.iter_mut() {
+            if !task.reported_running {
+                task.reported_running = true;
+                if let Ok(mut m) = self.running.lock() {
+                    let e =
+                        m.entry(job)
+                            .or_default()
+                            .entry(attempt)
+                            .or_insert((0, task.nnodes, done));
+                    e.0 += 1;
+                    e.2 = done;
+                }
             }
         }
+        let mut changed = false;
+        let mut keep = std::collections::HashSet::new();
+        for a in resp.assignments {
+            let k = (a.job.0, a.attempt);
+            keep.insert(k);
+            match tasks.get_mut(&k) {
+                None if !a.stop => {
+                    tasks.insert(
+                        k,
+                        Task {
+                            ends: done + Duration::from_secs(sleep_secs(&a.run)),
+                            reported_running: false,
+                            nnodes: a.nnodes,
+                        },
+                    );
+                    changed = true;
+                }
+                Some(t) if a.stop && t.ends > done => {
+                    // Checkpoint-and-stop: the ranks exit at once.
+                    t.ends = done;
+                    changed = true;
+                }
+                _ => {}
+            }
+        }
+        // What the server no longer assigns is gone (killed or forgotten).
+        tasks.retain(|k, _| keep.contains(k));
+        changed
     }
-    let mut changed = false;
-    let mut keep = std::collections::HashSet::new();
-    for a in resp.assignments {
-        let k = (a.job.0, a.attempt);
-        keep.insert(k);
-        match n.tasks.get_mut(&k) {
-            None if !a.stop => {
-                n.tasks.insert(
-                    k,
-                    Task {
-                        ends: done + Duration::from_secs(sleep_secs(&a.run)),
-                        reported_running: false,
-                        nnodes: a.nnodes,
-                    },
-                );
-                changed = true;
-            }
-            Some(t) if a.stop && t.ends > done => {
-                // Checkpoint-and-stop: the ranks exit at once.
-                t.ends = done;
-                changed = true;
-            }
-            _ => {}
-        }
-    }
-    // What the server no longer assigns is gone (killed or forgotten).
-    n.tasks.retain(|k, _| keep.contains(k));
-    changed
 }
 
-/// Drives `nodes` hollow agents on one thread: registers them, then syncs
-/// each at its period (sooner after a change or when a task ends).
-#[allow(clippy::too_many_arguments)]
-fn agent_thread(
-    base: String,
-    names: Vec<(String, usize)>,
-    gpus: u32,
-    period: Duration,
-    running: RunningAt,
-    registered: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-) -> Result<AgentStats> {
-    let http = ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(30))
-        .build();
-    let mut nodes = Vec::with_capacity(names.len());
-    for (name, rack) in names {
-        let token = register(&http, &base, &name, gpus, rack)?;
-        nodes.push(Hollow {
-            name,
-            token,
-            tasks: HashMap::new(),
-        });
-        registered.fetch_add(1, Ordering::Relaxed);
-    }
-    let health: Vec<GpuHealth> = (0..gpus)
-        .map(|i| GpuHealth {
-            index: i,
-            healthy: true,
-            reason: None,
-        })
-        .collect();
+/// One hollow agent, a task on the bench's runtime: registers, then syncs
+/// at its period (its first sync spread over one period by its index;
+/// again at once after a change, and when a task ends) until told to stop.
+async fn hollow_agent(fleet: Arc<Fleet>, i: usize) -> Result<AgentStats> {
+    let name = format!("h{i:05}");
+    let token = fleet.register(&name, i / 32).await?;
+    fleet.registered.fetch_add(1, Ordering::Relaxed);
+    let uri: hyper::Uri = format!("{}/v1/agent/{name}/sync", fleet.base).parse()?;
+    let auth = HeaderValue::from_str(&format!("Bearer {token}"))?;
+    let period = fleet.period;
+    let mut tasks = HashMap::new();
     let mut stats = AgentStats::default();
-    let start = Instant::now();
-    let count = nodes.len().max(1) as u32;
-    // Spread the first syncs over one period.
-    let mut due: BinaryHeap<Reverse<(Instant, usize)>> = (0..nodes.len())
-        .map(|i| Reverse((start + period * i as u32 / count, i)))
-        .collect();
-    let mut last: Vec<Option<Instant>> = vec![None; nodes.len()];
-    while !stop.load(Ordering::Relaxed) {
-        let Some(Reverse((at, i))) = due.pop() else {
+    let mut due = Instant::now() + period.mul_f64(i as f64 / fleet.nodes.max(1) as f64);
+    let mut last: Option<Instant> = None;
+    while !fleet.stop.load(Ordering::Relaxed) {
+        tokio::time::sleep_until(due.into()).await;
+        if fleet.stop.load(Ordering::Relaxed) {
             break;
-        };
-        let now = Instant::now();
-        if at > now {
-            std::thread::sleep((at - now).min(Duration::from_millis(20)));
-            due.push(Reverse((at, i)));
-            continue;
         }
-        if let Some(l) = last[i] {
-            if now - l > period + period / 2 {
-                stats.late += 1;
-            }
-        }
-        last[i] = Some(now);
-        let again = sync_one(&http, &base, &mut nodes[i], &health, &running, &mut stats);
         let now = Instant::now();
-        let next = if again {
+        if last.is_some_and(|l| now - l > period + period / 2)
+            && fleet.measuring.load(Ordering::Relaxed)
+        {
+            stats.late += 1;
+        }
+        last = Some(now);
+        let again = fleet.sync_one(&uri, &auth, &mut tasks, &mut stats).await;
+        let now = Instant::now();
+        due = if again {
             now
         } else {
-            let end = nodes[i]
-                .tasks
-                .values()
-                .map(|t| t.ends)
-                .filter(|e| *e > now)
-                .min();
+            let end = tasks.values().map(|t| t.ends).filter(|e| *e > now).min();
             end.map_or(now + period, |e| e.min(now + period))
         };
-        due.push(Reverse((next, i)));
     }
     Ok(stats)
 }
 
-fn submit(http: &ureq::Agent, base: &str, spec: &Value) -> Result<u64, String> {
+/// The hollow agents: their runtime (its own worker threads, named so their
+/// CPU time can be read apart) and tasks.
+struct Agents {
+    rt: tokio::runtime::Runtime,
+    fleet: Arc<Fleet>,
+    tasks: Vec<tokio::task::JoinHandle<Result<AgentStats>>>,
+}
+
+/// The name of the hollow agents' threads (`/proc/self/task/*/comm`).
+const AGENT_THREAD: &str = "hollow-agents";
+
+impl Agents {
+    fn start(a: &ClusterArgs, base: &str, running: RunningAt) -> Result<Agents> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(a.agent_threads)
+            .thread_name(AGENT_THREAD)
+            .enable_all()
+            .build()?;
+        let health: Vec<GpuHealth> = (0..a.gpus_per_node)
+            .map(|i| GpuHealth {
+                index: i,
+                healthy: true,
+                reason: None,
+            })
+            .collect();
+        let http = {
+            let _in_rt = rt.enter();
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(a.agent_connections)
+                .build(connector)
+        };
+        let fleet = Arc::new(Fleet {
+            http,
+            base: base.to_string(),
+            permits: tokio::sync::Semaphore::new(a.agent_connections),
+            registrations: tokio::sync::Semaphore::new(a.agent_connections.div_ceil(8)),
+            sync_prefix: sync_prefix(&health)?,
+            gpus: a.gpus_per_node,
+            period: Duration::from_millis(a.sync_ms.max(1)),
+            nodes: a.nodes,
+            running,
+            registered: AtomicUsize::new(0),
+            syncs: AtomicU64::new(0),
+            retries: AtomicUsize::new(0),
+            measuring: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let tasks = (0..a.nodes)
+            .map(|i| rt.spawn(hollow_agent(fleet.clone(), i)))
+            .collect();
+        Ok(Agents { rt, fleet, tasks })
+    }
+
+    /// Stops the agents; what they measured, together.
+    fn stop(self) -> Result<AgentStats> {
+        self.fleet.stop.store(true, Ordering::Relaxed);
+        let mut all = AgentStats::default();
+        let mut first_err = None;
+        self.rt.block_on(async {
+            for t in self.tasks {
+                match t.await {
+                    Ok(Ok(s)) => {
+                        all.sync_ms.extend(s.sync_ms);
+                        all.sync_errors += s.sync_errors;
+                        all.late += s.late;
+                    }
+                    Ok(Err(e)) => {
+                        first_err.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(anyhow::anyhow!("a hollow agent panicked: {e}"));
+                    }
+                }
+            }
+        });
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(all),
+        }
+    }
+}
+
+/// A line on stderr every ten seconds (agents registered, jobs submitted,
+/// syncs and CPU since the last line), so a run too big for the machine
+/// shows how far it got and why.
+struct Progress {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Progress {
+    fn start(fleet: Arc<Fleet>, submitted: Arc<AtomicUsize>, server: u32) -> Progress {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut last = (Instant::now(), Cpu::now(server, None), 0u64);
+            while !done.load(Ordering::Relaxed) {
+                let tick = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < tick && !done.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let (now, cpu, syncs) = (
+                    Instant::now(),
+                    Cpu::now(server, None),
+                    fleet.syncs.load(Ordering::Relaxed),
+                );
+                let secs = (now - last.0).as_secs_f64().max(1e-9);
+                let cores = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) => format!("{:.2}", (b - a) / secs),
+                    _ => "n/a".into(),
+                };
+                eprintln!(
+                    "[{:.0} s] {} agents registered, {} jobs submitted, {:.0} syncs/s; cores: server {}, bench {} (agents {:.2})",
+                    t0.elapsed().as_secs_f64(),
+                    fleet.registered.load(Ordering::Relaxed),
+                    submitted.load(Ordering::Relaxed),
+                    (syncs - last.2) as f64 / secs,
+                    cores(last.1.server, cpu.server),
+                    cores(last.1.bench, cpu.bench),
+                    (cpu.agents - last.1.agents) / secs,
+                );
+                last = (now, cpu, syncs);
+            }
+        });
+        Progress { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// CPU seconds (user + system) in a `/proc/.../stat` file: a process's
+/// (its threads, live and ended, together) or one thread's.
+fn stat_cpu_secs(path: &std::path::Path) -> Option<f64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    // The name (field 2) may hold spaces: count from its closing parenthesis.
+    let fields: Vec<&str> = s[s.rfind(')')? + 1..].split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the name.
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks())
+}
+
+/// Clock ticks per second (`_SC_CLK_TCK`), the unit of `/proc` CPU times.
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf reads a constant of the system; it touches no memory of ours.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// CPU seconds of this process's threads named `name`.
+fn threads_cpu_secs(name: &str) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    dir.flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|t| stat_cpu_secs(&t.path().join("stat")))
+        .sum()
+}
+
+/// The etcd process serving `endpoint` (the bench started it; its pid is
+/// found by its command line).
+fn etcd_pid(endpoint: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(p.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        args.windows(2)
+            .any(|w| w[0] == b"--listen-client-urls" && w[1] == endpoint.as_bytes())
+            .then_some(pid)
+    })
+}
+
+/// CPU seconds used so far by the server, etcd (if any), this whole bench
+/// process, and its hollow agents' threads.
+#[derive(Clone, Copy)]
+struct Cpu {
+    server: Option<f64>,
+    etcd: Option<f64>,
+    bench: Option<f64>,
+    agents: f64,
+}
+
+impl Cpu {
+    fn now(server: u32, etcd: Option<u32>) -> Cpu {
+        let stat = |pid: u32| stat_cpu_secs(std::path::Path::new(&format!("/proc/{pid}/stat")));
+        Cpu {
+            server: stat(server),
+            etcd: etcd.and_then(stat),
+            bench: stat_cpu_secs(std::path::Path::new("/proc/self/stat")),
+            agents: threads_cpu_secs(AGENT_THREAD),
+        }
+    }
+}
+
+/// One phase of the run: its wall time, CPU at both ends, syncs answered.
+struct Phase {
+    name: &'static str,
+    secs: f64,
+    from: Cpu,
+    to: Cpu,
+    syncs: u64,
+}
+
+impl Phase {
+    fn server(&self) -> Option<f64> {
+        Some(self.to.server? - self.from.server?)
+    }
+
+    fn etcd(&self) -> Option<f64> {
+        Some(self.to.etcd? - self.from.etcd?)
+    }
+
+    fn bench(&self) -> Option<f64> {
+        Some(self.to.bench? - self.from.bench?)
+    }
+
+    fn agents(&self) -> f64 {
+        self.to.agents - self.from.agents
+    }
+
+    fn print(&self) {
+        let n = self.name;
+        let secs = self.secs.max(1e-9);
+        match self.server() {
+            Some(s) => println!(
+                "server_cpu_seconds_{n}: {s:.2} s ({:.2} cores over {secs:.1} s, {} syncs)",
+                s / secs,
+                self.syncs
+            ),
+            None => println!("server_cpu_seconds_{n}: n/a"),
+        }
+        if let Some(e) = self.etcd() {
+            println!("etcd_cpu_seconds_{n}: {e:.2} s ({:.2} cores)", e / secs);
+        }
+        match self.bench() {
+            Some(b) => println!(
+                "bench_cpu_seconds_{n}: {b:.2} s ({:.2} cores; {:.2} s of it in the hollow agents' threads)",
+                b / secs,
+                self.agents()
+            ),
+            None => println!("bench_cpu_seconds_{n}: n/a"),
+        }
+    }
+}
+/// Submits a job (a JSON body serialised beforehand); its id.
+fn submit(http: &ureq::Agent, base: &str, body: &[u8]) -> Result<u64, String> {
+    #[derive(serde::Deserialize)]
+    struct Created {
+        id: u64,
+    }
     let r = http
         .post(&format!("{base}/v1/jobs"))
         .set("Authorization", &format!("Bearer {ADMIN}"))
-        .send_json(spec.clone())
+        .set("Content-Type", "application/json")
+        .send_bytes(body)
         .map_err(|e| e.to_string())?;
-    let v: Value = r.into_json().map_err(|e| e.to_string())?;
-    v["id"].as_u64().ok_or_else(|| format!("no id in {v}"))
+    let c: Created = r.into_json().map_err(|e| e.to_string())?;
+    Ok(c.id)
+}
+
+/// The backlog's job bodies, serialised before the submission phase so the
+/// clients spend their time on the server, not on JSON.
+fn backlog_bodies(a: &ClusterArgs) -> Result<Vec<Vec<u8>>> {
+    let mut rng = Rng(a.seed);
+    (0..a.pending)
+        .map(|i| Ok(serde_json::to_vec(&backlog_job(&mut rng, i, a))?))
+        .collect()
 }
 
 fn backlog_job(rng: &mut Rng, i: usize, a: &ClusterArgs) -> Value {
@@ -517,8 +897,19 @@ fn delta(before: &HashMap<String, f64>, after: &HashMap<String, f64>, k: &str) -
 
 /// Runs the benchmark.
 pub fn run(a: &ClusterArgs) -> Result<()> {
-    if a.nodes == 0 || a.gpus_per_node == 0 || a.clients == 0 || a.agent_threads == 0 {
-        bail!("--nodes, --gpus-per-node, --clients and --agent-threads must be at least 1");
+    if a.nodes == 0
+        || a.gpus_per_node == 0
+        || a.clients == 0
+        || a.agent_threads == 0
+        || a.agent_connections == 0
+    {
+        bail!("--nodes, --gpus-per-node, --clients, --agent-threads and --agent-connections must be at least 1");
+    }
+    if (a.nodes as u64)
+        .checked_mul(u64::from(a.gpus_per_node))
+        .is_none()
+    {
+        bail!("--nodes times --gpus-per-node is too large");
     }
     if a.min_runtime > a.max_runtime {
         bail!("--min-runtime must not exceed --max-runtime");
@@ -532,78 +923,80 @@ pub fn run(a: &ClusterArgs) -> Result<()> {
     };
     let dir = tempfile::tempdir()?;
     let server = start_server(a, dir.path(), etcd.as_ref().map(|e| e.endpoint.as_str()))?;
-    let r = measure(a, &server);
+    let r = measure(a, &server, etcd.as_ref().map(|e| e.endpoint.as_str()));
     if r.is_err() {
         eprintln!("server log:\n{}", server.log_tail());
     }
     r
 }
 
-fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
+fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let base = server.base.clone();
-    let period = Duration::from_millis(a.sync_ms.max(1));
+    let server_pid = server.child.id();
+    let etcd_pid = etcd.and_then(etcd_pid);
+    let cpu = || Cpu::now(server_pid, etcd_pid);
     let running: RunningAt = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let registered = Arc::new(AtomicUsize::new(0));
-    let threads = a.agent_threads.min(a.nodes);
+    let bodies = Arc::new(backlog_bodies(a)?);
+    let cpu_start = cpu();
     let t_reg = Instant::now();
-    let agents: Vec<_> = (0..threads)
-        .map(|t| {
-            let names: Vec<(String, usize)> = (t..a.nodes)
-                .step_by(threads)
-                .map(|i| (format!("h{i:05}"), i / 32))
-                .collect();
-            let (base, running, registered, stop) = (
-                base.clone(),
-                running.clone(),
-                registered.clone(),
-                stop.clone(),
-            );
-            let gpus = a.gpus_per_node;
-            std::thread::spawn(move || {
-                agent_thread(base, names, gpus, period, running, registered, stop)
-            })
-        })
-        .collect();
-    while registered.load(Ordering::Relaxed) < a.nodes {
-        if agents.iter().any(|h| h.is_finished()) {
-            stop.store(true, Ordering::Relaxed);
-            for h in agents {
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("an agent thread panicked"))??;
-            }
-            bail!("agents stopped before all registered");
+    let agents = Agents::start(a, &base, running.clone())?;
+    let fleet = agents.fleet.clone();
+    let syncs = || fleet.syncs.load(Ordering::Relaxed);
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let progress = Progress::start(fleet.clone(), submitted.clone(), server_pid);
+    while fleet.registered.load(Ordering::Relaxed) < a.nodes {
+        if agents.tasks.iter().any(|t| t.is_finished()) {
+            // Agents end only when told to: this one failed to register.
+            return Err(agents.stop().err().unwrap_or_else(|| {
+                anyhow::anyhow!("a hollow agent stopped before all registered")
+            }));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     let reg_secs = t_reg.elapsed().as_secs_f64();
+    fleet.measuring.store(true, Ordering::Relaxed);
     eprintln!("registered {} hollow agents in {reg_secs:.1} s", a.nodes);
+
+    // Phase 0: idle: only the agents' syncs (and cycles with nothing to
+    // place), so the server's CPU per sync can be read alone.
+    let (from, s0, t0) = (cpu(), syncs(), Instant::now());
+    std::thread::sleep(Duration::from_secs(a.idle_seconds));
+    let idle = Phase {
+        name: "idle",
+        secs: t0.elapsed().as_secs_f64(),
+        from,
+        to: cpu(),
+        syncs: syncs() - s0,
+    };
 
     // Phase 1: the backlog, as fast as the clients can submit it.
     let http = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(30))
         .build();
     let m0 = scrape(&http, &base);
+    let (from, s0) = (cpu(), syncs());
     let t_sub = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
     let submitters: Vec<_> = (0..a.clients)
-        .map(|c| {
-            let (base, next, a) = (base.clone(), next.clone(), a.clone());
+        .map(|_| {
+            let (base, next, bodies, submitted) = (
+                base.clone(),
+                next.clone(),
+                bodies.clone(),
+                submitted.clone(),
+            );
             std::thread::spawn(move || {
                 let http = ureq::AgentBuilder::new()
                     .timeout(Duration::from_secs(30))
                     .build();
-                let mut rng = Rng(a.seed ^ (c as u64).wrapping_mul(0x9E37_79B9));
                 let (mut lat, mut errors) = (Vec::new(), 0usize);
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= a.pending {
-                        break;
-                    }
-                    let spec = backlog_job(&mut rng, i, &a);
+                while let Some(body) = bodies.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let t = Instant::now();
-                    match submit(&http, &base, &spec) {
-                        Ok(_) => lat.push(ms(t)),
+                    match submit(&http, &base, body) {
+                        Ok(_) => {
+                            lat.push(ms(t));
+                            submitted.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(_) => errors += 1,
                     }
                 }
@@ -621,10 +1014,18 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         sub_errors += e;
     }
     let sub_secs = t_sub.elapsed().as_secs_f64();
+    let submitting = Phase {
+        name: "submit",
+        secs: sub_secs,
+        from,
+        to: cpu(),
+        syncs: syncs() - s0,
+    };
     let sub_lat = sorted(sub_lat);
     let m1 = scrape(&http, &base);
 
     // Phase 2: steady state: readers, a metrics scraper and the probe.
+    let (from, s0) = (cpu(), syncs());
     let t_steady = Instant::now();
     let until = t_steady + Duration::from_secs(a.seconds);
     let max_id = Arc::new(AtomicUsize::new(a.pending.max(1)));
@@ -684,23 +1085,24 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         k += 1;
         let per = a.gpus_per_node.min(g);
         let replicas = g.div_ceil(per);
-        let spec = json!({
+        let spec = serde_json::to_vec(&json!({
             "name": format!("probe{k}"), "queue": "probe", "replicas": replicas,
             "resources": { "gpus": per, "cpu_millis": 1000, "memory_mib": 1024 },
             "run": { "command": ["sleep", "1"] }
-        });
+        }))?;
         let t = Instant::now();
         let Ok(id) = submit(&http, &base, &spec) else {
             probe_missed += 1;
             continue;
         };
-        max_id.fetch_max(id as usize, Ordering::Relaxed);
+        max_id.fetch_max(usize::try_from(id).unwrap_or(usize::MAX), Ordering::Relaxed);
         let deadline = t + Duration::from_secs(30);
         loop {
             let done = running.lock().ok().and_then(|m| {
-                m.iter()
-                    .find(|((j, _), (seen, nnodes, _))| *j == id && seen >= nnodes)
-                    .map(|(_, (_, _, at))| *at)
+                m.get(&id)?
+                    .values()
+                    .find(|(seen, nnodes, _)| seen >= nnodes)
+                    .map(|(_, _, at)| *at)
             });
             if let Some(at) = done {
                 probe
@@ -715,11 +1117,12 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
                 let seen = running
                     .lock()
                     .ok()
-                    .map(|m| {
-                        m.iter()
-                            .filter(|((j, _), _)| *j == id)
-                            .map(|((_, att), (s, n, _))| format!("attempt {att}: {s}/{n} nodes"))
-                            .collect::<Vec<_>>()
+                    .and_then(|m| {
+                        m.get(&id).map(|atts| {
+                            atts.iter()
+                                .map(|(att, (s, n, _))| format!("attempt {att}: {s}/{n} nodes"))
+                                .collect::<Vec<_>>()
+                        })
                     })
                     .unwrap_or_default();
                 let job = http
@@ -756,20 +1159,23 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
             .map_err(|_| anyhow::anyhow!("the scraper panicked"))?,
     );
     let steady_secs = t_steady.elapsed().as_secs_f64();
+    let steady = Phase {
+        name: "steady",
+        secs: steady_secs,
+        from,
+        to: cpu(),
+        syncs: syncs() - s0,
+    };
     let m2 = scrape(&http, &base);
     let rss = server.peak_rss_mib();
-    stop.store(true, Ordering::Relaxed);
-    let mut stats = AgentStats::default();
-    for h in agents {
-        let s = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("an agent thread panicked"))??;
-        stats.sync_ms.extend(s.sync_ms);
-        stats.sync_errors += s.sync_errors;
-        stats.late += s.late;
-    }
+    let cpu_end = cpu();
+    progress.stop();
+    let mut stats = agents.stop()?;
     let sync = sorted(std::mem::take(&mut stats.sync_ms));
     let (list, describe) = (sorted(list), sorted(describe));
+    // Every request the server answered in the steady state.
+    let steady_requests =
+        steady.syncs as usize + list.len() + describe.len() + read_errors + scrapes.len() + k;
 
     let store = match a.store {
         StoreKind::Redb => "redb",
@@ -779,7 +1185,11 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         "# gangway bench cluster: {} hollow nodes x {} GPUs, {} backlog jobs, {} clients, {store}, agents sync every {} ms",
         a.nodes, a.gpus_per_node, a.pending, a.clients, a.sync_ms
     );
-    println!("registration_secs: {reg_secs:.2} s ({} nodes)", a.nodes);
+    println!(
+        "registration_secs: {reg_secs:.2} s ({} nodes, {} retries after 429)",
+        a.nodes,
+        fleet.retries.load(Ordering::Relaxed)
+    );
     println!(
         "submissions: {} jobs ({sub_errors} refused or failed)",
         sub_lat.len()
@@ -805,9 +1215,16 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         percentile(&scrapes, 0.99),
         scrapes.len()
     );
+    println!(
+        "agent_syncs_per_sec_steady: {:.1} syncs/s ({} nodes every {} ms would be {:.0})",
+        steady.syncs as f64 / steady_secs.max(1e-9),
+        a.nodes,
+        a.sync_ms,
+        a.nodes as f64 * 1000.0 / a.sync_ms.max(1) as f64
+    );
     println!("agent_sync_p50: {:.2} ms", percentile(&sync, 0.5));
     println!(
-        "agent_sync_p99: {:.2} ms ({} syncs, {} failed, {} late by over half a period)",
+        "agent_sync_p99: {:.2} ms ({} syncs after registration, {} failed, {} late by over half a period)",
         percentile(&sync, 0.99),
         sync.len(),
         stats.sync_errors,
@@ -868,6 +1285,14 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         Some(r) => println!("server_peak_rss: {r:.0} MiB"),
         None => println!("server_peak_rss: n/a"),
     }
+    print_cpu(
+        a,
+        &[&idle, &submitting, &steady],
+        sub_lat.len(),
+        delta(&m0, &m1, "gangway_scheduling_cycle_seconds_sum"),
+        steady_requests,
+        (cpu_start, cpu_end),
+    );
     // The figures are printed either way; a run that lost work fails.
     if sub_errors > 0 || probe_missed > 0 || probed == 0 {
         bail!(
@@ -875,4 +1300,168 @@ fn measure(a: &ClusterArgs, server: &Server) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The CPU figures: each phase's, then the server's cost per sync (idle
+/// phase), per submission (submission phase, less its syncs at the idle
+/// cost) and per request (steady phase), and the cores those costs imply
+/// for the issue's targets (every node syncing each period, 5,000
+/// submissions/s).
+fn print_cpu(
+    a: &ClusterArgs,
+    phases: &[&Phase; 3],
+    submissions: usize,
+    cycle_secs: f64,
+    steady_requests: usize,
+    (start, end): (Cpu, Cpu),
+) {
+    let [idle, submitting, steady] = *phases;
+    for p in phases {
+        p.print();
+    }
+    let per = |cpu: Option<f64>, n: usize| cpu.filter(|_| n > 0).map(|c| c * 1e3 / n as f64);
+    let show = |name: &str, v: Option<f64>, what: &str| match v {
+        Some(v) => println!("{name}: {v:.3} ms ({what})"),
+        None => println!("{name}: n/a ({what})"),
+    };
+    let per_sync = per(idle.server(), idle.syncs as usize);
+    show(
+        "server_cpu_ms_per_sync",
+        per_sync,
+        "idle phase: server CPU / syncs",
+    );
+    show(
+        "bench_cpu_ms_per_sync",
+        per(Some(idle.agents()), idle.syncs as usize),
+        "idle phase: hollow agents' CPU / syncs",
+    );
+    let syncs_cpu = per_sync.map(|p| p * submitting.syncs as f64 / 1e3);
+    let per_submission = per(
+        submitting
+            .server()
+            .zip(syncs_cpu)
+            .map(|(s, y)| (s - y).max(0.0)),
+        submissions,
+    );
+    show(
+        "server_cpu_ms_per_submission",
+        per_submission,
+        &format!(
+            "submission phase: server CPU less its syncs at the idle cost, / jobs submitted; \
+             it includes placing them ({cycle_secs:.2} s in scheduling cycles) and the reports \
+             of those that ran and ended meanwhile"
+        ),
+    );
+    if let (Some(e), Some(i)) = (submitting.etcd(), idle.etcd()) {
+        let idle_rate = i / idle.secs.max(1e-9);
+        show(
+            "etcd_cpu_ms_per_submission",
+            per(
+                Some((e - idle_rate * submitting.secs).max(0.0)),
+                submissions,
+            ),
+            "submission phase: etcd CPU less its idle rate, / submissions",
+        );
+    }
+    show(
+        "server_cpu_ms_per_request",
+        per(steady.server(), steady_requests),
+        &format!("steady phase: server CPU / {steady_requests} requests of all kinds"),
+    );
+    let whole = |f: fn(&Cpu) -> Option<f64>| Some(f(&end)? - f(&start)?);
+    match whole(|c| c.server) {
+        Some(s) => println!("server_cpu_seconds: {s:.2} s (registration to the end)"),
+        None => println!("server_cpu_seconds: n/a"),
+    }
+    match whole(|c| c.bench) {
+        Some(b) => println!(
+            "bench_cpu_seconds: {b:.2} s (registration to the end; {:.2} s in the hollow agents' threads)",
+            end.agents - start.agents
+        ),
+        None => println!("bench_cpu_seconds: n/a"),
+    }
+    if let Some(e) = whole(|c| c.etcd) {
+        println!("etcd_cpu_seconds: {e:.2} s (registration to the end)");
+    }
+    if let (Some(sync), Some(sub)) = (per_sync, per_submission) {
+        let syncs_per_sec = a.nodes as f64 * 1000.0 / a.sync_ms.max(1) as f64;
+        println!(
+            "server_cores_for_targets: {:.2} cores ({syncs_per_sec:.0} syncs/s at {sync:.3} ms + 5000 submissions/s at {sub:.3} ms; an estimate from this run's costs)",
+            (syncs_per_sec * sync + 5000.0 * sub) / 1e3
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_bodies_are_the_protocols_sync_requests() {
+        let gpus: Vec<GpuHealth> = (0..3)
+            .map(|i| GpuHealth {
+                index: i,
+                healthy: i != 1,
+                reason: (i == 1).then(|| "xid 79".to_string()),
+            })
+            .collect();
+        let prefix = sync_prefix(&gpus).expect("prefix");
+        let reports = [
+            TaskReport::new(gangway_core::JobId(7), 0, TaskState::Running),
+            TaskReport::new(
+                gangway_core::JobId(9),
+                2,
+                TaskState::Exited { exit_code: 0 },
+            ),
+        ];
+        for n in 0..=reports.len() {
+            let body = sync_body(&prefix, &reports[..n]).expect("body");
+            let want = SyncRequest {
+                gpus: gpus.clone(),
+                tasks: reports[..n].to_vec(),
+            };
+            let got: SyncRequest = serde_json::from_slice(&body).expect("a sync request");
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(&body));
+            assert_eq!(body, serde_json::to_vec(&want).expect("json"));
+        }
+    }
+
+    #[test]
+    fn cpu_seconds_are_read_after_the_name() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("stat");
+        // A name with a space and a parenthesis; utime 250 and stime 50 ticks.
+        let fields = "S 1 1 1 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 4 0 1 1 1";
+        std::fs::write(&path, format!("4242 (odd) name) {fields}\n")).expect("write");
+        let secs = stat_cpu_secs(&path).expect("parsed");
+        assert!((secs - 300.0 / clock_ticks()).abs() < 1e-9, "{secs}");
+        std::fs::write(&path, "4242 (short) S 1 2\n").expect("write");
+        assert_eq!(stat_cpu_secs(&path), None);
+    }
+
+    #[test]
+    fn this_process_and_its_named_threads_have_cpu_times() {
+        // A named thread spins until it is charged CPU time (a tick), or
+        // gives up after a minute of wall time.
+        let t = std::thread::Builder::new()
+            .name("h16-spin-test".into())
+            .spawn(|| {
+                let start = Instant::now();
+                let mut x = 0u64;
+                loop {
+                    for _ in 0..100_000 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+                    }
+                    let secs = threads_cpu_secs("h16-spin-test");
+                    if secs > 0.0 || start.elapsed() > Duration::from_secs(60) {
+                        return (x, secs);
+                    }
+                }
+            })
+            .expect("spawn");
+        let (_, secs) = t.join().expect("join");
+        assert!(secs > 0.0, "{secs}");
+        assert!(stat_cpu_secs(std::path::Path::new("/proc/self/stat")).is_some());
+        assert_eq!(threads_cpu_secs("no-such-thread"), 0.0);
+    }
 }
