@@ -826,8 +826,62 @@ impl ClusterState {
         Ok(())
     }
 
+    /// Whether [`ClusterState::add_node`] would accept `spec`, without
+    /// changing anything: the server checks a registration, stores it, then
+    /// adds it, instead of adding it to a copy of the whole state.
+    pub fn check_new_node(&self, spec: &NodeSpec) -> Result<(), StateError> {
+        let bad = |problem: String| StateError::BadNode {
+            node: spec.name.clone(),
+            problem,
+        };
+        if self.node_by_name.contains_key(&spec.name) {
+            return Err(StateError::DuplicateNode(spec.name.clone()));
+        }
+        if spec.gpus.len() > MAX_GPUS_PER_NODE {
+            return Err(bad(format!(
+                "{} GPUs; at most {MAX_GPUS_PER_NODE} per node are supported",
+                spec.gpus.len()
+            )));
+        }
+        if let Some(first) = spec.gpus.first() {
+            if spec
+                .gpus
+                .iter()
+                .any(|g| g.model != first.model || g.memory_gib != first.memory_gib)
+            {
+                return Err(bad(
+                    "all GPUs of a node must have the same model and memory".into(),
+                ));
+            }
+            let mut seen = BTreeSet::new();
+            if !spec.gpus.iter().all(|g| seen.insert(g.index)) {
+                return Err(bad("GPU indices must be unique".into()));
+            }
+            let known = self
+                .classes
+                .iter()
+                .any(|c| c.model == first.model && c.memory_gib == first.memory_gib);
+            if !known && self.classes.len() == MAX_GPU_CLASSES {
+                return Err(bad("too many distinct GPU models".into()));
+            }
+        }
+        if let Some(l) = self.leaf_by_name.get(&spec.leaf) {
+            // A known leaf stays under its spine (a new spine name is another spine).
+            let leaf_spine = self.leaves[*l as usize].spine;
+            if self.spine_by_name.get(&spec.spine) != Some(&leaf_spine) {
+                return Err(bad(format!(
+                    "leaf {:?} is already under spine {:?}",
+                    spec.leaf, self.spines[leaf_spine as usize].name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Registers a node.
     pub fn add_node(&mut self, spec: NodeSpec) -> Result<NodeIdx, StateError> {
+        // Every refusal is decided here, before anything changes.
+        self.check_new_node(&spec)?;
         let bad = |problem: String| StateError::BadNode {
             node: spec.name.clone(),
             problem,

@@ -986,3 +986,36 @@ fn a_queues_preemption_rules_override_the_schedulers_either_way() {
         100
     ));
 }
+
+#[test]
+fn a_refused_node_changes_nothing_and_the_check_agrees_with_adding() {
+    // The server checks a registration, stores it, then adds it: every
+    // refusal must come from the check, before any index changes.
+    let mut s = cluster(2, 8, 2);
+    let before = s.nodes().len();
+    let total = s.total();
+    let refused = [
+        NodeSpec::uniform("n00", "leaf0", "spine0", 8, "H100", 80), // duplicate
+        NodeSpec::uniform("n09", "leaf0", "spine1", 8, "H100", 80), // leaf under another spine
+        NodeSpec::uniform("n10", "leaf0", "spine0", 65, "H100", 80), // too many GPUs
+    ];
+    for spec in refused {
+        let checked = s.check_new_node(&spec);
+        assert!(checked.is_err(), "{}", spec.name);
+        let added = s.add_node(spec.clone());
+        assert_eq!(
+            added.err().map(|e| e.to_string()),
+            checked.err().map(|e| e.to_string()),
+            "{}",
+            spec.name
+        );
+        assert_eq!(s.nodes().len(), before);
+        assert_eq!(s.total(), total);
+    }
+    // A new spine with a new leaf, and a new GPU model, are fine.
+    let ok = NodeSpec::uniform("n11", "leaf9", "spine1", 4, "A100", 40);
+    assert!(s.check_new_node(&ok).is_ok());
+    s.add_node(ok).expect("valid");
+    assert_eq!(s.nodes().len(), 3);
+    s.check_invariants().expect("consistent");
+}

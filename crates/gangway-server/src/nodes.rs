@@ -236,12 +236,11 @@ impl<S: Store> Control<S> {
             });
         }
         let approved = auto || *by == Registrant::Admin;
-        let mut probe = None;
         if approved {
-            let mut p = self.cluster.clone();
-            p.add_node(spec.clone())
+            // Checked before it is stored, added after: no copy of the state.
+            self.cluster
+                .check_new_node(&spec)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
-            probe = Some(p);
         }
         let token = crate::control::fresh_token();
         let cred = NodeCredential::new(&token);
@@ -257,11 +256,12 @@ impl<S: Store> Control<S> {
                 Op::Put(token_key(&name), encode(&cred)),
             ],
         )?;
-        match probe {
-            Some(p) => self.cluster = p,
-            None => {
-                self.pending_nodes.insert(name.clone(), spec);
-            }
+        if approved {
+            self.cluster
+                .add_node(spec)
+                .map_err(|e| ControlError::BadNode(e.to_string()))?;
+        } else {
+            self.pending_nodes.insert(name.clone(), spec);
         }
         self.last_seen.insert(name.clone(), now);
         self.node_by_token.insert(cred.digest(), name.clone());
@@ -320,9 +320,8 @@ impl<S: Store> Control<S> {
             .get(name)
             .cloned()
             .ok_or_else(|| ControlError::NoSuchNode(name.into()))?;
-        let mut probe = self.cluster.clone();
-        probe
-            .add_node(spec.clone())
+        self.cluster
+            .check_new_node(&spec)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
         self.store.txn(
             &[],
@@ -331,7 +330,9 @@ impl<S: Store> Control<S> {
                 Op::Put(node_key(name), encode(&spec)),
             ],
         )?;
-        self.cluster = probe;
+        self.cluster
+            .add_node(spec)
+            .map_err(|e| ControlError::BadNode(e.to_string()))?;
         self.pending_nodes.remove(name);
         self.last_seen.entry(name.to_string()).or_insert(now);
         tracing::info!("node {name} approved");
