@@ -29,6 +29,7 @@ pub mod preempt;
 pub mod quota;
 pub mod rank;
 pub mod state;
+mod victims;
 
 pub use capacity::{Capacity, NodeIdx, QueueId};
 pub use explain::{plural, Explanation, WaitReason};
@@ -138,6 +139,9 @@ pub const DEFAULT_PLAN_DEPTH: usize = 200;
 /// Default of [`SchedulerConfig::plan_budget`].
 pub const DEFAULT_PLAN_BUDGET: usize = 100_000;
 
+/// Default of [`SchedulerConfig::max_victims_examined`].
+pub const DEFAULT_MAX_VICTIMS_EXAMINED: usize = 65_536;
+
 /// Policy switches for a cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -177,6 +181,13 @@ pub struct SchedulerConfig {
     /// A job that has run less than this many seconds in its current attempt is
     /// not a victim: preempting it would waste its start-up for nothing.
     pub min_run_seconds: u64,
+    /// Most victim candidates one preemption search examines, in its order
+    /// (least lost work first; lowest priority first for reclaim). A search
+    /// that needs more gives up, so a preemptor that no set of cheap victims
+    /// can make room for costs a bounded time however many jobs run. A
+    /// search that finishes within the bound chooses what an unbounded one
+    /// would.
+    pub max_victims_examined: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -192,6 +203,7 @@ impl Default for SchedulerConfig {
             max_preemptions_per_cycle: 256,
             preemption_budget: None,
             min_run_seconds: 0,
+            max_victims_examined: DEFAULT_MAX_VICTIMS_EXAMINED,
         }
     }
 }
@@ -274,6 +286,10 @@ pub struct CycleStats {
     /// Running jobs' estimated ends the plan walked, over all planned jobs
     /// (its main cost on a large, busy cluster).
     pub plan_releases: usize,
+    /// Running jobs the preemption searches drew from the victim index, over
+    /// all searches (their main cost: each search draws candidates cheapest
+    /// first and stops once it has its victims).
+    pub victims_examined: usize,
 }
 
 /// The outcome of a cycle.
@@ -426,8 +442,6 @@ pub(crate) struct Session<'a> {
     fits_cache: HashMap<ShapeKey, bool>,
     /// Preemption searches that failed this cycle (shape, reason, priority, queue).
     pub(crate) preempt_fail: HashSet<(ShapeKey, PreemptReason, i32, QueueId)>,
-    /// Running preemptible jobs with their costs, built on the first search.
-    pub(crate) victim_index: Option<preempt::VictimIndex<'a>>,
     /// Victims chosen this cycle.
     pub(crate) victims: HashSet<JobId>,
     /// Quota still charged to this cycle's victims (queue, amount): normal
@@ -495,7 +509,6 @@ impl<'a> Session<'a> {
             fail_cache: HashMap::default(),
             fits_cache: HashMap::default(),
             preempt_fail: HashSet::default(),
-            victim_index: None,
             victims: HashSet::default(),
             victim_quota: Vec::new(),
             bound: Vec::new(),

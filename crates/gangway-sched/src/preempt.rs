@@ -10,7 +10,7 @@ use crate::explain::WaitReason;
 use crate::state::{ClusterState, Gang, Job, JobStatus, Placement};
 use crate::{quota, Preempt, PreemptReason, Session};
 use gangway_core::Time;
-use gangway_core::{JobId, QueueSpec, TopologyConstraint};
+use gangway_core::{QueueSpec, TopologyConstraint};
 
 /// Gives a running job's GPUs and quota back on `cap` (for trial computations).
 pub fn release_into(state: &ClusterState, cap: &mut Capacity, job: &Job) {
@@ -63,113 +63,83 @@ pub fn may_be_victim(
         && now.saturating_sub(started) >= min_run
 }
 
-/// One running preemptible job, flattened for fast scans.
+/// One victim candidate a search examined, flattened for its scans.
 struct Entry<'a> {
     job: &'a Job,
     lost: u64,
-    started: Time,
-    /// Range into [`VictimIndex::parts`].
+    /// Range into [`Walk::parts`].
     parts: (u32, u32),
     /// GPUs it holds.
     gpus: u64,
-    /// Copies of the job's id, queue and priority, so scans stay in this array.
-    id: JobId,
+    /// A copy of the job's queue, so scans stay in this array.
     queue: QueueId,
-    priority: i32,
 }
 
 /// What a victim frees on one node: node, GPUs (healthy), CPU, memory.
 type Part = (NodeIdx, u64, u64, u64);
 
-/// (first criterion, second criterion, newest first, id).
-type SortKey = (u64, u64, std::cmp::Reverse<Time>, JobId);
-
-/// Every running preemptible job with its cost, built once per cycle on the
-/// first preemption search, so each search is a linear scan of plain data.
-pub(crate) struct VictimIndex<'a> {
+/// The candidates of one search, drawn in order (least lost work first for
+/// priority preemption, lowest priority first for reclaim) from the state's
+/// victim index as the search asks for them: a search that finds its victims
+/// early never looks at the rest of the running jobs.
+struct Walk<'a> {
+    stream: crate::victims::Stream<'a>,
     entries: Vec<Entry<'a>>,
     parts: Vec<Part>,
-    /// Entry indices by (lost work, priority, newest first): priority preemption.
-    by_lost: Option<Vec<u32>>,
-    /// Entry indices by (priority, lost work, newest first): reclaim.
-    by_priority: Option<Vec<u32>>,
+    /// Candidates drawn from the index (including those passed over).
+    examined: usize,
+    /// Most candidates this search may draw ([`crate::SchedulerConfig::max_victims_examined`]).
+    limit: usize,
 }
 
-impl<'a> VictimIndex<'a> {
-    pub(crate) fn build(state: &'a ClusterState, now: Time, cfg: &crate::SchedulerConfig) -> Self {
-        let mut entries = Vec::new();
-        let mut parts = Vec::new();
-        for running in &state.preemptible_by_queue {
-            for &id in running {
-                let Some(job) = state.job(id) else { continue };
-                let JobStatus::Running(r) = &job.status else {
-                    continue;
-                };
-                let queue = &state.queues()[job.queue as usize].spec;
-                if state.preempting.contains_key(&id)
-                    || !may_be_victim(job, r.started, now, cfg, queue)
-                {
-                    continue;
-                }
-                let per = job.per_replica();
-                let start = parts.len() as u32;
-                for rp in &r.placement.replicas {
-                    let healthy = state.nodes()[rp.node as usize].healthy;
-                    parts.push((
-                        rp.node,
-                        u64::from((rp.gpus & healthy).count_ones()),
-                        per.cpu_millis,
-                        per.memory_mib,
-                    ));
-                }
-                entries.push(Entry {
-                    job,
-                    lost: job.lost_work_gpu_seconds(now),
-                    started: r.started,
-                    parts: (start, parts.len() as u32),
-                    gpus: r.placement.gpus(),
-                    id,
-                    queue: job.queue,
-                    priority: job.priority,
-                });
+impl<'a> Walk<'a> {
+    /// The next candidate that may be a victim now (an index into
+    /// `entries`), or `None` once the candidates or the limit run out.
+    fn next(&mut self, s: &Session<'a>) -> Option<u32> {
+        let state = s.state;
+        loop {
+            if self.examined >= self.limit {
+                return None;
             }
-        }
-        VictimIndex {
-            entries,
-            parts,
-            by_lost: None,
-            by_priority: None,
+            let (id, lost) = self.stream.next()?;
+            self.examined += 1;
+            let Some(job) = state.job(id) else { continue };
+            let JobStatus::Running(r) = &job.status else {
+                continue;
+            };
+            let queue = &state.queues()[job.queue as usize].spec;
+            if s.victims.contains(&id)
+                || state.preempting.contains_key(&id)
+                || !may_be_victim(job, r.started, s.now, s.cfg, queue)
+            {
+                continue;
+            }
+            let per = job.per_replica();
+            let start = self.parts.len() as u32;
+            for rp in &r.placement.replicas {
+                let healthy = state.nodes()[rp.node as usize].healthy;
+                self.parts.push((
+                    rp.node,
+                    u64::from((rp.gpus & healthy).count_ones()),
+                    per.cpu_millis,
+                    per.memory_mib,
+                ));
+            }
+            let i = self.entries.len() as u32;
+            self.entries.push(Entry {
+                job,
+                lost,
+                parts: (start, self.parts.len() as u32),
+                gpus: r.placement.gpus(),
+                queue: job.queue,
+            });
+            return Some(i);
         }
     }
 
-    /// Entry indices in the order a search of `reason` walks them (sorted on first use).
-    fn order(&mut self, reason: PreemptReason) -> &[u32] {
-        let entries = &self.entries;
-        let slot = match reason {
-            PreemptReason::Priority => &mut self.by_lost,
-            PreemptReason::Reclaim => &mut self.by_priority,
-        };
-        slot.get_or_insert_with(|| {
-            // Sort plain keys, not indices that chase each job while comparing.
-            let mut k: Vec<(SortKey, u32)> = entries
-                .iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    let prio = u64::from((e.priority as u32) ^ 0x8000_0000);
-                    let key = match reason {
-                        PreemptReason::Priority => {
-                            (e.lost, prio, std::cmp::Reverse(e.started), e.id)
-                        }
-                        PreemptReason::Reclaim => {
-                            (prio, e.lost, std::cmp::Reverse(e.started), e.id)
-                        }
-                    };
-                    (key, i as u32)
-                })
-                .collect();
-            k.sort_unstable();
-            k.into_iter().map(|(_, i)| i).collect()
-        })
+    fn parts_of(&self, i: u32) -> &[Part] {
+        let e = &self.entries[i as usize];
+        &self.parts[e.parts.0 as usize..e.parts.1 as usize]
     }
 }
 
@@ -214,11 +184,11 @@ impl Budgets {
         }
     }
 
-    /// Whether a whole set of victims (entries of `index`) stays within the budgets.
-    fn allows_set(&self, index: &VictimIndex<'_>, set: &[u32]) -> bool {
+    /// Whether a whole set of victims (indices into `entries`) stays within the budgets.
+    fn allows_set(&self, entries: &[Entry<'_>], set: &[u32]) -> bool {
         let mut used: rustc_hash::FxHashMap<QueueId, u64> = Default::default();
         for &i in set {
-            let e = &index.entries[i as usize];
+            let e = &entries[i as usize];
             if let Some(h) = self.holder.get(e.queue as usize).copied().flatten() {
                 *used.entry(h).or_default() += e.gpus;
             }
@@ -229,8 +199,8 @@ impl Budgets {
 
 /// Whether a set of victims is allowed: always for priority preemption;
 /// within the borrowed budgets for reclaim.
-fn within(budgets: Option<&Budgets>, index: &VictimIndex<'_>, set: &[u32]) -> bool {
-    budgets.is_none_or(|b| b.allows_set(index, set))
+fn within(budgets: Option<&Budgets>, entries: &[Entry<'_>], set: &[u32]) -> bool {
+    budgets.is_none_or(|b| b.allows_set(entries, set))
 }
 
 fn feasible(s: &Session<'_>, job: &Gang, min: u32, victims: &[&Job]) -> Option<Placement> {
@@ -306,32 +276,31 @@ pub(crate) fn try_preempt(
     s.preempt_searches += 1;
     let mp = s.maint_prefix(job);
     s.preempt_maint = s.exclusion_key(job, 0, mp);
-    if s.victim_index.is_none() {
-        s.victim_index = Some(VictimIndex::build(state, s.now, s.cfg));
-    }
-    // Sort this search's order once per cycle, then scan plain data.
-    s.victim_index.as_mut()?.order(reason);
-    let index = s.victim_index.as_ref()?;
-    let order: &[u32] = match reason {
-        PreemptReason::Priority => index.by_lost.as_deref()?,
-        PreemptReason::Reclaim => index.by_priority.as_deref()?,
-    };
     // Reclaim takes back only what was borrowed: a victim's queue must not fall
     // below its nominal quota, or it would reclaim in turn and the cluster would
     // churn. Budget per quota-holding queue: usage above nominal.
     let budgets: Option<Budgets> =
         (reason == PreemptReason::Reclaim).then(|| reclaim_budgets(state, &s.cap));
-    let cands: Vec<u32> = order
-        .iter()
-        .copied()
-        .filter(|&i| {
-            let e = &index.entries[i as usize];
-            queue_ok[e.queue as usize]
-                && !s.victims.contains(&e.id)
-                && (reason == PreemptReason::Priority && e.priority < job.priority
-                    || budgets.as_ref().is_some_and(|b| b.allows(e.queue, e.gpus)))
-        })
-        .collect();
+    // Whole classes of candidates are passed over without being examined:
+    // queues that may not lose work to this job, priorities it may not
+    // preempt, borrowers whose budget the victim's GPUs would exceed, and jobs
+    // past their preemption budget.
+    let cfg = s.cfg;
+    let stream = state.victims.stream(s.now, reason, |c| {
+        let spec = &state.queues()[c.queue as usize].spec;
+        let budget = spec.preemption_budget.or(cfg.preemption_budget);
+        queue_ok[c.queue as usize]
+            && budget.is_none_or(|b| c.preemptions < b)
+            && (reason == PreemptReason::Priority && c.priority < job.priority
+                || budgets.as_ref().is_some_and(|b| b.allows(c.queue, c.gpus)))
+    });
+    let mut walk = Walk {
+        stream,
+        entries: Vec::new(),
+        parts: Vec::new(),
+        examined: 0,
+        limit: cfg.max_victims_examined,
+    };
     let per = job.per;
     let need = per.gpus * u64::from(min);
     let single = need <= state.max_node_gpus(job.class_mask)
@@ -340,10 +309,11 @@ pub(crate) fn try_preempt(
             TopologyConstraint::Auto | TopologyConstraint::Node
         );
     let chosen = if single && per.gpus > 0 {
-        per_node_search(s, index, job, min, &cands, budgets.as_ref())
+        per_node_search(s, &mut walk, job, min, budgets.as_ref())
     } else {
-        greedy_search(s, index, job, min, &cands, budgets.as_ref())
+        greedy_search(s, &mut walk, job, min, budgets.as_ref())
     };
+    s.decisions.stats.victims_examined += walk.examined;
     let Some((victims, placement)) = chosen else {
         s.preempt_fail.insert(fail_key);
         return None;
@@ -355,7 +325,7 @@ pub(crate) fn try_preempt(
     let mut ids = Vec::with_capacity(victims.len());
     let mut vjobs: Vec<&Job> = Vec::with_capacity(victims.len());
     for &i in &victims {
-        let e = &index.entries[i as usize];
+        let e = &walk.entries[i as usize];
         let v = e.job;
         grace = grace.max(v.spec.checkpoint.grace_seconds);
         ids.push(v.id);
@@ -383,12 +353,11 @@ type Choice = (Vec<u32>, Placement);
 /// For gangs that fit on one node: walking victims cheapest first, the first
 /// nodes on which they free enough room; then the option whose victims lose
 /// the least work (and are fewest) that really makes the gang placeable.
-fn per_node_search(
-    s: &Session<'_>,
-    index: &VictimIndex<'_>,
+fn per_node_search<'a>(
+    s: &Session<'a>,
+    walk: &mut Walk<'a>,
     job: &Gang,
     min: u32,
-    cands: &[u32],
     budgets: Option<&Budgets>,
 ) -> Option<Choice> {
     let state = s.state;
@@ -400,9 +369,9 @@ fn per_node_search(
     let mut acc: rustc_hash::FxHashMap<NodeIdx, (u64, u64, u64, u64, Vec<u32>)> =
         Default::default();
     let mut options: Vec<((u64, usize, NodeIdx), Vec<u32>)> = Vec::new();
-    for &i in cands {
-        let e = &index.entries[i as usize];
-        for &(n, g, c, m) in &index.parts[e.parts.0 as usize..e.parts.1 as usize] {
+    while let Some(i) = walk.next(s) {
+        let lost = walk.entries[i as usize].lost;
+        for &(n, g, c, m) in walk.parts_of(i) {
             let info = &state.nodes()[n as usize];
             if !info.schedulable() || info.class.is_none_or(|cl| mask & (1 << cl) == 0) {
                 continue;
@@ -424,7 +393,7 @@ fn per_node_search(
             a.1 += c;
             a.2 += m;
             if !a.4.contains(&i) {
-                a.3 += e.lost;
+                a.3 += lost;
                 a.4.push(i);
             }
             if a.0 >= need_g && a.1 >= need_c && a.2 >= need_m {
@@ -437,10 +406,10 @@ fn per_node_search(
     }
     options.sort();
     for (_, set) in options {
-        if !within(budgets, index, &set) {
+        if !within(budgets, &walk.entries, &set) {
             continue;
         }
-        let victims: Vec<&Job> = set.iter().map(|&i| index.entries[i as usize].job).collect();
+        let victims: Vec<&Job> = set.iter().map(|&i| walk.entries[i as usize].job).collect();
         if let Some(p) = feasible(s, job, min, &victims) {
             return Some((set, p));
         }
@@ -450,12 +419,11 @@ fn per_node_search(
 
 /// For multi-node gangs: add victims cheapest first until the gang fits, then
 /// drop every victim (most expensive first) whose removal is not needed.
-fn greedy_search(
-    s: &Session<'_>,
-    index: &VictimIndex<'_>,
+fn greedy_search<'a>(
+    s: &Session<'a>,
+    walk: &mut Walk<'a>,
     job: &Gang,
     min: u32,
-    cands: &[u32],
     budgets: Option<&Budgets>,
 ) -> Option<Choice> {
     let need = job.per.gpus * u64::from(min);
@@ -464,22 +432,20 @@ fn greedy_search(
     let mut next_try = need.saturating_sub(s.cap.free_total);
     let mut tries = 0;
     let mut found = None;
-    let jobs =
-        |set: &[u32]| -> Vec<&Job> { set.iter().map(|&i| index.entries[i as usize].job).collect() };
-    for &i in cands {
+    while let Some(i) = walk.next(s) {
         chosen.push(i);
-        if !within(budgets, index, &chosen) {
+        if !within(budgets, &walk.entries, &chosen) {
             chosen.pop();
             continue;
         }
-        let e = &index.entries[i as usize];
-        freed += index.parts[e.parts.0 as usize..e.parts.1 as usize]
-            .iter()
-            .map(|p| p.1)
-            .sum::<u64>();
+        freed += walk.parts_of(i).iter().map(|p| p.1).sum::<u64>();
         if freed >= next_try {
             tries += 1;
-            if let Some(p) = feasible(s, job, min, &jobs(&chosen)) {
+            let victims: Vec<&Job> = chosen
+                .iter()
+                .map(|&i| walk.entries[i as usize].job)
+                .collect();
+            if let Some(p) = feasible(s, job, min, &victims) {
                 found = Some(p);
                 break;
             }
@@ -489,6 +455,8 @@ fn greedy_search(
             next_try = freed + (need / 4).max(1);
         }
     }
+    let jobs =
+        |set: &[u32]| -> Vec<&Job> { set.iter().map(|&i| walk.entries[i as usize].job).collect() };
     let mut placement = found?;
     let mut k = chosen.len();
     let mut prunes = 0;

@@ -533,6 +533,9 @@ pub struct ClusterState {
     pub(crate) preemptible_by_queue: Vec<BTreeSet<JobId>>,
     /// Running preemptible jobs per priority value (fast "any victim?" test).
     pub(crate) preemptible_prios: BTreeMap<i32, usize>,
+    /// Running preemptible jobs not yet stopping, in classes that keep the
+    /// order of lost work between cycles (what preemption searches draw from).
+    pub(crate) victims: crate::victims::VictimClasses,
     multi_island: bool,
     max_node_cpu: u64,
     max_node_mem: u64,
@@ -1423,6 +1426,7 @@ impl ClusterState {
                 preempting: None,
                 last_checkpoint: None,
             });
+            self.victims.insert(j);
         }
         Ok(())
     }
@@ -1472,8 +1476,10 @@ impl ClusterState {
                     *self.preemptible_prios.entry(priority).or_default() += 1;
                 }
                 let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+                self.victims.remove(j);
                 j.priority = priority;
                 j.gang.priority = priority;
+                self.victims.insert(j);
             }
         }
         Ok(())
@@ -1505,6 +1511,11 @@ impl ClusterState {
     /// Records that the checkpoint signal was sent to `id` on behalf of `by`;
     /// the job keeps its GPUs until it exits (then call [`Self::requeue`]).
     pub fn mark_preempting(&mut self, id: JobId, by: JobId, now: Time) -> Result<(), StateError> {
+        self.running_mut(id)?;
+        if let Some(j) = self.jobs.get(&id) {
+            // Stopping: no longer a victim candidate.
+            self.victims.remove(j);
+        }
         let r = self.running_mut(id)?;
         let first = r.preempting.is_none();
         r.preempting.get_or_insert(now);
@@ -1549,7 +1560,14 @@ impl ClusterState {
 
     /// Records a checkpoint the job reported (reduces the work a preemption loses).
     pub fn record_checkpoint(&mut self, id: JobId, at: Time) -> Result<(), StateError> {
-        self.running_mut(id)?.last_checkpoint = Some(at);
+        self.running_mut(id)?;
+        if let Some(j) = self.jobs.get_mut(&id) {
+            self.victims.remove(j);
+            if let JobStatus::Running(r) = &mut j.status {
+                r.last_checkpoint = Some(at);
+            }
+            self.victims.insert(j);
+        }
         Ok(())
     }
 
@@ -1562,6 +1580,7 @@ impl ClusterState {
                 expected: "running",
             });
         };
+        self.victims.remove(job);
         let run = run.clone();
         let queue = job.queue;
         let per = job.per_replica();
@@ -1682,6 +1701,9 @@ impl ClusterState {
         }
         if usage != self.capacity.usage {
             return Err("queue usage mismatch".into());
+        }
+        if self.victims != crate::victims::VictimClasses::of(self.jobs.values()) {
+            return Err("victim index mismatch".into());
         }
         Ok(())
     }

@@ -64,6 +64,8 @@ impl ClusterState {
             }
         }
         self.preemptible_by_queue = preemptible;
+        // Queue numbers changed: the victim classes are rebuilt.
+        self.victims = crate::victims::VictimClasses::of(self.jobs.values());
         self.queues = fresh.queues;
         self.queue_by_name = fresh.queue_by_name;
         self.capacity.usage = vec![Resources::ZERO; n];

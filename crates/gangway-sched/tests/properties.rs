@@ -514,6 +514,35 @@ proptest! {
         }
     }
 
+    /// `max_victims_examined` only cuts searches short: whenever an unbounded
+    /// cycle's searches examined no more candidates than the bound, the
+    /// bounded cycle decides exactly the same; and whatever the bound, a
+    /// bounded cycle keeps the invariants (quotas, preemptors placeable once
+    /// their victims exit).
+    #[test]
+    fn victim_cap_only_cuts_searches_short(
+        (leaves, queues, jobs) in world(),
+        no_quotas in any::<bool>(),
+        cap in 0usize..24,
+    ) {
+        let state = if no_quotas { build_without_quotas(&leaves, &queues) } else { build(&leaves, &queues) };
+        let mut d = Driver::new(state);
+        d.cfg.max_preemption_searches = 64;
+        d.cfg.max_victims_examined = cap;
+        let unbounded = SchedulerConfig { max_victims_examined: usize::MAX, ..d.cfg.clone() };
+        for step in 0..40u64 {
+            d.advance(step * 25);
+            submit_due(&mut d, &jobs, step, false);
+            let free = schedule(&d.state, d.now, &unbounded);
+            let out = d.cycle().clone();
+            if free.stats.victims_examined <= cap {
+                prop_assert_eq!(&out, &free);
+            }
+            check_quotas(&d.state)?;
+            check_preemptors_fit(&d)?;
+        }
+    }
+
     /// Defect 2 of issue 14: no quota, nothing lent, nothing to reclaim. A
     /// reclaim's victim is always in a queue above its nominal quota; without
     /// quotas there is no reclaim at all, and a priority preemption's victim

@@ -231,6 +231,52 @@ fn preemption_frees_one_placeable_shape_at_least_lost_work() {
 }
 
 #[test]
+fn victim_cap_cuts_a_search_short_and_changes_nothing_within_it() {
+    // Node 0: eight one-GPU low jobs from t=0 (much work lost). Node 1, from
+    // t=5000: a non-preemptible job and seven cheap one-GPU low jobs, which
+    // come first in the search but can never free a whole node.
+    let setup = |cap: usize| {
+        let mut s = cluster(2, 8, 2);
+        queue(&mut s, QueueSpec::unlimited("q", None));
+        let mut d = Driver::new(s);
+        d.cfg.max_victims_examined = cap;
+        let low = || {
+            let mut j = job("q", 1, 1, None);
+            j.priority = PriorityClass::Low;
+            j
+        };
+        let old: Vec<_> = (0..8).map(|_| d.submit(low(), Some(1 << 30))).collect();
+        d.cycle();
+        d.advance(5000);
+        let mut keep = job("q", 1, 1, None);
+        keep.preemptible = Some(false);
+        d.submit(keep, Some(1 << 30));
+        for _ in 0..7 {
+            d.submit(low(), Some(1 << 30));
+        }
+        d.cycle();
+        d.advance(5100);
+        let mut urgent = job("q", 1, 8, None);
+        urgent.priority = PriorityClass::High;
+        d.submit(urgent, None);
+        let out = d.cycle().clone();
+        let mut victims: Vec<_> = out.preemptions.iter().map(|p| p.job).collect();
+        victims.sort();
+        (old, victims, out.stats.victims_examined)
+    };
+    // Unbounded: the seven cheap ones, then the old ones until node 0 is free.
+    let (old, victims, examined) = setup(usize::MAX);
+    assert_eq!(victims, old);
+    assert_eq!(examined, 15);
+    // A bound the search fits in changes nothing.
+    let (_, victims, examined) = setup(15);
+    assert_eq!((victims, examined), (old.clone(), 15));
+    // One fewer: the search gives up, nothing is preempted this cycle.
+    let (_, victims, examined) = setup(14);
+    assert_eq!((victims, examined), (Vec::new(), 14));
+}
+
+#[test]
 fn never_preempts_when_the_preemptor_still_would_not_fit() {
     let mut s = cluster(2, 8, 2);
     queue(&mut s, QueueSpec::unlimited("q", None));
