@@ -253,9 +253,11 @@ impl Engine {
         if let Some(k) = opts.plan_depth {
             cfg.plan_depth = k;
         }
+        // Gangway's own bands, as the live server's; `las_thresholds` are
+        // the Tiresias baseline's.
         let rank_params = gangway_sched::rank::RankParams {
-            thresholds: opts.las_thresholds.clone(),
             aging_factor: AGING_FACTOR,
+            ..gangway_sched::rank::RankParams::default()
         };
         let mut e = Engine {
             policy,
@@ -517,22 +519,28 @@ impl Engine {
         let j = &self.jobs[i];
         let gpus = u64::from(j.trace.gpus).max(1);
         let ran = j.run_start.map_or(0, |s| now - s);
+        // Every policy honours the jobs' priority classes (a trace's
+        // best-effort jobs never go ahead of its normal ones, as FIFO,
+        // Slurm and capacity queues keep them): the baselines' own order
+        // applies within a class.
+        let tier = class_tier(j.trace.priority);
         let prio = match self.policy.ranking() {
             Ranking::Classes => return,
             Ranking::AttainedService => {
                 let a = j.attained + u64::from(j.trace.gpus) * ran;
                 let band = self.opts.las_thresholds.iter().filter(|t| a >= **t).count();
-                1000 - band as i32
+                tier + 1000 - (band.min(1000) as i32)
             }
             Ranking::RemainingTime => {
                 let left = j.remaining().saturating_sub(ran);
-                -((left / 60).min(i32::MAX as u64 - 1) as i32)
+                tier + TIER_SPAN - 1 - (left / 60).min(TIER_SPAN as u64 - 1) as i32
             }
             Ranking::PredictedService => {
                 let (rt, _) = self.known_runtime(i);
-                -((rt.unwrap_or(0).saturating_mul(gpus) / 60).min(i32::MAX as u64 - 1) as i32)
+                let work = rt.unwrap_or(0).saturating_mul(gpus) / 60;
+                tier + TIER_SPAN - 1 - work.min(TIER_SPAN as u64 - 1) as i32
             }
-            Ranking::Multifactor => self.multifactor(i),
+            Ranking::Multifactor => tier + self.multifactor(i),
             Ranking::WithinQueue => {
                 // Gangway's ranking, the same code as the live server's.
                 let Some(job) = self.state.job(id) else {
@@ -680,9 +688,12 @@ impl Engine {
                 self.policy.ranking(),
                 Ranking::AttainedService | Ranking::WithinQueue
             ) {
-                if let Some(t) =
-                    gangway_sched::rank::next_threshold(&self.opts.las_thresholds, attained)
-                {
+                let thresholds = if self.policy.ranking() == Ranking::WithinQueue {
+                    &self.rank_params.thresholds
+                } else {
+                    &self.opts.las_thresholds
+                };
+                if let Some(t) = gangway_sched::rank::next_threshold(thresholds, attained) {
                     let dt = (t - attained).div_ceil(gpus);
                     if dt < left {
                         self.push(now + dt, Ev::Cross(i, a));
@@ -717,4 +728,23 @@ impl Engine {
         self.rec.cycle(&self.state, &d, now);
         Ok(())
     }
+}
+
+/// Priorities one class spans in the baselines that set their own priority
+/// (Tiresias, SRTF, QSSF): their orders fit inside it, so classes never cross.
+const TIER_SPAN: i32 = 100_000_000;
+
+/// The base priority of a class's tier for those baselines.
+fn class_tier(c: gangway_core::PriorityClass) -> i32 {
+    use gangway_core::PriorityClass as P;
+    let ordinal = match c {
+        P::BestEffort => 0,
+        P::Low => 1,
+        P::Normal => 2,
+        P::High => 3,
+        P::Production => 4,
+        P::Critical => 5,
+    };
+    // At most 5 × 10^8 + 10^8 - 1 < i32::MAX.
+    ordinal * TIER_SPAN
 }

@@ -251,3 +251,26 @@ fn zero_grace_srtf_on_chronus_makes_progress() {
         started.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn every_policy_keeps_best_effort_jobs_behind_normal_ones() {
+    // One GPU; a short best-effort job B and a long normal job A arrive together
+    // (B first). Whatever a policy's own order (shortest first, least attained
+    // service, multifactor), the normal job runs first: A 0→300, B 300→310.
+    let t = trace(vec![
+        job("B", 0, 1, 10, PriorityClass::BestEffort),
+        job("A", 0, 1, 300, PriorityClass::Normal),
+    ]);
+    for p in [
+        Policy::Fifo,
+        Policy::Slurm,
+        Policy::Capacity,
+        Policy::Tiresias,
+        Policy::Qssf,
+        Policy::Srtf,
+        Policy::Gangway,
+    ] {
+        let (_, jcts) = run(&t, &one_node(1), p, SimOptions::default());
+        assert_eq!(jcts, vec![310, 300], "{p}");
+    }
+}

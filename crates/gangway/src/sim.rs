@@ -162,11 +162,12 @@ fn scorecard(a: &SimArgs) -> Result<()> {
     }
     let s = Scorecard {
         settings: format!(
-            "every policy on the same cluster and quotas (idle quota lent to all); checkpoint every {} s, {} s grace, {} s restart overhead per preemption; Tiresias thresholds {:?} GPU-s; run times unknown to the scheduler (predicted from completed jobs) except for srtf (oracle){}{}",
+            "every policy on the same cluster and quotas (idle quota lent to all) and honouring the jobs' priority classes; checkpoint every {} s, {} s grace, {} s restart overhead per preemption; Tiresias thresholds {:?} GPU-s, Gangway's {:?}; run times unknown to the scheduler (predicted from completed jobs) except for srtf (oracle){}{}",
             opts.checkpoint_interval,
             opts.grace_seconds,
             opts.restart_overhead_seconds,
             opts.las_thresholds,
+            gangway_sched::rank::GANGWAY_THRESHOLDS,
             if opts.partition { "; node partitions per queue" } else { "" },
             a.limit.map_or(String::new(), |l| format!("; first {l} jobs of each trace")),
         ),

@@ -230,8 +230,12 @@ mod tests {
             .expect("submit");
         c.cycle(1005).expect("cycle");
         let prio = |c: &Control<RedbStore>, id| c.cluster.job(id).expect("in").priority;
-        assert_eq!(prio(&c, old), 1001, "one band down: 4004 GPU-s attained");
-        assert_eq!(prio(&c, fresh), 1002);
+        assert_eq!(
+            prio(&c, old),
+            1004,
+            "two bands down: 4004 GPU-s attained (past 1800 and 3600)"
+        );
+        assert_eq!(prio(&c, fresh), 1006);
         run_to_end(&mut c, urgent, 1006, 1100);
         c.cycle(1101).expect("cycle");
         assert_eq!(
