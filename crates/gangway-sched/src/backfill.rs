@@ -56,20 +56,20 @@ pub(crate) fn plan_runtime(state: &ClusterState, job: &Gang) -> u64 {
 /// `now`, the others as estimated at their start.
 pub(crate) fn releases(state: &ClusterState, now: Time) -> Vec<(Time, JobId)> {
     let floor = state.config.unknown_runtime_floor_seconds;
+    // The index carries what re-estimating needs: no job is looked up.
     let mut overdue: Vec<(Time, JobId)> = state
         .running_by_end
         .range(..=(now, JobId(u64::MAX)))
-        .filter_map(|&(_, id)| Some((state.job(id)?.expected_end(now, floor)?, id)))
+        .map(|(&(_, id), basis)| (basis.expected_end(now, floor), id))
         .collect();
     overdue.sort_unstable();
-    merge(
-        overdue.into_iter(),
-        state
-            .running_by_end
-            .range((now.saturating_add(1), JobId(0))..)
-            .copied(),
-    )
-    .collect()
+    let rest = state
+        .running_by_end
+        .range((now.saturating_add(1), JobId(0))..)
+        .map(|(k, _)| *k);
+    let mut out = Vec::with_capacity(state.running_by_end.len());
+    out.extend(merge(overdue.into_iter(), rest));
+    out
 }
 
 /// The plan's reusable working copy, kept for the whole cycle so that each
@@ -508,4 +508,70 @@ fn walk(
         }
     }
     Walk::Never
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{JobStatus, StateConfig};
+    use crate::{apply, schedule, SchedulerConfig};
+    use gangway_core::{JobSpec, NodeSpec, QueueSpec};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128), ..ProptestConfig::default() })]
+
+        /// The release stream read from the running index (which carries what
+        /// re-estimating needs) is exactly the one made by looking every
+        /// running job up and re-estimating it: jobs with a declared run
+        /// time, a learned prediction or neither, started at various
+        /// instants, some finished, at any later `now`.
+        #[test]
+        fn releases_match_a_lookup_of_every_running_job(
+            jobs in prop::collection::vec((1u32..5, prop::option::of(1u64..400), any::<bool>(), any::<bool>()), 1..60),
+            later in 0u64..3_000,
+        ) {
+            let mut s = ClusterState::new(StateConfig::default());
+            for i in 0..8 {
+                s.add_node(NodeSpec::uniform(&format!("n{i}"), &format!("leaf{}", i / 4), "spine0", 8, "H100", 80))
+                    .expect("node");
+            }
+            s.add_queue(QueueSpec::gpus("q", None, 1_000)).expect("queue");
+            let learned = JobSpec::new("u", "q", 1, 1);
+            for secs in [30, 90, 200] {
+                s.learn_runtime(&learned, secs);
+            }
+            let cfg = SchedulerConfig::default();
+            let mut now = 0;
+            for (k, &(gpus, runtime, predicted, finish)) in jobs.iter().enumerate() {
+                now = k as Time * 13;
+                // The learned spec's key gets a prediction; others none.
+                let mut spec = if predicted { learned.clone() } else { JobSpec::new("v", "q", 1, gpus) };
+                spec.runtime_seconds = runtime;
+                let _ = s.submit(JobId(k as u64 + 1), spec, now);
+                let d = schedule(&s, now, &cfg);
+                apply(&mut s, &d, now).expect("apply");
+                if finish {
+                    let first = s.running_by_end().next().map(|(_, id)| id);
+                    if let Some(id) = first {
+                        s.finish(id).expect("running");
+                    }
+                }
+            }
+            s.check_invariants().expect("indexes consistent");
+            let at = now + later;
+            let floor = s.config.unknown_runtime_floor_seconds;
+            let mut want: Vec<(Time, JobId)> = s
+                .jobs_sorted()
+                .into_iter()
+                .filter_map(|j| {
+                    let JobStatus::Running(r) = &j.status else { return None };
+                    let end = if r.est_end <= at { j.expected_end(at, floor)? } else { r.est_end };
+                    Some((end, j.id))
+                })
+                .collect();
+            want.sort_unstable();
+            prop_assert_eq!(releases(&s, at), want);
+        }
+    }
 }

@@ -516,7 +516,12 @@ impl<'a> Session<'a> {
             blocked_by: HashMap::default(),
             waiting_preemptors: state.preempting.values().copied().collect(),
             holds: HashMap::default(),
-            decisions: Decisions::default(),
+            decisions: Decisions {
+                // Every pending job not bound gets an explanation: one
+                // allocation instead of a dozen doublings of a large vector.
+                pending: Vec::with_capacity(state.pending_count()),
+                ..Decisions::default()
+            },
         }
     }
 
