@@ -429,8 +429,9 @@ pub(crate) struct Session<'a> {
     /// The plan's holds, in plan order.
     pub(crate) plan: Vec<PlanEntry>,
     /// Running jobs' releases by estimated end (overrunning ones
-    /// re-estimated), built on the first plan of the cycle.
-    pub(crate) releases: Option<Vec<(Time, JobId)>>,
+    /// re-estimated), started on the first plan of the cycle and produced
+    /// only as far as the walks read.
+    pub(crate) releases: Option<backfill::Releases<'a>>,
     /// `bound` sorted by estimated end, as of `bound_sorted_len` binds.
     pub(crate) bound_sorted: Vec<(Time, usize)>,
     /// The plan's working copy of the capacity, made on the first plan and
@@ -1043,8 +1044,13 @@ impl<'a> Session<'a> {
                 .plan_budget
                 .saturating_sub(self.decisions.stats.plan_releases)
         };
-        let (found, walked) = backfill::earliest(self, &mut tl, job, replicas, limit);
+        let mut rel = self
+            .releases
+            .take()
+            .unwrap_or_else(|| backfill::Releases::new(self.state, self.now));
+        let (found, walked) = backfill::earliest(self, &mut tl, &mut rel, job, replicas, limit);
         self.timeline = Some(tl);
+        self.releases = Some(rel);
         self.decisions.stats.plan_releases += walked;
         let (start, placement) = match found {
             backfill::Walk::Found(t, p) => (t, p),
@@ -1093,7 +1099,7 @@ impl<'a> Session<'a> {
     /// up to date.
     fn prepare_timeline(&mut self) {
         if self.releases.is_none() {
-            self.releases = Some(backfill::releases(self.state, self.now));
+            self.releases = Some(backfill::Releases::new(self.state, self.now));
         }
         if self.bound_sorted.len() < self.bound.len() {
             let from = self.bound_sorted.len();
