@@ -429,8 +429,9 @@ pub(crate) struct Session<'a> {
     /// The plan's holds, in plan order.
     pub(crate) plan: Vec<PlanEntry>,
     /// Running jobs' releases by estimated end (overrunning ones
-    /// re-estimated), built on the first plan of the cycle.
-    pub(crate) releases: Option<Vec<(Time, JobId)>>,
+    /// re-estimated), started on the first plan of the cycle and produced
+    /// only as far as the walks read.
+    pub(crate) releases: Option<backfill::Releases<'a>>,
     /// `bound` sorted by estimated end, as of `bound_sorted_len` binds.
     pub(crate) bound_sorted: Vec<(Time, usize)>,
     /// The plan's working copy of the capacity, made on the first plan and
@@ -516,7 +517,12 @@ impl<'a> Session<'a> {
             blocked_by: HashMap::default(),
             waiting_preemptors: state.preempting.values().copied().collect(),
             holds: HashMap::default(),
-            decisions: Decisions::default(),
+            decisions: Decisions {
+                // Every pending job not bound gets an explanation: one
+                // allocation instead of a dozen doublings of a large vector.
+                pending: Vec::with_capacity(state.pending_count()),
+                ..Decisions::default()
+            },
         }
     }
 
@@ -1038,8 +1044,13 @@ impl<'a> Session<'a> {
                 .plan_budget
                 .saturating_sub(self.decisions.stats.plan_releases)
         };
-        let (found, walked) = backfill::earliest(self, &mut tl, job, replicas, limit);
+        let mut rel = self
+            .releases
+            .take()
+            .unwrap_or_else(|| backfill::Releases::new(self.state, self.now));
+        let (found, walked) = backfill::earliest(self, &mut tl, &mut rel, job, replicas, limit);
         self.timeline = Some(tl);
+        self.releases = Some(rel);
         self.decisions.stats.plan_releases += walked;
         let (start, placement) = match found {
             backfill::Walk::Found(t, p) => (t, p),
@@ -1088,7 +1099,7 @@ impl<'a> Session<'a> {
     /// up to date.
     fn prepare_timeline(&mut self) {
         if self.releases.is_none() {
-            self.releases = Some(backfill::releases(self.state, self.now));
+            self.releases = Some(backfill::Releases::new(self.state, self.now));
         }
         if self.bound_sorted.len() < self.bound.len() {
             let from = self.bound_sorted.len();
