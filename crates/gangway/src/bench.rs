@@ -59,6 +59,11 @@ pub struct SchedArgs {
     /// Running jobs' ends the plan may walk per cycle (unreserved plans).
     #[arg(long, default_value_t = gangway_sched::DEFAULT_PLAN_BUDGET)]
     plan_budget: usize,
+    /// Also time a full copy of the scheduler's state after each steady
+    /// cycle (`state_clone_*`). Off by default: the copy doubles the peak
+    /// RSS the bench reports.
+    #[arg(long)]
+    time_state_copy: bool,
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -352,10 +357,12 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         } else {
             steady += 1;
             f.apply_ms.push(t2.elapsed().as_secs_f64() * 1e3);
-            let t3 = Instant::now();
-            let copy = state.clone();
-            f.clone_ms.push(t3.elapsed().as_secs_f64() * 1e3);
-            drop(copy);
+            if a.time_state_copy {
+                let t3 = Instant::now();
+                let copy = state.clone();
+                f.clone_ms.push(t3.elapsed().as_secs_f64() * 1e3);
+                drop(copy);
+            }
             f.preemptions += d.preemptions.len();
             f.steady_placements += d.binds.len();
             f.steady_seconds += dt;
@@ -413,10 +420,12 @@ fn sched(a: &SchedArgs) -> Result<()> {
         p("cycle_latency_p99", percentile(&c, 0.99), "ms");
         p("cycle_latency_max", c.last().copied().unwrap_or(0.0), "ms");
         p("apply_latency_p50", percentile(&ap, 0.5), "ms");
-        let mut cl = f.clone_ms.clone();
-        cl.sort_by(f64::total_cmp);
-        p("state_clone_p50", percentile(&cl, 0.5), "ms");
-        p("state_clone_p99", percentile(&cl, 0.99), "ms");
+        if a.time_state_copy {
+            let mut cl = f.clone_ms.clone();
+            cl.sort_by(f64::total_cmp);
+            p("state_clone_p50", percentile(&cl, 0.5), "ms");
+            p("state_clone_p99", percentile(&cl, 0.99), "ms");
+        }
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak_rss: {rss:.1} MiB");
