@@ -914,37 +914,12 @@ impl ClusterState {
 
     /// Registers a node.
     pub fn add_node(&mut self, spec: NodeSpec) -> Result<NodeIdx, StateError> {
-        // Every refusal is decided here, before anything changes.
+        // Every refusal is decided here, before anything changes: what
+        // follows only adds the node.
         self.check_new_node(&spec)?;
-        let bad = |problem: String| StateError::BadNode {
-            node: spec.name.clone(),
-            problem,
-        };
-        if self.node_by_name.contains_key(&spec.name) {
-            return Err(StateError::DuplicateNode(spec.name));
-        }
-        if spec.gpus.len() > MAX_GPUS_PER_NODE {
-            return Err(bad(format!(
-                "{} GPUs; at most {MAX_GPUS_PER_NODE} per node are supported",
-                spec.gpus.len()
-            )));
-        }
         let mut class = None;
         let mut new_class = false;
         if let Some(first) = spec.gpus.first() {
-            if spec
-                .gpus
-                .iter()
-                .any(|g| g.model != first.model || g.memory_gib != first.memory_gib)
-            {
-                return Err(bad(
-                    "all GPUs of a node must have the same model and memory".into(),
-                ));
-            }
-            let mut seen = BTreeSet::new();
-            if !spec.gpus.iter().all(|g| seen.insert(g.index)) {
-                return Err(bad("GPU indices must be unique".into()));
-            }
             let n = spec.gpus.len() as u32;
             let pos = self
                 .classes
@@ -958,9 +933,6 @@ impl ClusterState {
                     c
                 }
                 None => {
-                    if self.classes.len() == MAX_GPU_CLASSES {
-                        return Err(bad("too many distinct GPU models".into()));
-                    }
                     self.classes.push(GpuClass {
                         model: first.model.clone(),
                         memory_gib: first.memory_gib,
@@ -989,15 +961,8 @@ impl ClusterState {
             }
         };
         let leaf = match self.leaf_by_name.get(&spec.leaf) {
-            Some(l) => {
-                if self.leaves[*l as usize].spine != spine {
-                    return Err(bad(format!(
-                        "leaf {:?} is already under spine {:?}",
-                        spec.leaf, self.spines[self.leaves[*l as usize].spine as usize].name
-                    )));
-                }
-                *l
-            }
+            // Under `spine`: checked above.
+            Some(l) => *l,
             None => {
                 let l = self.leaves.len() as u32;
                 self.leaves.push(Leaf {
