@@ -92,11 +92,9 @@ fn over_pending_limit(
         .collect();
     let mut counts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     if !limited.is_empty() {
-        for (r, _) in c.jobs.values() {
-            if matches!(r.state, JobState::Pending | JobState::Restarting) {
-                if let Some(u) = limited.get(r.user.as_str()) {
-                    *counts.entry(u).or_insert(0) += 1;
-                }
+        for r in c.jobs.in_states(&[JobState::Pending, JobState::Restarting]) {
+            if let Some(u) = limited.get(r.user.as_str()) {
+                *counts.entry(u).or_insert(0) += 1;
             }
         }
     }

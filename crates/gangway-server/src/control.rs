@@ -1467,9 +1467,9 @@ impl<S: Store> Control<S> {
     fn resume_restarts(&mut self, now: Time) -> Result<(), ControlError> {
         let due: Vec<JobRecord> = self
             .jobs
-            .values()
-            .map(|(r, _)| r)
-            .filter(|r| r.state == JobState::Restarting && r.restart_at.is_some_and(|t| t <= now))
+            .in_states(&[JobState::Restarting])
+            .into_iter()
+            .filter(|r| r.restart_at.is_some_and(|t| t <= now))
             .map(|r| JobRecord::clone(r))
             .collect();
         for mut rec in due {

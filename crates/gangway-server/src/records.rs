@@ -254,11 +254,22 @@ pub type JobMap = imbl::OrdMap<JobId, (Arc<JobRecord>, u64)>;
 /// a count of them by queue and state kept current on every insert and
 /// removal, so `/metrics` reads the counts instead of walking the jobs under
 /// the state lock. Reads go through `Deref` to the map; writes only through
-/// [`JobTable::insert`] and [`JobTable::remove`], which keep the counts.
+/// [`JobTable::insert`] and [`JobTable::remove`], which keep the counts and
+/// the indexes below.
+///
+/// The indexes exist because the table keeps every job until retention
+/// removes it (100,000s of records): the cycle's passes over the jobs in
+/// some state (time limits, restart backoffs, rendezvous ports) and an agent
+/// sync's checkpoint cleanups read them instead of walking every record.
 #[derive(Clone, Debug, Default)]
 pub struct JobTable {
     map: JobMap,
     counts: std::collections::HashMap<String, std::collections::HashMap<JobState, i64>>,
+    /// Ids of the jobs in each non-terminal state.
+    live: std::collections::HashMap<JobState, BTreeSet<JobId>>,
+    /// Live (non-terminal) jobs by checkpoint subdirectory under the root,
+    /// with how many use it.
+    live_dirs: std::collections::HashMap<String, u32>,
 }
 
 impl std::ops::Deref for JobTable {
@@ -277,10 +288,11 @@ impl JobTable {
     ) -> Option<(Arc<JobRecord>, u64)> {
         let v = (v.0.into(), v.1);
         self.count(&v.0, 1);
-        let old = self.map.insert(id, v);
+        let old = self.map.insert(id, v.clone());
         if let Some((rec, _)) = &old {
             self.count(rec, -1);
         }
+        self.index(old.as_ref().map(|(r, _)| r.as_ref()), Some(&v.0));
         old
     }
 
@@ -289,8 +301,69 @@ impl JobTable {
         let old = self.map.remove(id);
         if let Some((rec, _)) = &old {
             self.count(rec, -1);
+            self.index(Some(rec), None);
         }
         old
+    }
+
+    /// The records of the jobs in any of `states` (non-terminal ones), in id
+    /// order; terminal states have no index and yield nothing.
+    pub fn in_states(&self, states: &[JobState]) -> Vec<&Arc<JobRecord>> {
+        let mut ids: Vec<JobId> = states
+            .iter()
+            .filter_map(|s| self.live.get(s))
+            .flatten()
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter()
+            .filter_map(|id| self.map.get(id).map(|(r, _)| r))
+            .collect()
+    }
+
+    /// Whether a live (non-terminal) job keeps its checkpoints in `subdir`
+    /// (see [`gangway_core::agent::checkpoint_subdir`]).
+    pub fn checkpoint_dir_in_use(&self, subdir: &str) -> bool {
+        self.live_dirs.get(subdir).is_some_and(|n| *n > 0)
+    }
+
+    /// Moves a job's entries in the state and checkpoint indexes from its
+    /// `old` record to its `new` one.
+    fn index(&mut self, old: Option<&JobRecord>, new: Option<&JobRecord>) {
+        let live = |r: &&JobRecord| !r.state.is_terminal();
+        let (old, new) = (old.filter(live), new.filter(live));
+        let same_state = matches!((old, new), (Some(o), Some(n)) if o.state == n.state);
+        if !same_state {
+            if let Some(o) = old {
+                if let Some(set) = self.live.get_mut(&o.state) {
+                    set.remove(&o.id);
+                }
+            }
+            if let Some(n) = new {
+                self.live.entry(n.state).or_default().insert(n.id);
+            }
+        }
+        let dir = |r: &JobRecord| {
+            gangway_core::agent::checkpoint_subdir(&r.user, r.id, r.spec.checkpoint.dir.as_deref())
+        };
+        let same_dir = matches!((old, new), (Some(o), Some(n))
+            if o.user == n.user && o.id == n.id && o.spec.checkpoint.dir == n.spec.checkpoint.dir);
+        if same_dir {
+            return;
+        }
+        if let Some(o) = old {
+            let d = dir(o);
+            if let Some(n) = self.live_dirs.get_mut(&d) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.live_dirs.remove(&d);
+                }
+            }
+        }
+        if let Some(n) = new {
+            *self.live_dirs.entry(dir(n)).or_insert(0) += 1;
+        }
     }
 
     /// A copy of the map that shares every record and node with this table
@@ -377,5 +450,66 @@ mod table_tests {
         assert_eq!(counted(&t), walked(&t));
         let rebuilt: JobTable = t.iter().map(|(k, v)| (*k, v.clone())).collect();
         assert_eq!(counted(&rebuilt), walked(&t));
+    }
+
+    const STATES: [JobState; 11] = [
+        JobState::Pending,
+        JobState::Admitted,
+        JobState::Scheduled,
+        JobState::Running,
+        JobState::Preempting,
+        JobState::Requeued,
+        JobState::Restarting,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Timeout,
+    ];
+
+    proptest::proptest! {
+        /// Whatever the inserts, replacements and removals, the state index
+        /// and the checkpoint-directory index answer as a walk of every
+        /// record does.
+        #[test]
+        fn the_indexes_answer_as_a_walk_does(
+            ops in proptest::collection::vec(
+                (1u64..12, 0usize..12, 0usize..3, 0usize..3), 1..80)
+        ) {
+            let mut t = JobTable::default();
+            for (id, state, user, dir) in ops {
+                if state == STATES.len() {
+                    t.remove(&JobId(id));
+                    continue;
+                }
+                let mut r = JobRecord::submitted(
+                    JobId(id),
+                    ["alice", "bob", "carol"][user],
+                    JobSpec::new("j", "q", 1, 1),
+                    5,
+                );
+                r.spec.checkpoint.dir = [None, Some("run".to_string()), Some("job-3".to_string())][dir].clone();
+                r.state = STATES[state];
+                t.insert(r.id, (r, id));
+            }
+            for s in STATES {
+                let walked: Vec<JobId> = t.values().filter(|(r, _)| r.state == s && !s.is_terminal()).map(|(r, _)| r.id).collect();
+                let indexed: Vec<JobId> = t.in_states(&[s]).iter().map(|r| r.id).collect();
+                proptest::prop_assert_eq!(walked, indexed, "state {:?}", s);
+            }
+            let two = [JobState::Running, JobState::Pending];
+            let walked: Vec<JobId> = t.values().filter(|(r, _)| two.contains(&r.state)).map(|(r, _)| r.id).collect();
+            let indexed: Vec<JobId> = t.in_states(&two).iter().map(|r| r.id).collect();
+            proptest::prop_assert_eq!(walked, indexed);
+            for user in ["alice", "bob", "carol"] {
+                for dir in [None, Some("run"), Some("job-3"), Some("job-5")] {
+                    for id in 1u64..12 {
+                        let d = gangway_core::agent::checkpoint_subdir(user, JobId(id), dir);
+                        let walked = t.values().any(|(r, _)| !r.state.is_terminal()
+                            && gangway_core::agent::checkpoint_subdir(&r.user, r.id, r.spec.checkpoint.dir.as_deref()) == d);
+                        proptest::prop_assert_eq!(walked, t.checkpoint_dir_in_use(&d), "{}", d);
+                    }
+                }
+            }
+        }
     }
 }

@@ -661,18 +661,20 @@ fn gangway_up_serves_tls_with_a_throwaway_ca_and_agents_logs_too() {
     assert!(ok, "{out}");
     // Logs come from the agent's endpoint, which serves TLS too: the server
     // relays them only after checking the agent's certificate against the CA.
-    let log = wait_for("the rank's log through the server", 60, || {
-        let (ok, out) = cli(&config, &["logs", "1"]);
-        (ok && out.contains("hello over tls")).then_some(out)
-    });
-    // Started by root: ranks run as nobody.
+    // Started by root: ranks run as nobody. The two lines may arrive in
+    // separate log chunks, so wait for both rather than the first.
     let nobody = Command::new("id")
         .args(["-u", "nobody"])
         .output()
         .expect("id");
+    let nobody = String::from_utf8_lossy(&nobody.stdout).trim().to_string();
+    let log = wait_for("the rank's log through the server", 60, || {
+        let (ok, out) = cli(&config, &["logs", "1"]);
+        (ok && out.contains("hello over tls") && out.lines().count() >= 2).then_some(out)
+    });
     assert!(
-        log.contains(String::from_utf8_lossy(&nobody.stdout).trim()),
-        "{log}"
+        log.lines().any(|l| l.trim() == nobody),
+        "the rank did not run as nobody ({nobody}): {log}"
     );
 
     // Without the CA the certificate is not trusted; plain HTTP gets nowhere.

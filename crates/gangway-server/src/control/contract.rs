@@ -110,12 +110,9 @@ impl<S: Store> Control<S> {
     /// taken by other processes.
     pub(super) fn ports_in_use(&self, now: Time) -> HashMap<String, HashSet<u16>> {
         let mut used: HashMap<String, HashSet<u16>> = HashMap::new();
-        for (rec, _) in self.jobs.values() {
-            let live = matches!(
-                rec.state,
-                JobState::Scheduled | JobState::Running | JobState::Preempting
-            );
-            if let (true, Some(p), Some(r0)) = (live, rec.master_port, rec.placement.first()) {
+        let live = [JobState::Scheduled, JobState::Running, JobState::Preempting];
+        for rec in self.jobs.in_states(&live) {
+            if let (Some(p), Some(r0)) = (rec.master_port, rec.placement.first()) {
                 used.entry(r0.node.clone()).or_default().insert(p);
             }
         }
@@ -367,10 +364,11 @@ impl<S: Store> Control<S> {
     /// grace (the Preempting path); their attempt then ends as `timeout`.
     pub(super) fn enforce_time_limits(&mut self, now: Time) -> Result<(), ControlError> {
         let mut due = Vec::new();
-        for (rec, _) in self.jobs.values() {
-            if !matches!(rec.state, JobState::Scheduled | JobState::Running)
-                || rec.time_limit_hit.is_some()
-            {
+        for rec in self
+            .jobs
+            .in_states(&[JobState::Scheduled, JobState::Running])
+        {
+            if rec.time_limit_hit.is_some() {
                 continue;
             }
             let Some(limit) = rec.spec.time_limit_seconds() else {
@@ -500,16 +498,9 @@ impl<S: Store> Control<S> {
         let Some(items) = self.contract_state.cleanup.remove(node) else {
             return Vec::new();
         };
-        let in_use: HashSet<String> = self
-            .jobs
-            .values()
-            .map(|(r, _)| r)
-            .filter(|r| !r.state.is_terminal())
-            .map(|r| Self::checkpoint_subdir_of(r))
-            .collect();
         items
             .into_iter()
-            .filter(|c| !in_use.contains(&c.subdir))
+            .filter(|c| !self.jobs.checkpoint_dir_in_use(&c.subdir))
             .collect()
     }
 

@@ -65,10 +65,16 @@ impl<S: Store> Control<S> {
             .refreshed_at
             .is_none_or(|t| now >= t.saturating_add(REFRESH_SECONDS));
         let mut verdicts = Vec::new();
-        for (rec, _) in self.jobs.values() {
-            if rec.state.is_terminal() || rec.state == JobState::Restarting {
-                continue;
-            }
+        // Restarting jobs are out of line until their backoff ends.
+        let ranked = [
+            JobState::Pending,
+            JobState::Admitted,
+            JobState::Scheduled,
+            JobState::Running,
+            JobState::Preempting,
+            JobState::Requeued,
+        ];
+        for rec in self.jobs.in_states(&ranked) {
             let Some(job) = self.cluster.job(rec.id) else {
                 continue;
             };
