@@ -265,13 +265,62 @@ impl From<crate::workflow::WorkflowError> for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The control state, or a 500 if a panic poisoned it.
+///
+/// On the server's multi-threaded runtime the wait is announced to tokio
+/// (`block_in_place`): a scheduling cycle holds the lock for up to 100s of
+/// ms on a large cluster, and a few handlers parked on it must not take
+/// every async worker with them, stalling requests that never need the lock.
 pub fn lock(app: &App) -> ApiResult<crate::view::StateGuard<'_, SharedStore>> {
-    app.control.lock().map_err(|_| {
+    let acquire = || app.control.lock();
+    let on_workers = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    let guard = if on_workers {
+        tokio::task::block_in_place(acquire)
+    } else {
+        acquire()
+    };
+    guard.map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             "state lock poisoned".into(),
         )
     })
+}
+
+/// Runs `f` on the control state, under its lock, on the blocking pool, with
+/// its job writes deferred ([`Control::deferred`]); once the lock is
+/// released, waits for them to be durable (one fsync shared with whoever
+/// else is waiting), then returns `f`'s answer. For the agents' syncs and
+/// reports: frequent, each a few writes, acknowledged only once durable,
+/// and neither the wait for the lock nor the disk holds an async worker.
+pub async fn with_control<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&mut Control<SharedStore>) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut c = app.control.lock().map_err(|_| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "state lock poisoned".into(),
+            )
+        })?;
+        let out = c.deferred(f);
+        let store = c.store_handle();
+        drop(c);
+        // Even a refusal may follow writes made before it.
+        store
+            .sync()
+            .map_err(|e| ApiError::from(ControlError::Store(e)))?;
+        out
+    })
+    .await
+    .map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("state task failed: {e}"),
+        )
+    })?
 }
 
 /// The bearer token of a request.
@@ -852,7 +901,6 @@ async fn agent_report(
     let body = read_body(&app, body).await?;
     let r: ReportBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("report: {e}")))?;
-    let mut c = lock(&app)?;
     let report = match (r.state.as_str(), r.exit_code) {
         ("running", _) => crate::control::Report::Running,
         ("exited", Some(code)) => crate::control::Report::Exited(code),
@@ -870,8 +918,11 @@ async fn agent_report(
             ))
         }
     };
-    let state = c.report(&node, JobId(r.job), r.attempt, report, now())?;
-    drop(c);
+    let (job, attempt) = (JobId(r.job), r.attempt);
+    let state = with_control(&app, move |c| {
+        Ok(c.report(&node, job, attempt, report, now())?)
+    })
+    .await?;
     app.wake.notify_one();
     Ok(Json(json!({ "job": r.job, "state": state })))
 }
@@ -907,16 +958,18 @@ async fn agent_sync(
     let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
-    let mut c = lock(&app)?;
-    if c.pending_heartbeat(&node, now()) {
-        // Waiting for approval: alive, nothing to run.
-        return Ok(Json(SyncResponse {
-            assignments: Vec::new(),
-            cleanup: Vec::new(),
-        }));
-    }
-    let (mut out, changed) = c.sync(&node, &req, now())?;
-    drop(c);
+    let (mut out, changed) = with_control(&app, move |c| {
+        if c.pending_heartbeat(&node, now()) {
+            // Waiting for approval: alive, nothing to run.
+            let idle = SyncResponse {
+                assignments: Vec::new(),
+                cleanup: Vec::new(),
+            };
+            return Ok((idle, false));
+        }
+        Ok(c.sync(&node, &req, now())?)
+    })
+    .await?;
     crate::admission::stamp(&app.cfg, &mut out.assignments);
     if changed {
         app.wake.notify_one();

@@ -314,6 +314,9 @@ pub struct Control<S: Store> {
     pub gates: crate::workflow::Gates,
     /// Gangway's ranking: what was applied, when (see `control/rank.rs`).
     pub(crate) ranks: rank::RankMemo,
+    /// Job writes are deferred commits ([`Store::txn_deferred`]) while set:
+    /// see [`Control::deferred`].
+    defer_writes: bool,
 }
 
 /// Where the run-time predictor (learned from this cluster's completed jobs)
@@ -374,6 +377,14 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
 pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
     // Serialising our own plain data types cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
+}
+
+impl<S: Store + Clone> Control<S> {
+    /// A handle on the store, to flush deferred writes (see
+    /// [`Control::deferred`]) after the state lock is released.
+    pub fn store_handle(&self) -> S {
+        self.store.clone()
+    }
 }
 
 impl<S: Store> Control<S> {
@@ -445,6 +456,7 @@ impl<S: Store> Control<S> {
             predictor_saved_at: 0,
             gates: Default::default(),
             ranks: Default::default(),
+            defer_writes: false,
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
             // A predictor this version cannot read is relearned, not fatal.
@@ -811,15 +823,34 @@ impl<S: Store> Control<S> {
             .get(&id)
             .map(|(_, r)| *r)
             .ok_or(ControlError::NoSuchJob(id))?;
-        let r = self.store.txn(
-            &[Compare::Revision(job_key(id), rev)],
-            &[Op::Put(job_key(id), encode(&rec))],
-        )?;
+        let cmp = [Compare::Revision(job_key(id), rev)];
+        let put = [Op::Put(job_key(id), encode(&rec))];
+        let r = if self.defer_writes {
+            self.store.txn_deferred(&cmp, &put)?
+        } else {
+            self.store.txn(&cmp, &put)?
+        };
         if !r.succeeded {
             return Err(ControlError::Conflict(job_key(id)));
         }
         self.jobs.insert(id, (rec, r.revision));
         Ok(())
+    }
+
+    /// Runs `f` with its job writes committed without waiting for the disk
+    /// ([`Store::txn_deferred`]); the caller must call [`Store::sync`] on
+    /// [`Control::store_handle`] before acknowledging what `f` did. For the
+    /// agents' syncs and reports: each report used to be a durable commit
+    /// of its own under the state lock (an fsync, ~4 ms on the development
+    /// machine), so a busy cluster's reports held the lock most of the time;
+    /// now the fsync is shared and happens after the lock is released.
+    /// Until then the change is in memory and in the read view; were the
+    /// server to die first, the agent, never acknowledged, reports again.
+    pub fn deferred<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        self.defer_writes = true;
+        let out = f(self);
+        self.defer_writes = false;
+        out
     }
 
     /// Cancels a job (pending or running).

@@ -20,6 +20,15 @@ impl<S> CountedStore<S> {
     }
 }
 
+impl<S> CountedStore<S> {
+    fn count(&self, r: &Result<TxnResult, StoreError>, ops: &[Op]) {
+        if r.is_ok() && !ops.is_empty() {
+            self.txns.inc();
+            self.ops.inc_by(ops.len() as u64);
+        }
+    }
+}
+
 impl<S: Store> Store for CountedStore<S> {
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         self.inner.get(key)
@@ -29,11 +38,16 @@ impl<S: Store> Store for CountedStore<S> {
     }
     fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
         let r = self.inner.txn(compares, ops);
-        if r.is_ok() && !ops.is_empty() {
-            self.txns.inc();
-            self.ops.inc_by(ops.len() as u64);
-        }
+        self.count(&r, ops);
         r
+    }
+    fn txn_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        let r = self.inner.txn_deferred(compares, ops);
+        self.count(&r, ops);
+        r
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync()
     }
     fn revision(&self) -> Result<u64, StoreError> {
         self.inner.revision()

@@ -111,7 +111,8 @@ pub enum StoreError {
 }
 
 /// The key-value interface the server uses; backends must make every
-/// successful write durable before returning.
+/// successful write durable before returning, except those of
+/// [`Store::txn_deferred`], which are durable once [`Store::sync`] returns.
 pub trait Store: Send + Sync {
     /// Reads one key.
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
@@ -128,6 +129,23 @@ pub trait Store: Send + Sync {
     /// writes are split to fit (see [`TxnLimits::split`]).
     fn txn_limits(&self) -> TxnLimits {
         TxnLimits::UNLIMITED
+    }
+
+    /// Like [`Store::txn`], but the commit need not be durable before this
+    /// returns: it is once a later [`Store::txn`] or [`Store::sync`]
+    /// returns. Readers see it at once. For many small writes whose
+    /// acknowledgement can wait for one shared flush (agents' reports):
+    /// each would otherwise pay an fsync of its own. Backends whose every
+    /// commit is durable anyway (etcd) keep this default.
+    fn txn_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        self.txn(compares, ops)
+    }
+
+    /// Makes every transaction committed so far durable; callers of
+    /// [`Store::txn_deferred`] call it before acknowledging. Concurrent
+    /// callers share one flush.
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Sets a key unconditionally; returns the new revision.
@@ -164,5 +182,11 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn txn_limits(&self) -> TxnLimits {
         (**self).txn_limits()
+    }
+    fn txn_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        (**self).txn_deferred(compares, ops)
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        (**self).sync()
     }
 }

@@ -1,10 +1,16 @@
 //! The embedded backend: one redb file. Each transaction is one redb write
 //! transaction committed with immediate durability, so an acknowledged write
 //! survives `kill -9`; redb's copy-on-write pages make a torn write impossible.
+//! A deferred transaction ([`Store::txn_deferred`]) is committed without its
+//! fsync (redb's `Durability::None`); the next immediate commit makes it
+//! durable with everything before it, and [`Store::sync`] makes one (an
+//! empty commit) only if no immediate commit has covered it yet, so callers
+//! waiting together share one fsync.
 
 use crate::{Compare, Event, KeyValue, Op, Store, StoreError, TxnResult};
 use redb::{Database, ReadableTable, TableDefinition};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Mutex;
 
@@ -30,6 +36,10 @@ pub struct RedbStore {
     watchers: Mutex<Vec<(String, Sender<Event>)>>,
     /// Serialises writers so watchers see changes in revision order.
     write_lock: Mutex<()>,
+    /// Deferred commits made, and how many of them an immediate commit
+    /// has since made durable (both changed under `write_lock`).
+    deferred: AtomicU64,
+    durable: AtomicU64,
 }
 
 impl RedbStore {
@@ -47,6 +57,8 @@ impl RedbStore {
             db,
             watchers: Mutex::new(Vec::new()),
             write_lock: Mutex::new(()),
+            deferred: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
         })
     }
 
@@ -66,43 +78,20 @@ impl RedbStore {
     }
 }
 
-impl Store for RedbStore {
-    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let r = self.db.begin_read().map_err(backend)?;
-        let t = r.open_table(KV).map_err(backend)?;
-        Ok(t.get(key).map_err(backend)?.map(|v| {
-            let (rev, val) = v.value();
-            KeyValue {
-                key: key.to_string(),
-                value: val.to_vec(),
-                mod_revision: rev,
-            }
-        }))
-    }
-
-    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
-        let r = self.db.begin_read().map_err(backend)?;
-        let t = r.open_table(KV).map_err(backend)?;
-        let mut out = Vec::new();
-        for item in t.range(prefix..).map_err(backend)? {
-            let (k, v) = item.map_err(backend)?;
-            let key = k.value();
-            if !key.starts_with(prefix) {
-                break;
-            }
-            let (rev, val) = v.value();
-            out.push(KeyValue {
-                key: key.to_string(),
-                value: val.to_vec(),
-                mod_revision: rev,
-            });
-        }
-        Ok(out)
-    }
-
-    fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+impl RedbStore {
+    /// One write transaction, committed with an fsync (`durable`) or
+    /// without ([`Store::txn_deferred`]).
+    fn commit(
+        &self,
+        compares: &[Compare],
+        ops: &[Op],
+        durable: bool,
+    ) -> Result<TxnResult, StoreError> {
         let _guard = self.write_lock.lock().map_err(backend)?;
-        let w = self.db.begin_write().map_err(backend)?;
+        let mut w = self.db.begin_write().map_err(backend)?;
+        if !durable {
+            w.set_durability(redb::Durability::None);
+        }
         let mut events = Vec::new();
         let revision;
         let succeeded;
@@ -164,7 +153,14 @@ impl Store for RedbStore {
             }
         }
         if succeeded && !ops.is_empty() {
+            let made = self.deferred.load(Ordering::SeqCst);
             w.commit().map_err(backend)?;
+            if durable {
+                // Everything committed before is durable with it.
+                self.durable.fetch_max(made, Ordering::SeqCst);
+            } else {
+                self.deferred.fetch_add(1, Ordering::SeqCst);
+            }
             self.notify(&events);
         } else {
             w.abort().map_err(backend)?;
@@ -173,6 +169,66 @@ impl Store for RedbStore {
             succeeded,
             revision,
         })
+    }
+}
+
+impl Store for RedbStore {
+    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let r = self.db.begin_read().map_err(backend)?;
+        let t = r.open_table(KV).map_err(backend)?;
+        Ok(t.get(key).map_err(backend)?.map(|v| {
+            let (rev, val) = v.value();
+            KeyValue {
+                key: key.to_string(),
+                value: val.to_vec(),
+                mod_revision: rev,
+            }
+        }))
+    }
+
+    fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        let r = self.db.begin_read().map_err(backend)?;
+        let t = r.open_table(KV).map_err(backend)?;
+        let mut out = Vec::new();
+        for item in t.range(prefix..).map_err(backend)? {
+            let (k, v) = item.map_err(backend)?;
+            let key = k.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            let (rev, val) = v.value();
+            out.push(KeyValue {
+                key: key.to_string(),
+                value: val.to_vec(),
+                mod_revision: rev,
+            });
+        }
+        Ok(out)
+    }
+
+    fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        self.commit(compares, ops, true)
+    }
+
+    fn txn_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        self.commit(compares, ops, false)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        let target = self.deferred.load(Ordering::SeqCst);
+        if self.durable.load(Ordering::SeqCst) >= target {
+            return Ok(());
+        }
+        let _guard = self.write_lock.lock().map_err(backend)?;
+        // Whoever held the lock before may have flushed for us.
+        if self.durable.load(Ordering::SeqCst) >= target {
+            return Ok(());
+        }
+        let made = self.deferred.load(Ordering::SeqCst);
+        let w = self.db.begin_write().map_err(backend)?;
+        w.commit().map_err(backend)?;
+        self.durable.fetch_max(made, Ordering::SeqCst);
+        Ok(())
     }
 
     fn revision(&self) -> Result<u64, StoreError> {

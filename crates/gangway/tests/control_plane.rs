@@ -438,3 +438,59 @@ fn queue_shows_active_jobs_pages_through_all_and_describe_groups_ranks() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Agents' reports are committed without an fsync of their own and made
+/// durable, together, before the answer goes out: a report the server
+/// acknowledged is still there after a SIGKILL right after the answer.
+#[test]
+fn an_acknowledged_agent_report_survives_a_sigkill() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let s = start(dir.path(), port);
+    register(&s.addr, "node-a", 8);
+    let mut ids = Vec::new();
+    for k in 0..8 {
+        let body = format!("name: r{k}\nqueue: research\nreplicas: 1\nresources:\n  gpus: 1\n");
+        let v: serde_json::Value = ureq::post(&format!("{}/v1/jobs", s.addr))
+            .set("Authorization", "Bearer alice-token")
+            .set("Content-Type", "application/yaml")
+            .send_string(&body)
+            .expect("submit")
+            .into_json()
+            .expect("json");
+        ids.push(v["id"].as_u64().expect("id"));
+    }
+    let state = |addr: &str, id: u64| -> String {
+        let v: serde_json::Value = ureq::get(&format!("{addr}/v1/jobs/{id}"))
+            .set("Authorization", "Bearer admin-secret")
+            .call()
+            .expect("describe")
+            .into_json()
+            .expect("json");
+        v["state"].as_str().unwrap_or("").to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ids.iter().any(|id| state(&s.addr, *id) != "scheduled") {
+        assert!(Instant::now() < deadline, "the 8 jobs should be placed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = |id: u64, body: &str| {
+        ureq::post(&format!("{}/v1/agent/node-a/report", s.addr))
+            .set("Authorization", "Bearer admin-secret")
+            .set("Content-Type", "application/json")
+            .send_string(&format!("{{\"job\":{id},{body}}}"))
+            .expect("report acknowledged");
+    };
+    for id in &ids {
+        report(*id, "\"state\":\"running\"");
+        report(*id, "\"state\":\"exited\",\"exit_code\":0");
+    }
+    let mut s = s;
+    let _ = s.child.kill(); // SIGKILL right after the last answer
+    let _ = s.child.wait();
+    drop(s);
+    let s = start(dir.path(), port);
+    for id in &ids {
+        assert_eq!(state(&s.addr, *id), "succeeded", "job {id}");
+    }
+}
