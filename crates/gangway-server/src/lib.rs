@@ -212,19 +212,15 @@ pub async fn scheduler_loop(app: Arc<App>) {
             );
             let r = expired.and_then(|_| c.cycle(now));
             policy::tick(&c, now);
-            // The /metrics snapshot, at most once a second: counted under
-            // the lock, published after it is released.
+            // The policy figures, at most once a second (the watch itself
+            // recomputes them every 15 s). The job and GPU gauges are read
+            // from the read view by each scrape.
             let at = &app.metrics_at;
-            let mut snapshot = None;
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {
                 at.store(now, std::sync::atomic::Ordering::Relaxed);
-                snapshot = Some(metrics::Snapshot::gather(&c));
                 app.watch.refresh(&app.cfg, &c, now);
             }
             drop(c);
-            if let Some(s) = snapshot {
-                app.metrics.publish(s);
-            }
             Some(r)
         })
         .await;

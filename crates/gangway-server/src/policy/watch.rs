@@ -185,8 +185,11 @@ impl Watch {
 }
 
 /// The server's metrics and these, as one exposition (one `# EOF` in
-/// OpenMetrics), in the format the scrape asked for.
+/// OpenMetrics), in the format the scrape asked for. The job and GPU gauges
+/// are set from the read view first: no state lock.
 pub fn render(app: &crate::api::App, format: crate::metrics::Format) -> String {
+    app.metrics
+        .publish(crate::metrics::Snapshot::of_view(&app.control.view()));
     let om = format!("{}{}", app.watch.render(), app.metrics.render());
     match format {
         crate::metrics::Format::OpenMetrics => om,
