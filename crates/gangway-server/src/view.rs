@@ -500,6 +500,59 @@ mod tests {
         );
     }
 
+    fn two_nodes() -> (tempfile::TempDir, Control<RedbStore>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        for name in ["a", "b"] {
+            c.register_node(
+                gangway_core::NodeSpec::uniform(name, "leaf0", "spine0", 4, "H100", 80),
+                &crate::nodes::Registrant::Join,
+                true,
+                "join",
+                0,
+            )
+            .expect("node");
+        }
+        (dir, c)
+    }
+
+    fn cordoned(v: &ReadView, i: usize) -> bool {
+        v.cluster.nodes[i].spec.cordoned
+    }
+
+    #[test]
+    fn the_cluster_snapshot_is_rebuilt_after_a_change_when_urged_or_due() {
+        let (_dir, c) = two_nodes();
+        let lock = StateLock::new(c);
+        assert_eq!(lock.view().cluster.nodes.len(), 2);
+        let first = lock.view();
+        {
+            let mut c = lock.lock().expect("lock");
+            // As if the last build had taken an hour: not due for ten.
+            c.cluster_view.cost = Duration::from_secs(3600);
+            // A change nobody urged (as an agent's report would make).
+            c.cluster.set_cordoned("a", true).expect("cordon");
+        }
+        assert!(!cordoned(&lock.view(), 0), "not rebuilt: not due, not urged");
+        lock.lock().expect("lock").cordon("b", true).expect("cordon");
+        let v = lock.view();
+        assert!(cordoned(&v, 0) && cordoned(&v, 1), "a cordon is urged");
+        {
+            let mut c = lock.lock().expect("lock");
+            assert!(!c.refresh_cluster_view(), "nothing changed since");
+            c.cluster_view.urge();
+            assert!(!c.refresh_cluster_view(), "urged, but nothing changed");
+        }
+        // Rows of nodes that did not change are shared with the last build.
+        lock.lock().expect("lock").cordon("a", false).expect("uncordon");
+        let w = lock.view();
+        assert!(!cordoned(&w, 0));
+        assert!(Arc::ptr_eq(&v.cluster.nodes[1], &w.cluster.nodes[1]));
+        assert!(!Arc::ptr_eq(&v.cluster.nodes[0], &w.cluster.nodes[0]));
+        assert!(!cordoned(&first, 0), "an older view keeps its snapshot");
+    }
+
     #[test]
     fn every_release_of_the_lock_publishes_and_older_views_keep_their_state() {
         let dir = tempfile::tempdir().expect("tmp");
