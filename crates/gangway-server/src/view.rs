@@ -534,8 +534,14 @@ mod tests {
             // A change nobody urged (as an agent's report would make).
             c.cluster.set_cordoned("a", true).expect("cordon");
         }
-        assert!(!cordoned(&lock.view(), 0), "not rebuilt: not due, not urged");
-        lock.lock().expect("lock").cordon("b", true).expect("cordon");
+        assert!(
+            !cordoned(&lock.view(), 0),
+            "not rebuilt: not due, not urged"
+        );
+        lock.lock()
+            .expect("lock")
+            .cordon("b", true)
+            .expect("cordon");
         let v = lock.view();
         assert!(cordoned(&v, 0) && cordoned(&v, 1), "a cordon is urged");
         {
@@ -545,7 +551,10 @@ mod tests {
             assert!(!c.refresh_cluster_view(), "urged, but nothing changed");
         }
         // Rows of nodes that did not change are shared with the last build.
-        lock.lock().expect("lock").cordon("a", false).expect("uncordon");
+        lock.lock()
+            .expect("lock")
+            .cordon("a", false)
+            .expect("uncordon");
         let w = lock.view();
         assert!(!cordoned(&w, 0));
         assert!(Arc::ptr_eq(&v.cluster.nodes[1], &w.cluster.nodes[1]));

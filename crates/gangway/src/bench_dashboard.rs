@@ -24,6 +24,11 @@ pub struct DashboardArgs {
     /// Without reads off the lock this would block.
     #[arg(long)]
     hold_lock: bool,
+    /// Requests per view while scheduling cycles run back to back (0: skip):
+    /// whether `/metrics`, `/v1/nodes`, `/v1/queues` and `/v1/cluster` wait
+    /// for a cycle's hold of the state lock.
+    #[arg(long, default_value_t = 40)]
+    during_cycles: usize,
 }
 
 // The nodes have no agents here: the node lifecycle must not declare them lost.
@@ -144,6 +149,86 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         return Ok(());
     }
     print_metrics_figures(&base, a, &held)?;
+    if a.during_cycles > 0 {
+        print_during_cycles(&app, &base, a.during_cycles)?;
+    }
+    Ok(())
+}
+
+/// Each view's latency while a thread runs scheduling cycles back to back
+/// (5 ms apart, so changes could get in), and how long those cycles held
+/// the state lock: a view that reads under the lock waits for the cycle.
+fn print_during_cycles(
+    app: &std::sync::Arc<gangway_server::api::App>,
+    base: &str,
+    n: usize,
+) -> Result<()> {
+    let views = [
+        ("metrics", "/metrics"),
+        ("nodes", "/v1/nodes"),
+        ("queues", "/v1/queues"),
+        ("cluster_grid", "/v1/cluster"),
+    ];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (lat, holds) = std::thread::scope(|sc| -> Result<(Vec<Vec<f64>>, Vec<f64>)> {
+        let cycler = sc.spawn(|| -> Result<Vec<f64>> {
+            let mut holds = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                {
+                    let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+                    c.cycle(gangway_server::api::now()).context("cycle")?;
+                }
+                holds.push(t.elapsed().as_secs_f64() * 1e3);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Ok(holds)
+        });
+        let agent = ureq::AgentBuilder::new().build();
+        let mut lat = Vec::new();
+        let mut first_err = None;
+        for (_, path) in views {
+            let mut ms = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = agent
+                    .get(&format!("{base}{path}"))
+                    .set("Authorization", "Bearer bench-admin-token")
+                    .call()
+                    .with_context(|| format!("GET {path}"))
+                    .and_then(|r| Ok(r.into_string()?));
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                    break;
+                }
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+                // Spread the requests over the cycles.
+                std::thread::sleep(std::time::Duration::from_millis(7));
+            }
+            ms.sort_by(f64::total_cmp);
+            lat.push(ms);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let holds = cycler
+            .join()
+            .map_err(|_| anyhow::anyhow!("the cycler panicked"))??;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok((lat, holds))
+    })?;
+    let mut holds = holds;
+    holds.sort_by(f64::total_cmp);
+    println!(
+        "cycle_lock_hold_p50: {:.1} ms ({} cycles while timing the views below)",
+        percentile(&holds, 0.5),
+        holds.len()
+    );
+    println!("cycle_lock_hold_max: {:.1} ms", percentile(&holds, 1.0));
+    for ((name, _), ms) in views.iter().zip(&lat) {
+        println!("{name}_during_cycles_p50: {:.2} ms", percentile(ms, 0.5));
+        println!("{name}_during_cycles_p99: {:.2} ms", percentile(ms, 0.99));
+    }
     Ok(())
 }
 
