@@ -19,8 +19,8 @@ pub struct DashboardArgs {
     /// Requests per view.
     #[arg(long, default_value_t = 20)]
     requests: usize,
-    /// Hold the state lock (no cycle runs) while timing the job views only:
-    /// what a listing costs by itself when it reads the published view.
+    /// Hold the state lock (no cycle runs) while timing every view but the
+    /// page: what each costs by itself when it reads the published view.
     /// Without reads off the lock this would block.
     #[arg(long)]
     hold_lock: bool,
@@ -97,6 +97,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
             .context("scheduling the stored jobs")?;
     }
     let held = metrics_lock_holds(&app, a.requests)?;
+    let rebuilds = cluster_view_rebuilds(&app, a.requests)?;
     let rt = tokio::runtime::Runtime::new()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -109,6 +110,8 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         ("cluster_grid", "/v1/cluster"),
         ("queues", "/v1/queues"),
         ("queue_history", "/v1/queues/history"),
+        ("nodes", "/v1/nodes"),
+        ("metrics", "/metrics"),
         ("jobs_newest_500", "/v1/jobs?desc=true&limit=500"),
         ("jobs_pending_500", "/v1/jobs?state=pending&limit=500"),
         ("job_page", "/v1/jobs/1"),
@@ -124,7 +127,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         None
     };
     for (name, path) in views {
-        if held_lock.is_some() && !path.starts_with("/v1/jobs") {
+        if held_lock.is_some() && path == "/" {
             continue;
         }
         let mut ms = Vec::with_capacity(a.requests);
@@ -149,6 +152,14 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         return Ok(());
     }
     print_metrics_figures(&base, a, &held)?;
+    println!(
+        "cluster_view_rebuild_full_p50: {:.2} ms (under the lock; every row built)",
+        percentile(&rebuilds.0, 0.5)
+    );
+    println!(
+        "cluster_view_rebuild_reuse_p50: {:.2} ms (under the lock; every row compared and reused)",
+        percentile(&rebuilds.1, 0.5)
+    );
     if a.during_cycles > 0 {
         print_during_cycles(&app, &base, a.during_cycles)?;
     }
@@ -270,6 +281,29 @@ fn metrics_lock_holds(app: &gangway_server::api::App, n: usize) -> Result<LockHo
         v.sort_by(f64::total_cmp);
     }
     Ok(h)
+}
+
+/// How long rebuilding the read view's cluster snapshot holds the state lock,
+/// in ms over `n` rebuilds each: from nothing (every node row built), and
+/// after a change that left every row as it was (each compared, reused).
+fn cluster_view_rebuilds(app: &gangway_server::api::App, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (mut full, mut reuse) = (Vec::new(), Vec::new());
+    for _ in 0..n.max(1) {
+        let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+        c.cluster_view = Default::default();
+        let t = Instant::now();
+        c.refresh_cluster_view();
+        full.push(t.elapsed().as_secs_f64() * 1e3);
+        // A mutable borrow that changes nothing, then an urged rebuild.
+        let _ = &mut *c.cluster;
+        c.cluster_view.urge();
+        let t = Instant::now();
+        c.refresh_cluster_view();
+        reuse.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    full.sort_by(f64::total_cmp);
+    reuse.sort_by(f64::total_cmp);
+    Ok((full, reuse))
 }
 
 /// The `/metrics` figures: the refresh's lock hold before and after, a
