@@ -31,6 +31,10 @@ pub use crate::authz::Principal;
 
 /// Shared server state.
 pub struct App {
+    /// The store the control state writes, for reads that need nothing else
+    /// (stored policy versions): they see every committed write without
+    /// taking the state lock. Writes go through the control state only.
+    pub store: SharedStore,
     /// Digests of the configuration's tokens.
     pub tokens: crate::authz::ConfigTokens,
     /// Per-principal request rate limits.

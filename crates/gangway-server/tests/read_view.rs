@@ -247,6 +247,18 @@ fn nodes_queues_cluster_and_metrics_answer_while_the_state_lock_is_held() {
         serde_json::json!(["research"]),
         "{history}"
     );
+
+    // The policy views the dashboard reads: the store and the view's jobs.
+    let current = get_json(&s, "/v1/policy", "bob-token");
+    assert_eq!(current["version"], 1, "{current}");
+    let first = get_json(&s, "/v1/policy/versions/1", "bob-token");
+    assert_eq!(first["version"], 1, "{first}");
+    let log = get_json(&s, "/v1/policy/log", "bob-token");
+    assert_eq!(log[0]["version"], 1, "{log}");
+    assert_eq!(
+        log[0]["after"]["overall"]["jobs"], 1,
+        "the job started: {log}"
+    );
     drop(held);
 }
 
