@@ -180,6 +180,24 @@ fn print_during_cycles(
         ("queues", "/v1/queues"),
         ("cluster_grid", "/v1/cluster"),
     ];
+    // The same cycles with no reader beside them (readers off the lock run
+    // beside a cycle and share the CPU with it; readers on it wait).
+    let mut alone = Vec::new();
+    for _ in 0..8 {
+        let t = Instant::now();
+        {
+            let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+            c.cycle(gangway_server::api::now()).context("cycle")?;
+        }
+        alone.push(t.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    alone.sort_by(f64::total_cmp);
+    println!(
+        "cycle_lock_hold_alone_p50: {:.1} ms ({} cycles, no reader)",
+        percentile(&alone, 0.5),
+        alone.len()
+    );
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (lat, holds) = std::thread::scope(|sc| -> Result<(Vec<Vec<f64>>, Vec<f64>)> {
         let cycler = sc.spawn(|| -> Result<Vec<f64>> {
