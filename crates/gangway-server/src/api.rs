@@ -31,13 +31,18 @@ pub use crate::authz::Principal;
 
 /// Shared server state.
 pub struct App {
+    /// The store the control state writes, for reads that need nothing else
+    /// (stored policy versions): they see every committed write without
+    /// taking the state lock. Writes go through the control state only.
+    pub store: SharedStore,
     /// Digests of the configuration's tokens.
     pub tokens: crate::authz::ConfigTokens,
     /// Per-principal request rate limits.
     pub rate: crate::limits::RateLimiter,
     /// The audit log.
     pub audit: crate::audit::AuditLog,
-    /// When `/metrics`' snapshot was last refreshed (seconds since the epoch).
+    /// When the policy figures of `/metrics` were last considered for a refresh
+    /// (seconds since the epoch).
     pub metrics_at: std::sync::atomic::AtomicU64,
     /// Control state behind one lock: every change is short and ordered.
     /// Job reads (list, describe) read its published view instead
@@ -702,14 +707,13 @@ async fn queues(
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     authenticate_person(&app, &headers)?;
-    let c = lock(&app)?;
-    let out: Vec<_> = c
+    // The read view's snapshot: no state lock (issue 16).
+    let v = app.control.view();
+    let out: Vec<_> = v
         .cluster
-        .queues()
+        .queues
         .iter()
-        .enumerate()
-        .map(|(i, q)| {
-            let u = c.cluster.queue_usage(i as u32);
+        .map(|q| {
             json!({
                 "name": q.spec.name,
                 "parent": q.spec.parent,
@@ -717,7 +721,7 @@ async fn queues(
                 "quota": q.spec.quota,
                 "allowed_priorities": q.spec.allowed_priorities,
                 "allow_non_preemptible": q.spec.allow_non_preemptible,
-                "usage": u,
+                "usage": q.usage,
             })
         })
         .collect();
@@ -742,39 +746,38 @@ async fn nodes(
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     authenticate_person(&app, &headers)?;
-    let c = lock(&app)?;
-    let mut out: Vec<_> = c
+    // The read view's snapshot: no state lock (issue 16).
+    let v = app.control.view();
+    let mut out: Vec<_> = v
         .cluster
-        .nodes()
+        .nodes
         .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let alloc = c.cluster.capacity().alloc[i];
+        .map(|n| {
             json!({
                 "name": n.spec.name,
                 "leaf": n.spec.leaf,
                 "address": n.spec.address,
                 "cordoned": n.spec.cordoned,
-                "cordon_reason": c.cordon_reasons.get(&n.spec.name),
+                "cordon_reason": n.cordon_reason,
                 "ready": n.ready,
-                "last_heartbeat": c.last_seen.get(&n.spec.name),
+                "last_heartbeat": v.last_seen.get(&n.spec.name),
                 "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
                     "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                    "healthy": g.healthy, "allocated": alloc & (1 << k) != 0,
+                    "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
                 })).collect::<Vec<_>>(),
-                "jobs": c.cluster.jobs_on(i as u32),
+                "jobs": n.jobs,
                 "pending_approval": false,
             })
         })
         .collect();
-    for n in c.pending().values() {
+    for n in &v.cluster.waiting_approval {
         out.push(json!({
             "name": n.name,
             "leaf": n.leaf,
             "address": n.address,
             "cordoned": n.cordoned,
             "ready": false,
-            "last_heartbeat": c.last_seen.get(&n.name),
+            "last_heartbeat": v.last_seen.get(&n.name),
             "gpus": n.gpus.iter().map(|g| json!({
                 "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
                 "healthy": g.healthy, "allocated": false,
@@ -1263,7 +1266,8 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> ApiResult<R
     if !matches!(p, Principal::Admin | Principal::Metrics) {
         return Err(forbidden("only the admin and metrics tokens read /metrics"));
     }
-    // A snapshot the scheduler loop refreshes: a scrape never walks the jobs.
+    // From the read view (job counts and GPU totals): no state lock, no
+    // walk of the jobs.
     let format = crate::metrics::Format::negotiate(
         headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()),
     );

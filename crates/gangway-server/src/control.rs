@@ -252,8 +252,9 @@ impl Default for NodeLifecycle {
 /// Everything the server keeps in memory.
 pub struct Control<S: Store> {
     pub(crate) store: S,
-    /// Scheduler's mirror of the store.
-    pub cluster: ClusterState,
+    /// Scheduler's mirror of the store (its mutable borrows counted, so the
+    /// read view's cluster snapshot is rebuilt only after one).
+    pub cluster: crate::view::Tracked<ClusterState>,
     /// Job records with their store revisions (and their counts by state
     /// and queue, see [`crate::records::JobTable`]).
     pub jobs: crate::records::JobTable,
@@ -288,7 +289,7 @@ pub struct Control<S: Store> {
     pub lifecycle: NodeLifecycle,
     /// Last heartbeat per node (in memory: a restarted server gives every
     /// node a fresh grace period from `opened_at`).
-    pub last_seen: HashMap<String, Time>,
+    pub last_seen: crate::view::LastSeen,
     /// When this state was loaded.
     pub opened_at: Time,
     /// Nodes whose gangs were already treated as lost.
@@ -317,6 +318,8 @@ pub struct Control<S: Store> {
     /// Job writes are deferred commits ([`Store::txn_deferred`]) while set:
     /// see [`Control::deferred`].
     defer_writes: bool,
+    /// The read view's cluster snapshot and when to rebuild it.
+    pub cluster_view: crate::view::ClusterMemo,
 }
 
 /// Where the run-time predictor (learned from this cluster's completed jobs)
@@ -429,7 +432,7 @@ impl<S: Store> Control<S> {
         }
         let mut c = Control {
             store,
-            cluster,
+            cluster: crate::view::Tracked::new(cluster),
             jobs,
             why: Default::default(),
             why_at: 0,
@@ -444,7 +447,7 @@ impl<S: Store> Control<S> {
             last_cycle_at: None,
             cycle_seconds: 1,
             lifecycle: NodeLifecycle::default(),
-            last_seen: HashMap::new(),
+            last_seen: Default::default(),
             opened_at: crate::clock::now(),
             lost: HashSet::new(),
             node_failures: HashMap::new(),
@@ -457,6 +460,7 @@ impl<S: Store> Control<S> {
             gates: Default::default(),
             ranks: Default::default(),
             defer_writes: false,
+            cluster_view: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
             // A predictor this version cannot read is relearned, not fatal.
@@ -1296,6 +1300,7 @@ impl<S: Store> Control<S> {
         index: u32,
         healthy: bool,
     ) -> Result<(), ControlError> {
+        self.cluster_view.urge();
         let n = self
             .cluster
             .node_index(node)
@@ -1481,6 +1486,8 @@ impl<S: Store> Control<S> {
 
     /// Cordons or uncordons a node, durably.
     pub fn cordon(&mut self, name: &str, cordoned: bool) -> Result<(), ControlError> {
+        // The node list shows it to whoever is told it was done.
+        self.cluster_view.urge();
         let n = self
             .cluster
             .node_index(name)
@@ -1528,6 +1535,8 @@ impl<S: Store> Control<S> {
             Bind(&'a gangway_sched::Bind),
             Preempt(&'a gangway_sched::Preempt),
         }
+        // The node list and the GPU totals show a cycle's binds at once.
+        self.cluster_view.urge();
         self.credit_own_stall(now);
         self.check_nodes(now)?;
         self.resume_restarts(now)?;

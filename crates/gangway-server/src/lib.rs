@@ -119,7 +119,7 @@ pub fn open_with_audit(
         metrics.store_txns.clone(),
         metrics.store_ops.clone(),
     ));
-    let mut control = Control::open(store, &cfg.queues)?;
+    let mut control = Control::open(store.clone(), &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.cycle_seconds = cfg.cycle_seconds;
     control.contract = cfg.contract();
@@ -128,6 +128,7 @@ pub fn open_with_audit(
     live.set(&policy);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     Ok(Arc::new(App {
+        store,
         tokens: authz::ConfigTokens::new(&cfg),
         rate: limits::RateLimiter::default(),
         audit,
@@ -212,18 +213,28 @@ pub async fn scheduler_loop(app: Arc<App>) {
             );
             let r = expired.and_then(|_| c.cycle(now));
             policy::tick(&c, now);
-            // The /metrics snapshot, at most once a second: counted under
-            // the lock, published after it is released.
+            // The policy figures every 15 s: the policy version and the
+            // predictor read under the lock, the jobs walked in the view
+            // after it is released. The job and GPU gauges are read from the
+            // view by each scrape.
             let at = &app.metrics_at;
-            let mut snapshot = None;
+            let mut watch = None;
             if at.load(std::sync::atomic::Ordering::Relaxed) < now {
                 at.store(now, std::sync::atomic::Ordering::Relaxed);
-                snapshot = Some(metrics::Snapshot::gather(&c));
-                app.watch.refresh(&app.cfg, &c, now);
+                if app.watch.due(now) {
+                    watch = Some(policy::watch::Watch::inputs(&c));
+                }
             }
             drop(c);
-            if let Some(s) = snapshot {
-                app.metrics.publish(s);
+            if let Some(inputs) = watch {
+                let v = app.control.view();
+                let queues: Vec<&str> = v
+                    .cluster
+                    .queues
+                    .iter()
+                    .map(|q| q.spec.name.as_str())
+                    .collect();
+                app.watch.apply(&app.cfg, inputs, &v.jobs, &queues, now);
             }
             Some(r)
         })

@@ -1,11 +1,13 @@
 //! Prometheus metrics at `/metrics` (admin or metrics token), served from
-//! a snapshot the scheduler loop refreshes at most once a second: it reads the
-//! job counts the job table keeps by state and queue and counts the GPUs under
-//! the state lock ([`Snapshot::gather`]), then sets the gauges after releasing it
-//! ([`Metrics::publish`]). A scrape takes no state lock: it encodes the gauges
-//! and the live counters.
+//! the read view (issue 16): a scrape reads the job counts the job table
+//! keeps by state and queue and the GPU totals of the cluster snapshot, both
+//! published with the view ([`Snapshot::of_view`]), sets the gauges
+//! ([`Metrics::publish`]) and encodes them with the live counters. It takes
+//! no state lock and walks no job, and it shows every change acknowledged
+//! before it.
 
 use crate::control::Control;
+use crate::view::ReadView;
 use gangway_store::Store;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -40,9 +42,9 @@ pub struct DecisionLabels {
     pub kind: String,
 }
 
-/// What `/metrics`' gauges show, gathered from the control state without
-/// walking its jobs (the job table keeps their counts by state and queue), so
-/// the state lock is held briefly; the gauges are then set without it.
+/// What `/metrics`' gauges show: read from the read view
+/// ([`Snapshot::of_view`]), or from the locked state ([`Snapshot::gather`]),
+/// never by walking the jobs (the job table keeps their counts).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Jobs by (state, queue).
@@ -56,8 +58,32 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Reads the job counts and GPU totals a read view published (no lock).
+    pub fn of_view(v: &ReadView) -> Self {
+        let jobs = crate::records::nonzero_counts(&v.job_counts)
+            .map(|(state, queue, n)| {
+                (
+                    JobLabels {
+                        state: format!("{state:?}").to_lowercase(),
+                        queue: queue.to_string(),
+                    },
+                    n,
+                )
+            })
+            .collect();
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Snapshot {
+            jobs,
+            gpus_allocated: clamp(v.cluster.gpus_allocated),
+            gpus_free: clamp(v.cluster.gpus_free),
+            gpus_unhealthy: clamp(v.cluster.gpus_unhealthy),
+        }
+    }
+
     /// Reads the job counts [`crate::records::JobTable`] keeps and counts
-    /// the GPUs of `c` (the caller holds the state lock; no job is walked).
+    /// the GPUs of `c` (the caller holds the state lock; no job is walked):
+    /// how the scheduler loop refreshed the gauges before they were read
+    /// from the view (`gangway bench dashboard` times both).
     pub fn gather<S: Store>(c: &Control<S>) -> Self {
         let jobs = c
             .jobs

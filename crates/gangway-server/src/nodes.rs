@@ -201,6 +201,8 @@ impl<S: Store> Control<S> {
         secret: &str,
         now: Time,
     ) -> Result<Registered, ControlError> {
+        // The node list shows a registration at once (see ClusterMemo).
+        self.cluster_view.urge();
         check_node_spec(&spec)?;
         let name = spec.name.clone();
         if let Registrant::Node(own) = by {
@@ -312,6 +314,7 @@ impl<S: Store> Control<S> {
     /// Approves a waiting node: it becomes schedulable. Approving an
     /// approved node does nothing.
     pub fn approve_node(&mut self, name: &str, now: Time) -> Result<(), ControlError> {
+        self.cluster_view.urge();
         if self.cluster.node_index(name).is_some() {
             return Ok(());
         }
@@ -343,6 +346,7 @@ impl<S: Store> Control<S> {
     /// per their policy; preempted ones are requeued), its token stops
     /// working, and its name may join again.
     pub fn delete_node(&mut self, name: &str, now: Time) -> Result<(), ControlError> {
+        self.cluster_view.urge();
         if self.pending_nodes.contains_key(name) {
             self.store.txn(
                 &[],
@@ -371,7 +375,10 @@ impl<S: Store> Control<S> {
         )?;
         self.forget_node(name);
         // The scheduler's state has no removal: rebuild it as a restart would.
-        let old = std::mem::replace(&mut self.cluster, ClusterState::new(StateConfig::default()));
+        let old = std::mem::replace(
+            &mut *self.cluster,
+            ClusterState::new(StateConfig::default()),
+        );
         for q in self.queue_specs.clone() {
             self.cluster
                 .add_queue(q)
@@ -434,7 +441,7 @@ impl<S: Store> Control<S> {
                 tracing::warn!(
                     "the control loop stalled for {stall}s; node silence in that time is not counted"
                 );
-                for v in self.last_seen.values_mut() {
+                for (_, v) in self.last_seen.iter_mut() {
                     *v = v.saturating_add(stall).min(now);
                 }
                 self.opened_at = self.opened_at.saturating_add(stall).min(now);

@@ -250,6 +250,20 @@ pub const JOB_SEQ: &str = "/meta/job_seq";
 /// O(jobs).
 pub type JobMap = imbl::OrdMap<JobId, (Arc<JobRecord>, u64)>;
 
+/// The jobs by queue and state, shared with the read view (a write after a
+/// publication copies this small map: queues times states).
+pub type JobCounts =
+    Arc<std::collections::HashMap<String, std::collections::HashMap<JobState, i64>>>;
+
+/// The non-zero counts of `counts` as (state, queue, count).
+pub fn nonzero_counts(counts: &JobCounts) -> impl Iterator<Item = (JobState, &str, i64)> + '_ {
+    counts.iter().flat_map(|(q, by)| {
+        by.iter()
+            .filter(|(_, n)| **n != 0)
+            .map(move |(s, n)| (*s, q.as_str(), *n))
+    })
+}
+
 /// The control state's job records by id, each with its store revision, and
 /// a count of them by queue and state kept current on every insert and
 /// removal, so `/metrics` reads the counts instead of walking the jobs under
@@ -264,7 +278,7 @@ pub type JobMap = imbl::OrdMap<JobId, (Arc<JobRecord>, u64)>;
 #[derive(Clone, Debug, Default)]
 pub struct JobTable {
     map: JobMap,
-    counts: std::collections::HashMap<String, std::collections::HashMap<JobState, i64>>,
+    counts: JobCounts,
     /// Ids of the jobs in each non-terminal state.
     live: std::collections::HashMap<JobState, BTreeSet<JobId>>,
     /// Live (non-terminal) jobs by checkpoint subdirectory under the root,
@@ -374,17 +388,19 @@ impl JobTable {
 
     /// The jobs by (state, queue), non-zero counts only.
     pub fn counts(&self) -> impl Iterator<Item = (JobState, &str, i64)> + '_ {
-        self.counts.iter().flat_map(|(q, by)| {
-            by.iter()
-                .filter(|(_, n)| **n != 0)
-                .map(move |(s, n)| (*s, q.as_str(), *n))
-        })
+        nonzero_counts(&self.counts)
+    }
+
+    /// The counts, shared (O(1)): what the read view publishes.
+    pub fn counts_shared(&self) -> JobCounts {
+        self.counts.clone()
     }
 
     fn count(&mut self, rec: &JobRecord, d: i64) {
-        let by = match self.counts.get_mut(rec.spec.queue.as_str()) {
+        let counts = Arc::make_mut(&mut self.counts);
+        let by = match counts.get_mut(rec.spec.queue.as_str()) {
             Some(by) => by,
-            None => self.counts.entry(rec.spec.queue.clone()).or_default(),
+            None => counts.entry(rec.spec.queue.clone()).or_default(),
         };
         *by.entry(rec.state).or_insert(0) += d;
     }

@@ -9,14 +9,25 @@
 //! Because the copy is published before the lock is released, whoever was
 //! acknowledged a change (a submission's group commit, a cancel) reads it
 //! afterwards: read-your-writes.
+//!
+//! The nodes and queues (`/v1/nodes`, `/v1/queues`, `/v1/cluster`, the GPU
+//! gauges of `/metrics`) are read from a [`ClusterSnapshot`] in the view. It
+//! is not shared with the scheduler's state (that is mutated in place), so
+//! it is rebuilt, node rows that did not change reused: only when the
+//! scheduler's state was borrowed mutably since ([`Tracked`]), and then at
+//! once after node changes people make (cordon, GPU health, registration,
+//! approval, deletion) and after each cycle ([`ClusterMemo::urge`]), else
+//! at most once per ten times its last build took, so it never costs the
+//! lock more than about a tenth of its time.
 
 use crate::control::Control;
-use crate::records::{JobMap, JobRecord};
-use gangway_core::{JobId, ReasonCode, Time};
+use crate::records::{JobCounts, JobMap, JobRecord};
+use gangway_core::{JobId, NodeSpec, QueueSpec, ReasonCode, Resources, Time};
 use gangway_sched::{ClusterState, Explanation, NodeIdx};
 use gangway_store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 /// Gated pending jobs (held, begin time, dependency, array limit) with their
 /// reason code and sentence: a persistent map, copied in O(1).
@@ -24,6 +35,9 @@ pub type GateMap = imbl::OrdMap<JobId, (ReasonCode, String)>;
 
 /// Node names by their token's digest (authentication), copied in O(1).
 pub type NodeTokens = imbl::HashMap<crate::authz::TokenHash, String>;
+
+/// Last heartbeat per node, copied in O(1).
+pub type LastSeen = imbl::HashMap<String, Time>;
 
 /// Nodes the last cycle's backfill plan starts each pending job on.
 pub type PlannedNodes = Arc<HashMap<JobId, Vec<NodeIdx>>>;
@@ -63,6 +77,183 @@ impl Why {
     }
 }
 
+/// A value that counts its mutable borrows, so that what is derived from it
+/// is rebuilt only when the count moved. Every `&mut` access counts (one
+/// that changed nothing only costs a needless rebuild), so no change of the
+/// value can be missed.
+#[derive(Debug)]
+pub struct Tracked<T> {
+    value: T,
+    borrows: u64,
+}
+
+impl<T> Tracked<T> {
+    /// Starts counting at 0.
+    pub fn new(value: T) -> Self {
+        Tracked { value, borrows: 0 }
+    }
+
+    /// How many times the value was borrowed mutably.
+    pub fn borrows(&self) -> u64 {
+        self.borrows
+    }
+}
+
+impl<T> std::ops::Deref for Tracked<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T> std::ops::DerefMut for Tracked<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.borrows = self.borrows.wrapping_add(1);
+        &mut self.value
+    }
+}
+
+/// One registered node as the node list and the cluster grid show it.
+#[derive(Debug, PartialEq)]
+pub struct NodeRow {
+    /// As registered (cordoned, GPU health and all).
+    pub spec: NodeSpec,
+    /// Whether its agent reports in time.
+    pub ready: bool,
+    /// Allocated GPUs: bit `k` is `spec.gpus[k]`.
+    pub alloc: u64,
+    /// The jobs placed on it (a job once per replica there).
+    pub jobs: Vec<JobId>,
+    /// Why it was cordoned automatically, if it was.
+    pub cordon_reason: Option<String>,
+}
+
+/// One queue as the queue list shows it.
+#[derive(Debug, PartialEq)]
+pub struct QueueRow {
+    /// As configured (or as the policy in force made it).
+    pub spec: QueueSpec,
+    /// What its subtree's running jobs hold.
+    pub usage: Resources,
+}
+
+/// The nodes and queues with what they hold, and the GPU totals: what
+/// `/v1/nodes`, `/v1/queues`, `/v1/cluster` and the GPU gauges of
+/// `/metrics` read (see the module's documentation for when it is rebuilt).
+#[derive(Debug, Default)]
+pub struct ClusterSnapshot {
+    /// Registered nodes in the scheduler's order (shared with the previous
+    /// snapshot where unchanged).
+    pub nodes: Vec<Arc<NodeRow>>,
+    /// Nodes that joined and wait for an admin's approval, by name.
+    pub waiting_approval: Vec<NodeSpec>,
+    /// Queues in the configuration's order.
+    pub queues: Vec<QueueRow>,
+    /// GPUs bound to jobs.
+    pub gpus_allocated: u64,
+    /// Healthy free GPUs on schedulable nodes.
+    pub gpus_free: u64,
+    /// Unhealthy GPUs.
+    pub gpus_unhealthy: u64,
+}
+
+impl ClusterSnapshot {
+    /// Builds the snapshot of `cluster`, reusing the rows of `old` that are
+    /// unchanged (compared field by field: no allocation for them).
+    fn build(
+        cluster: &ClusterState,
+        pending: &std::collections::BTreeMap<String, NodeSpec>,
+        reasons: &HashMap<String, String>,
+        old: &ClusterSnapshot,
+    ) -> Self {
+        let alloc = &cluster.capacity().alloc;
+        let mut unhealthy = 0u64;
+        let mut allocated = 0u64;
+        let nodes = cluster
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mask = alloc.get(i).copied().unwrap_or(0);
+                let jobs = cluster.jobs_on(i as NodeIdx);
+                let reason = if reasons.is_empty() {
+                    None
+                } else {
+                    reasons.get(&n.spec.name)
+                };
+                unhealthy += u64::from(n.spec.gpus.len() as u32 - n.healthy.count_ones());
+                allocated += u64::from(mask.count_ones());
+                match old.nodes.get(i) {
+                    Some(o)
+                        if o.ready == n.ready
+                            && o.alloc == mask
+                            && o.jobs == jobs
+                            && o.cordon_reason.as_ref() == reason
+                            && o.spec == n.spec =>
+                    {
+                        o.clone()
+                    }
+                    _ => Arc::new(NodeRow {
+                        spec: n.spec.clone(),
+                        ready: n.ready,
+                        alloc: mask,
+                        jobs: jobs.to_vec(),
+                        cordon_reason: reason.cloned(),
+                    }),
+                }
+            })
+            .collect();
+        let queues = cluster
+            .queues()
+            .iter()
+            .enumerate()
+            .map(|(i, q)| QueueRow {
+                spec: q.spec.clone(),
+                usage: cluster.queue_usage(i as u32),
+            })
+            .collect();
+        ClusterSnapshot {
+            nodes,
+            waiting_approval: pending.values().cloned().collect(),
+            queues,
+            gpus_allocated: allocated,
+            gpus_free: cluster.free_gpus(),
+            gpus_unhealthy: unhealthy,
+        }
+    }
+}
+
+/// What the state keeps to rebuild its [`ClusterSnapshot`] only when
+/// needed: the last one, what it was built from, and how long it took.
+#[derive(Debug, Default)]
+pub struct ClusterMemo {
+    snapshot: Arc<ClusterSnapshot>,
+    /// The scheduler state's borrow count, and the number of nodes waiting
+    /// for approval and of cordon reasons, when it was built.
+    built_from: Option<(u64, usize, usize)>,
+    built_at: Option<Instant>,
+    cost: Duration,
+    urgent: bool,
+}
+
+/// A rebuild waits at least this many times as long as the last one took
+/// (unless urged): at most about a tenth of the lock's time goes to it.
+const REBUILD_SPACING: u32 = 10;
+
+impl ClusterMemo {
+    /// Asks for the snapshot to be rebuilt when the lock is next released,
+    /// however recently it was: a change someone was acknowledged (a
+    /// cordon) or a cycle's binds must be read back at once.
+    pub fn urge(&mut self) {
+        self.urgent = true;
+    }
+
+    /// The last snapshot built.
+    pub fn snapshot(&self) -> &Arc<ClusterSnapshot> {
+        &self.snapshot
+    }
+}
+
 /// What job reads see: the records, the gates, and the last cycle's
 /// explanations and plan with the node and queue names they refer to.
 #[derive(Clone, Debug, Default)]
@@ -82,6 +273,12 @@ pub struct ReadView {
     pub names: Arc<ClusterState>,
     /// Node names by token digest: who a node token belongs to.
     pub node_by_token: NodeTokens,
+    /// The jobs by queue and state (what `/metrics` counts).
+    pub job_counts: JobCounts,
+    /// The nodes and queues with what they hold.
+    pub cluster: Arc<ClusterSnapshot>,
+    /// Last heartbeat per node.
+    pub last_seen: LastSeen,
 }
 
 impl ReadView {
@@ -150,7 +347,9 @@ pub(crate) fn names_of(cluster: &ClusterState, old: &Arc<ClusterState>) -> Arc<C
 }
 
 impl<S: Store> Control<S> {
-    /// The read view of this state (O(1): everything is shared).
+    /// The read view of this state (O(1): everything is shared; the
+    /// cluster snapshot is the last one [`Control::refresh_cluster_view`]
+    /// built).
     pub fn read_view(&self) -> ReadView {
         ReadView {
             jobs: self.jobs.snapshot(),
@@ -160,7 +359,46 @@ impl<S: Store> Control<S> {
             planned_nodes: self.planned_nodes.clone(),
             names: self.names.clone(),
             node_by_token: self.node_by_token.clone(),
+            job_counts: self.jobs.counts_shared(),
+            cluster: self.cluster_view.snapshot.clone(),
+            last_seen: self.last_seen.clone(),
         }
+    }
+
+    /// Rebuilds the cluster snapshot if the scheduler's state may have
+    /// changed since the last one, and either it was urged or the last
+    /// rebuild is long enough ago (see [`ClusterMemo`]). Whether it rebuilt.
+    pub fn refresh_cluster_view(&mut self) -> bool {
+        let from = (
+            self.cluster.borrows(),
+            self.pending_nodes.len(),
+            self.cordon_reasons.len(),
+        );
+        let m = &self.cluster_view;
+        if m.built_from == Some(from) {
+            self.cluster_view.urgent = false;
+            return false;
+        }
+        let due = m
+            .built_at
+            .is_none_or(|t| t.elapsed() >= m.cost.saturating_mul(REBUILD_SPACING));
+        if !(m.urgent || due) {
+            return false;
+        }
+        let start = Instant::now();
+        let fresh = ClusterSnapshot::build(
+            &self.cluster,
+            &self.pending_nodes,
+            &self.cordon_reasons,
+            &m.snapshot,
+        );
+        let m = &mut self.cluster_view;
+        m.snapshot = Arc::new(fresh);
+        m.built_from = Some(from);
+        m.built_at = Some(Instant::now());
+        m.cost = start.elapsed();
+        m.urgent = false;
+        true
     }
 }
 
@@ -176,7 +414,9 @@ pub type LockError<'a, S> = PoisonError<MutexGuard<'a, Control<S>>>;
 
 impl<S: Store> StateLock<S> {
     /// Puts `control` behind the lock and publishes its first view.
-    pub fn new(control: Control<S>) -> Self {
+    pub fn new(mut control: Control<S>) -> Self {
+        control.cluster_view.urge();
+        control.refresh_cluster_view();
         let view = RwLock::new(Arc::new(control.read_view()));
         StateLock {
             state: Mutex::new(control),
@@ -224,6 +464,7 @@ impl<S: Store> std::ops::DerefMut for StateGuard<'_, S> {
 
 impl<S: Store> Drop for StateGuard<'_, S> {
     fn drop(&mut self) {
+        self.guard.refresh_cluster_view();
         let fresh = Arc::new(self.guard.read_view());
         let old = match self.view.write() {
             Ok(mut v) => std::mem::replace(&mut *v, fresh),
@@ -257,6 +498,68 @@ mod tests {
             before.get(&JobId(1)).is_some(),
             "a published copy keeps its own"
         );
+    }
+
+    fn two_nodes() -> (tempfile::TempDir, Control<RedbStore>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        for name in ["a", "b"] {
+            c.register_node(
+                gangway_core::NodeSpec::uniform(name, "leaf0", "spine0", 4, "H100", 80),
+                &crate::nodes::Registrant::Join,
+                true,
+                "join",
+                0,
+            )
+            .expect("node");
+        }
+        (dir, c)
+    }
+
+    fn cordoned(v: &ReadView, i: usize) -> bool {
+        v.cluster.nodes[i].spec.cordoned
+    }
+
+    #[test]
+    fn the_cluster_snapshot_is_rebuilt_after_a_change_when_urged_or_due() {
+        let (_dir, c) = two_nodes();
+        let lock = StateLock::new(c);
+        assert_eq!(lock.view().cluster.nodes.len(), 2);
+        let first = lock.view();
+        {
+            let mut c = lock.lock().expect("lock");
+            // As if the last build had taken an hour: not due for ten.
+            c.cluster_view.cost = Duration::from_secs(3600);
+            // A change nobody urged (as an agent's report would make).
+            c.cluster.set_cordoned("a", true).expect("cordon");
+        }
+        assert!(
+            !cordoned(&lock.view(), 0),
+            "not rebuilt: not due, not urged"
+        );
+        lock.lock()
+            .expect("lock")
+            .cordon("b", true)
+            .expect("cordon");
+        let v = lock.view();
+        assert!(cordoned(&v, 0) && cordoned(&v, 1), "a cordon is urged");
+        {
+            let mut c = lock.lock().expect("lock");
+            assert!(!c.refresh_cluster_view(), "nothing changed since");
+            c.cluster_view.urge();
+            assert!(!c.refresh_cluster_view(), "urged, but nothing changed");
+        }
+        // Rows of nodes that did not change are shared with the last build.
+        lock.lock()
+            .expect("lock")
+            .cordon("a", false)
+            .expect("uncordon");
+        let w = lock.view();
+        assert!(!cordoned(&w, 0));
+        assert!(Arc::ptr_eq(&v.cluster.nodes[1], &w.cluster.nodes[1]));
+        assert!(!Arc::ptr_eq(&v.cluster.nodes[0], &w.cluster.nodes[0]));
+        assert!(!cordoned(&first, 0), "an older view keeps its snapshot");
     }
 
     #[test]

@@ -19,11 +19,16 @@ pub struct DashboardArgs {
     /// Requests per view.
     #[arg(long, default_value_t = 20)]
     requests: usize,
-    /// Hold the state lock (no cycle runs) while timing the job views only:
-    /// what a listing costs by itself when it reads the published view.
+    /// Hold the state lock (no cycle runs) while timing every view but the
+    /// page: what each costs by itself when it reads the published view.
     /// Without reads off the lock this would block.
     #[arg(long)]
     hold_lock: bool,
+    /// Requests per view while scheduling cycles run back to back (0: skip):
+    /// whether `/metrics`, `/v1/nodes`, `/v1/queues` and `/v1/cluster` wait
+    /// for a cycle's hold of the state lock.
+    #[arg(long, default_value_t = 40)]
+    during_cycles: usize,
 }
 
 // The nodes have no agents here: the node lifecycle must not declare them lost.
@@ -92,6 +97,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
             .context("scheduling the stored jobs")?;
     }
     let held = metrics_lock_holds(&app, a.requests)?;
+    let rebuilds = cluster_view_rebuilds(&app, a.requests)?;
     let rt = tokio::runtime::Runtime::new()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -104,6 +110,8 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         ("cluster_grid", "/v1/cluster"),
         ("queues", "/v1/queues"),
         ("queue_history", "/v1/queues/history"),
+        ("nodes", "/v1/nodes"),
+        ("metrics", "/metrics"),
         ("jobs_newest_500", "/v1/jobs?desc=true&limit=500"),
         ("jobs_pending_500", "/v1/jobs?state=pending&limit=500"),
         ("job_page", "/v1/jobs/1"),
@@ -119,7 +127,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         None
     };
     for (name, path) in views {
-        if held_lock.is_some() && !path.starts_with("/v1/jobs") {
+        if held_lock.is_some() && path == "/" {
             continue;
         }
         let mut ms = Vec::with_capacity(a.requests);
@@ -144,6 +152,112 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         return Ok(());
     }
     print_metrics_figures(&base, a, &held)?;
+    println!(
+        "cluster_view_rebuild_full_p50: {:.2} ms (under the lock; every row built)",
+        percentile(&rebuilds.0, 0.5)
+    );
+    println!(
+        "cluster_view_rebuild_reuse_p50: {:.2} ms (under the lock; every row compared and reused)",
+        percentile(&rebuilds.1, 0.5)
+    );
+    if a.during_cycles > 0 {
+        print_during_cycles(&app, &base, a.during_cycles)?;
+    }
+    Ok(())
+}
+
+/// Each view's latency while a thread runs scheduling cycles back to back
+/// (5 ms apart, so changes could get in), and how long those cycles held
+/// the state lock: a view that reads under the lock waits for the cycle.
+fn print_during_cycles(
+    app: &std::sync::Arc<gangway_server::api::App>,
+    base: &str,
+    n: usize,
+) -> Result<()> {
+    let views = [
+        ("metrics", "/metrics"),
+        ("nodes", "/v1/nodes"),
+        ("queues", "/v1/queues"),
+        ("cluster_grid", "/v1/cluster"),
+    ];
+    // The same cycles with no reader beside them (readers off the lock run
+    // beside a cycle and share the CPU with it; readers on it wait).
+    let mut alone = Vec::new();
+    for _ in 0..8 {
+        let t = Instant::now();
+        {
+            let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+            c.cycle(gangway_server::api::now()).context("cycle")?;
+        }
+        alone.push(t.elapsed().as_secs_f64() * 1e3);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    alone.sort_by(f64::total_cmp);
+    println!(
+        "cycle_lock_hold_alone_p50: {:.1} ms ({} cycles, no reader)",
+        percentile(&alone, 0.5),
+        alone.len()
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (lat, holds) = std::thread::scope(|sc| -> Result<(Vec<Vec<f64>>, Vec<f64>)> {
+        let cycler = sc.spawn(|| -> Result<Vec<f64>> {
+            let mut holds = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                {
+                    let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+                    c.cycle(gangway_server::api::now()).context("cycle")?;
+                }
+                holds.push(t.elapsed().as_secs_f64() * 1e3);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Ok(holds)
+        });
+        let agent = ureq::AgentBuilder::new().build();
+        let mut lat = Vec::new();
+        let mut first_err = None;
+        for (_, path) in views {
+            let mut ms = Vec::with_capacity(n);
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = agent
+                    .get(&format!("{base}{path}"))
+                    .set("Authorization", "Bearer bench-admin-token")
+                    .call()
+                    .with_context(|| format!("GET {path}"))
+                    .and_then(|r| Ok(r.into_string()?));
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                    break;
+                }
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+                // Spread the requests over the cycles.
+                std::thread::sleep(std::time::Duration::from_millis(7));
+            }
+            ms.sort_by(f64::total_cmp);
+            lat.push(ms);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let holds = cycler
+            .join()
+            .map_err(|_| anyhow::anyhow!("the cycler panicked"))??;
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok((lat, holds))
+    })?;
+    let mut holds = holds;
+    holds.sort_by(f64::total_cmp);
+    println!(
+        "cycle_lock_hold_p50: {:.1} ms ({} cycles while timing the views below)",
+        percentile(&holds, 0.5),
+        holds.len()
+    );
+    println!("cycle_lock_hold_max: {:.1} ms", percentile(&holds, 1.0));
+    for ((name, _), ms) in views.iter().zip(&lat) {
+        println!("{name}_during_cycles_p50: {:.2} ms", percentile(ms, 0.5));
+        println!("{name}_during_cycles_p99: {:.2} ms", percentile(ms, 0.99));
+    }
     Ok(())
 }
 
@@ -185,6 +299,29 @@ fn metrics_lock_holds(app: &gangway_server::api::App, n: usize) -> Result<LockHo
         v.sort_by(f64::total_cmp);
     }
     Ok(h)
+}
+
+/// How long rebuilding the read view's cluster snapshot holds the state lock,
+/// in ms over `n` rebuilds each: from nothing (every node row built), and
+/// after a change that left every row as it was (each compared, reused).
+fn cluster_view_rebuilds(app: &gangway_server::api::App, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let (mut full, mut reuse) = (Vec::new(), Vec::new());
+    for _ in 0..n.max(1) {
+        let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+        c.cluster_view = Default::default();
+        let t = Instant::now();
+        c.refresh_cluster_view();
+        full.push(t.elapsed().as_secs_f64() * 1e3);
+        // A mutable borrow that changes nothing, then an urged rebuild.
+        let _ = &mut *c.cluster;
+        c.cluster_view.urge();
+        let t = Instant::now();
+        c.refresh_cluster_view();
+        reuse.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    full.sort_by(f64::total_cmp);
+    reuse.sort_by(f64::total_cmp);
+    Ok((full, reuse))
 }
 
 /// The `/metrics` figures: the refresh's lock hold before and after, a

@@ -177,7 +177,9 @@ async fn cluster(
     headers: HeaderMap,
 ) -> Result<Json<ClusterView>, ApiError> {
     crate::api::authenticate_person(&app, &headers)?;
-    let c = crate::api::lock(&app)?;
+    // The read view: the nodes' snapshot and the job records (for each GPU's
+    // job, its queue and user). No state lock (issue 16).
+    let v = app.control.view();
     let mut racks: BTreeMap<&str, Vec<NodeCell>> = BTreeMap::new();
     let mut jobs = BTreeMap::new();
     let mut t = Totals {
@@ -187,10 +189,10 @@ async fn cluster(
         unhealthy: 0,
         fragmented: 0,
     };
-    for (i, n) in c.cluster.nodes().iter().enumerate() {
+    for n in &v.cluster.nodes {
         let mut owner: HashMap<u32, JobId> = HashMap::new();
-        for id in c.cluster.jobs_on(i as u32) {
-            if let Some((rec, _)) = c.jobs.get(id) {
+        for id in &n.jobs {
+            if let Some(rec) = v.job(*id) {
                 jobs.entry(id.0)
                     .or_insert_with(|| (rec.spec.queue.clone(), rec.user.clone()));
                 for r in rec.placement.iter().filter(|r| r.node == n.spec.name) {
@@ -270,14 +272,9 @@ async fn queue_history(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     crate::api::authenticate_person(&app, &headers)?;
-    let names: Vec<String> = {
-        let c = crate::api::lock(&app)?;
-        c.cluster
-            .queues()
-            .iter()
-            .map(|q| q.spec.name.clone())
-            .collect()
-    };
+    let names: Vec<String> = (app.control.view().cluster.queues.iter())
+        .map(|q| q.spec.name.clone())
+        .collect();
     let h = app
         .history
         .lock()
@@ -292,15 +289,14 @@ async fn queue_history(
     ))
 }
 
-/// Records the queues' usage (called by the scheduler loop).
+/// Records the queues' usage (called by the scheduler loop after a cycle,
+/// whose release of the state lock published the usage it left).
 pub fn record(app: &App, now: Time) {
-    let usage: Option<Vec<u64>> = app.control.lock().ok().map(|c| {
-        (0..c.cluster.queues().len())
-            .map(|q| c.cluster.queue_usage(q as u32).gpus)
-            .collect()
-    });
-    if let (Some(u), Ok(mut h)) = (usage, app.history.lock()) {
-        h.sample(now, u);
+    let usage: Vec<u64> = (app.control.view().cluster.queues.iter())
+        .map(|q| q.usage.gpus)
+        .collect();
+    if let Ok(mut h) = app.history.lock() {
+        h.sample(now, usage);
     }
 }
 

@@ -833,9 +833,14 @@ pub fn diff(a: &Policy, b: &Policy) -> Vec<String> {
 
 /// Live figures of jobs that started in `[from, to)`, per queue and overall.
 pub fn live_figures<S: Store>(c: &Control<S>, from: Time, to: Time) -> After {
+    live_figures_of(&c.jobs, from, to)
+}
+
+/// [`live_figures`] of a job map (the read view's: no state lock).
+pub fn live_figures_of(jobs: &crate::records::JobMap, from: Time, to: Time) -> After {
     let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut all = Vec::new();
-    for (r, _) in c.jobs.values() {
+    for (r, _) in jobs.values() {
         let started = r
             .events
             .iter()

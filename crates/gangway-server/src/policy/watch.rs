@@ -28,6 +28,13 @@ pub struct QueueLabel {
     pub queue: String,
 }
 
+/// What [`Watch::apply`] needs from the locked state ([`Watch::inputs`]).
+pub struct WatchInputs {
+    version: u64,
+    changed: Time,
+    predictor: gangway_sched::predict::RuntimePredictor,
+}
+
 /// The policy metrics.
 pub struct Watch {
     registry: Registry,
@@ -102,17 +109,63 @@ impl Watch {
         Watch { registry, ..w }
     }
 
-    /// Recomputes the figures from the state, at most every 15 seconds.
+    /// Recomputes the figures from the state, at most every 15 seconds
+    /// (all under the caller's lock: [`Watch::due`], [`Watch::inputs`] and
+    /// [`Watch::apply`] let the walk of the jobs run without it).
     pub fn refresh<S: Store>(&self, cfg: &ServerConfig, c: &Control<S>, now: Time) {
-        let last = self.refreshed_at.load(Ordering::Relaxed);
-        if last != 0 && now < last.saturating_add(REFRESH_SECONDS) {
+        if !self.due(now) {
             return;
         }
+        let queues: Vec<&str> = c
+            .cluster
+            .queues()
+            .iter()
+            .map(|q| q.spec.name.as_str())
+            .collect();
+        self.apply(cfg, Self::inputs(c), &c.jobs, &queues, now);
+    }
+
+    /// Whether a refresh is due at `now` (every 15 seconds); if so, the
+    /// next is due 15 seconds later.
+    pub fn due(&self, now: Time) -> bool {
+        let last = self.refreshed_at.load(Ordering::Relaxed);
+        if last != 0 && now < last.saturating_add(REFRESH_SECONDS) {
+            return false;
+        }
         self.refreshed_at.store(now, Ordering::Relaxed);
+        true
+    }
+
+    /// What a refresh needs from the locked state besides the read view:
+    /// the policy version in force (one store read) and a copy of the
+    /// run-time predictor (bounded by its key limit).
+    pub fn inputs<S: Store>(c: &Control<S>) -> WatchInputs {
         let (version, changed) = match super::current(&c.store) {
             Ok(Some(v)) => (v.version, v.at),
             _ => (0, 0),
         };
+        WatchInputs {
+            version,
+            changed,
+            predictor: c.cluster.predictor().clone(),
+        }
+    }
+
+    /// Recomputes the figures from `inputs` and a walk of `jobs` (the read
+    /// view's, so without the state lock), for `queues`.
+    pub fn apply(
+        &self,
+        cfg: &ServerConfig,
+        inputs: WatchInputs,
+        jobs: &crate::records::JobMap,
+        queues: &[&str],
+        now: Time,
+    ) {
+        let WatchInputs {
+            version,
+            changed,
+            predictor,
+        } = inputs;
         self.version.set(i64::try_from(version).unwrap_or(i64::MAX));
         self.changed_at
             .set(i64::try_from(changed).unwrap_or(i64::MAX));
@@ -121,7 +174,7 @@ impl Watch {
         let mut ratios = Vec::new();
         let from = now.saturating_sub(WINDOW_SECONDS);
         let day_before = changed.saturating_sub(super::AFTER_SECONDS);
-        for (r, _) in c.jobs.values() {
+        for (r, _) in jobs.values() {
             let started = r
                 .events
                 .iter()
@@ -139,10 +192,7 @@ impl Watch {
             if r.state == JobState::Succeeded {
                 let e = crate::history::HistoryEntry::from_record(r, now);
                 let recent_end = e.ended_at.is_some_and(|t| t >= from);
-                let pred = c
-                    .cluster
-                    .predictor()
-                    .predict(&gangway_sched::state::key_of(&r.spec));
+                let pred = predictor.predict(&gangway_sched::state::key_of(&r.spec));
                 if let (true, Some(p)) = (recent_end && e.last_attempt_seconds > 0, pred) {
                     let (a, p) = (e.last_attempt_seconds as f64, p.median().max(1) as f64);
                     ratios.push((a / p).max(p / a));
@@ -150,8 +200,7 @@ impl Watch {
             }
         }
         self.wait_p95.clear();
-        for q in c.cluster.queues() {
-            let name = q.spec.name.as_str();
+        for &name in queues {
             let mut v = recent.remove(name).unwrap_or_default();
             self.wait_p95
                 .get_or_create(&QueueLabel { queue: name.into() })
@@ -185,8 +234,11 @@ impl Watch {
 }
 
 /// The server's metrics and these, as one exposition (one `# EOF` in
-/// OpenMetrics), in the format the scrape asked for.
+/// OpenMetrics), in the format the scrape asked for. The job and GPU gauges
+/// are set from the read view first: no state lock.
 pub fn render(app: &crate::api::App, format: crate::metrics::Format) -> String {
+    app.metrics
+        .publish(crate::metrics::Snapshot::of_view(&app.control.view()));
     let om = format!("{}{}", app.watch.render(), app.metrics.render());
     match format {
         crate::metrics::Format::OpenMetrics => om,
