@@ -269,6 +269,31 @@ pub struct Job {
     pub rank: i64,
 }
 
+/// Where a pending job sits in the pending index (and the gang kept there):
+/// copied out of the job so the index can change without copying the job.
+#[derive(Clone, Copy)]
+struct PendingKey {
+    priority: i32,
+    queue: QueueId,
+    rank: i64,
+    submitted: Time,
+    id: JobId,
+    gang: Gang,
+}
+
+impl PendingKey {
+    fn of(job: &Job) -> Self {
+        PendingKey {
+            priority: job.priority,
+            queue: job.queue,
+            rank: job.rank,
+            submitted: job.submitted,
+            id: job.id,
+            gang: job.gang,
+        }
+    }
+}
+
 impl Job {
     /// Resources of one replica.
     pub fn per_replica(&self) -> Resources {
@@ -1349,24 +1374,32 @@ impl ClusterState {
     }
 
     fn push_pending(&mut self, job: &Job) {
+        self.push_pending_key(PendingKey::of(job));
+    }
+
+    fn push_pending_key(&mut self, k: PendingKey) {
         self.pending
-            .entry(Reverse(job.priority))
+            .entry(Reverse(k.priority))
             .or_default()
-            .entry(job.queue)
+            .entry(k.queue)
             .or_default()
-            .insert((job.rank, job.submitted, job.id), job.gang);
+            .insert((k.rank, k.submitted, k.id), k.gang);
         self.pending_count += 1;
     }
 
     fn pop_pending(&mut self, job: &Job) {
-        let key = Reverse(job.priority);
+        self.pop_pending_key(PendingKey::of(job));
+    }
+
+    fn pop_pending_key(&mut self, k: PendingKey) {
+        let key = Reverse(k.priority);
         if let Some(level) = self.pending.get_mut(&key) {
-            if let Some(set) = level.get_mut(&job.queue) {
-                if set.remove(&(job.rank, job.submitted, job.id)).is_some() {
+            if let Some(set) = level.get_mut(&k.queue) {
+                if set.remove(&(k.rank, k.submitted, k.id)).is_some() {
                     self.pending_count -= 1;
                 }
                 if set.is_empty() {
-                    level.remove(&job.queue);
+                    level.remove(&k.queue);
                 }
             }
             if level.is_empty() {
@@ -1508,39 +1541,36 @@ impl ClusterState {
     /// rank by attained service or remaining time (Tiresias, SRTF baselines)
     /// use this between cycles.
     pub fn set_priority(&mut self, id: JobId, priority: i32) -> Result<(), StateError> {
-        let job = self
-            .jobs
-            .get(&id)
-            .ok_or(StateError::UnknownJob(id))?
-            .clone();
+        // Policies call this for every job every cycle, mostly with the
+        // priority it already has: no copy of the job unless it changes.
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
         if job.priority == priority {
             return Ok(());
         }
-        match &job.status {
-            JobStatus::Pending => {
-                self.pop_pending(&job);
-                let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
-                j.priority = priority;
-                j.gang.priority = priority;
-                let j = j.clone();
-                self.push_pending(&j);
-            }
-            JobStatus::Running(_) => {
-                if self.preemptible_by_queue[job.queue as usize].contains(&id) {
-                    if let Some(c) = self.preemptible_prios.get_mut(&job.priority) {
-                        *c -= 1;
-                        if *c == 0 {
-                            self.preemptible_prios.remove(&job.priority);
-                        }
+        let (old, queue) = (job.priority, job.queue);
+        if job.status == JobStatus::Pending {
+            let key = PendingKey::of(job);
+            self.pop_pending_key(key);
+            let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+            j.priority = priority;
+            j.gang.priority = priority;
+            let key = PendingKey::of(j);
+            self.push_pending_key(key);
+        } else {
+            if self.preemptible_by_queue[queue as usize].contains(&id) {
+                if let Some(c) = self.preemptible_prios.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.preemptible_prios.remove(&old);
                     }
-                    *self.preemptible_prios.entry(priority).or_default() += 1;
                 }
-                let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
-                self.victims.remove(j);
-                j.priority = priority;
-                j.gang.priority = priority;
-                self.victims.insert(j);
+                *self.preemptible_prios.entry(priority).or_default() += 1;
             }
+            let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+            self.victims.remove(j);
+            j.priority = priority;
+            j.gang.priority = priority;
+            self.victims.insert(j);
         }
         Ok(())
     }
@@ -1554,16 +1584,15 @@ impl ClusterState {
         if job.rank == rank {
             return Ok(());
         }
-        let pending = job.status == JobStatus::Pending;
-        let job = job.clone();
-        if pending {
-            self.pop_pending(&job);
+        let pending = (job.status == JobStatus::Pending).then(|| PendingKey::of(job));
+        if let Some(key) = pending {
+            self.pop_pending_key(key);
         }
         let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
         j.rank = rank;
-        let j = j.clone();
-        if pending {
-            self.push_pending(&j);
+        if pending.is_some() {
+            let key = PendingKey::of(j);
+            self.push_pending_key(key);
         }
         Ok(())
     }

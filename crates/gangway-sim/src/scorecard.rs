@@ -111,6 +111,17 @@ pub struct Scorecard {
     pub wall_seconds: f64,
 }
 
+/// One row group of the scorecard: a trace on one cluster size.
+#[derive(Clone, Copy, Debug)]
+pub struct Group<'a> {
+    /// The trace.
+    pub trace: &'a Trace,
+    /// The cluster it runs on.
+    pub cluster: &'a ClusterSpec,
+    /// `published`, `contended`, ….
+    pub size: &'a str,
+}
+
 /// Runs every policy on one trace and cluster; returns rows with ratios filled in.
 pub fn run_group(
     trace: &Trace,
@@ -120,30 +131,69 @@ pub fn run_group(
     opts: &SimOptions,
     threads: usize,
 ) -> Result<Vec<Row>, SimError> {
-    let results: Vec<Result<(SimResult, f64), SimError>> = std::thread::scope(|sc| {
-        let chunks: Vec<Vec<Policy>> = (0..threads.max(1))
-            .map(|k| {
-                policies
-                    .iter()
-                    .copied()
-                    .skip(k)
-                    .step_by(threads.max(1))
-                    .collect()
-            })
-            .collect();
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| {
-                sc.spawn(move || {
-                    chunk
-                        .into_iter()
-                        .map(|p| {
-                            let t0 = std::time::Instant::now();
-                            let e = Engine::new(trace, cluster, p, opts.clone())?;
-                            let r = e.run(&mut |_, _| {})?;
-                            Ok((r, t0.elapsed().as_secs_f64()))
-                        })
-                        .collect::<Vec<_>>()
+    let group = Group {
+        trace,
+        cluster,
+        size,
+    };
+    Ok(run_groups(&[group], policies, opts, threads)?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// Runs every policy on every group, `threads` runs at a time, and returns
+/// each group's rows (in `groups` order, policies in `policies` order) with
+/// ratios filled in.
+///
+/// The (group, policy) runs are independent, so they share one pool: a
+/// thread takes the next run as soon as it is free, the biggest runs (most
+/// jobs on the fewest GPUs) first, so one slow trace does not leave the
+/// other cores idle while it finishes. What runs where changes only the
+/// wall clock; every result is the same as a run on one thread.
+pub fn run_groups(
+    groups: &[Group<'_>],
+    policies: &[Policy],
+    opts: &SimOptions,
+    threads: usize,
+) -> Result<Vec<Vec<Row>>, SimError> {
+    // Runs, biggest first: jobs per GPU is a rough guide to a run's cost.
+    let mut tasks: Vec<(usize, usize)> = (0..groups.len())
+        .flat_map(|g| (0..policies.len()).map(move |p| (g, p)))
+        .collect();
+    let weight = |&(g, _): &(usize, usize)| {
+        let gr = &groups[g];
+        let n = opts
+            .limit
+            .unwrap_or(gr.trace.jobs.len())
+            .min(gr.trace.jobs.len()) as f64;
+        n * n / gr.cluster.gpus().max(1) as f64
+    };
+    tasks.sort_by(|a, b| weight(b).total_cmp(&weight(a)).then(a.cmp(b)));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    type Done = Result<(SimResult, f64), SimError>;
+    let results: Vec<((usize, usize), Done)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads.clamp(1, tasks.len().max(1)))
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(g, p)) = tasks.get(k) else { break };
+                        let gr = &groups[g];
+                        let t0 = std::time::Instant::now();
+                        let r = Engine::new(gr.trace, gr.cluster, policies[p], opts.clone())
+                            .and_then(|e| e.run(&mut |_, _| {}))
+                            .map(|r| (r, t0.elapsed().as_secs_f64()));
+                        let failed = r.is_err();
+                        out.push(((g, p), r));
+                        if failed {
+                            // Stop taking runs; the error is reported below.
+                            next.store(tasks.len(), std::sync::atomic::Ordering::Relaxed);
+                            break;
+                        }
+                    }
+                    out
                 })
             })
             .collect();
@@ -151,17 +201,46 @@ pub fn run_group(
         for h in handles {
             match h.join() {
                 Ok(v) => out.extend(v),
-                Err(_) => out.push(Err(SimError::Panicked)),
+                Err(_) => out.push(((usize::MAX, usize::MAX), Err(SimError::Panicked))),
             }
         }
         out
     });
-    let mut res = Vec::new();
-    for r in results {
-        res.push(r?);
+    let mut slots: Vec<Vec<Option<(SimResult, f64)>>> = groups
+        .iter()
+        .map(|_| policies.iter().map(|_| None).collect())
+        .collect();
+    let mut first_err: Option<((usize, usize), SimError)> = None;
+    for (at, r) in results {
+        match r {
+            Ok(v) => slots[at.0][at.1] = Some(v),
+            // The first failing run in (group, policy) order, as one thread would report it.
+            Err(e) => {
+                if !matches!(&first_err, Some((b, _)) if *b < at) {
+                    first_err = Some((at, e));
+                }
+            }
+        }
     }
-    let pos = |name: &str| policies.iter().position(|p| p.to_string() == name);
-    res.sort_by_key(|(r, _)| pos(&r.policy));
+    if let Some((_, e)) = first_err {
+        return Err(e);
+    }
+    groups
+        .iter()
+        .zip(slots)
+        .map(|(gr, slot)| {
+            let res: Vec<(SimResult, f64)> = slot
+                .into_iter()
+                .map(|r| r.ok_or(SimError::Panicked))
+                .collect::<Result<_, _>>()?;
+            Ok(rows(gr, opts, res))
+        })
+        .collect()
+}
+
+/// A group's rows from its runs (in policy order), ratios filled in.
+fn rows(gr: &Group<'_>, opts: &SimOptions, res: Vec<(SimResult, f64)>) -> Vec<Row> {
+    let (trace, cluster, size) = (gr.trace, gr.cluster, gr.size);
     let load = offered_load(trace, cluster.gpus(), opts.limit);
     let avg = |p: &str| {
         res.iter()
@@ -174,8 +253,7 @@ pub fn run_group(
         .map(|(r, _)| r.jct.mean)
         .fold(f64::INFINITY, f64::min);
     let oracle = avg("srtf");
-    Ok(res
-        .iter()
+    res.iter()
         .map(|(r, wall)| Row {
             trace: trace.name.clone(),
             size: size.to_string(),
@@ -203,7 +281,7 @@ pub fn run_group(
             ratio_to_oracle: oracle.filter(|o| *o > 0.0).map(|o| r.jct.mean / o),
             wall_seconds: *wall,
         })
-        .collect())
+        .collect()
 }
 
 fn h(secs: f64) -> String {

@@ -4,7 +4,9 @@
 use gangway_core::QueueSpec;
 use gangway_sim::cluster::ClusterError;
 use gangway_sim::policy::SCORECARD;
-use gangway_sim::scorecard::{contended, markdown, offered_load, run_group, Scorecard};
+use gangway_sim::scorecard::{
+    contended, markdown, offered_load, run_group, run_groups, Group, Row, Scorecard,
+};
 use gangway_sim::trace::{parse_chronus, parse_tiresias};
 use gangway_sim::{ClusterSpec, Engine, Policy, SimOptions};
 
@@ -71,6 +73,50 @@ fn scorecard_cut_runs_every_policy_on_the_same_jobs() {
         "{}",
         &text[..text.len().min(200)]
     );
+}
+
+/// A row without its wall clock (the only figure that depends on the run).
+fn timeless(rows: &[Row]) -> String {
+    rows.iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.wall_seconds = 0.0;
+            format!("{r:?}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_shared_pool_gives_every_group_the_rows_of_a_run_on_one_thread() {
+    // Issue 14: every (trace, size, policy) run shares one pool of threads;
+    // rows come back per group, in policy order, as one thread makes them.
+    let t = parse_tiresias("60_job.csv", TIRESIAS).expect("trace");
+    let published = ClusterSpec::tiresias();
+    let small = contended(&published, &t, None);
+    let groups = [
+        Group {
+            trace: &t,
+            cluster: &small,
+            size: "contended",
+        },
+        Group {
+            trace: &t,
+            cluster: &published,
+            size: "published",
+        },
+    ];
+    let o = SimOptions::default();
+    let pooled = run_groups(&groups, &SCORECARD, &o, 3).expect("runs");
+    assert_eq!(pooled.len(), groups.len());
+    for (g, rows) in groups.iter().zip(&pooled) {
+        let alone = run_group(g.trace, g.cluster, g.size, &SCORECARD, &o, 1).expect("runs");
+        assert_eq!(timeless(rows), timeless(&alone), "{}", g.size);
+        assert!(rows
+            .iter()
+            .all(|r| r.size == g.size && r.gpus == g.cluster.gpus()));
+    }
+    assert_ne!(timeless(&pooled[0]), timeless(&pooled[1]), "sizes differ");
 }
 
 #[test]

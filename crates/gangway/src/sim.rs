@@ -127,8 +127,9 @@ fn scorecard(a: &SimArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let t0 = Instant::now();
-    let mut rows = Vec::new();
     let mut loads = Vec::new();
+    // Every trace first, then every (trace, size, policy) run in one pool.
+    let mut sized: Vec<(gangway_sim::Trace, Vec<(&str, ClusterSpec)>)> = Vec::new();
     for name in &a.scorecard_traces {
         let trace = match load(&a.traces, name) {
             Ok(t) => t,
@@ -146,19 +147,40 @@ fn scorecard(a: &SimArgs) -> Result<()> {
         } else {
             groups[0].0 = "published (contended as is)";
         }
-        for (size, cluster) in groups {
-            let t = Instant::now();
-            let r = scorecard::run_group(&trace, &cluster, size, &policies, &opts, threads)?;
-            if !a.quiet {
-                eprintln!(
-                    "{name} {size} ({} GPUs): {} policies in {:.1}s",
-                    cluster.gpus(),
-                    r.len(),
-                    t.elapsed().as_secs_f64()
-                );
-            }
-            rows.extend(r);
+        sized.push((trace, groups));
+    }
+    let groups: Vec<scorecard::Group<'_>> = sized
+        .iter()
+        .flat_map(|(trace, gs)| {
+            gs.iter().map(move |(size, cluster)| scorecard::Group {
+                trace,
+                cluster,
+                size,
+            })
+        })
+        .collect();
+    if !a.quiet {
+        eprintln!(
+            "{} runs ({} groups × {} policies) on {threads} threads",
+            groups.len() * policies.len(),
+            groups.len(),
+            policies.len()
+        );
+    }
+    let by_group = scorecard::run_groups(&groups, &policies, &opts, threads)?;
+    let mut rows = Vec::new();
+    for (g, r) in groups.iter().zip(by_group) {
+        if !a.quiet {
+            eprintln!(
+                "{} {} ({} GPUs): {} policies, {:.1}s of runs",
+                g.trace.name,
+                g.size,
+                g.cluster.gpus(),
+                r.len(),
+                r.iter().map(|x| x.wall_seconds).sum::<f64>()
+            );
         }
+        rows.extend(r);
     }
     let s = Scorecard {
         settings: format!(
