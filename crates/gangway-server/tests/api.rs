@@ -1,5 +1,7 @@
 //! The real server on a loopback port with a temporary data dir, driven over HTTP.
 
+mod common;
+
 use gangway_core::NodeSpec;
 use gangway_server::ServerConfig;
 use serde_json::{json, Value};
@@ -33,15 +35,7 @@ fn start(dir: &std::path::Path) -> Server {
 }
 
 fn start_with(cfg: ServerConfig, dir: &std::path::Path) -> Server {
-    let app = gangway_server::open(cfg, dir).expect("opens");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
-    });
+    let common::Served { base, rt, .. } = common::serve(cfg, dir);
     Server { base, _rt: rt }
 }
 

@@ -2,6 +2,8 @@
 //! values and deep nesting sent to the API always get a 4xx naming the
 //! problem, never a panic or a 5xx, and nothing is stored unless accepted.
 
+mod common;
+
 use gangway_core::NodeSpec;
 use gangway_server::ServerConfig;
 use proptest::prelude::*;
@@ -26,15 +28,7 @@ struct Server {
 fn start() -> Server {
     let dir = tempfile::tempdir().expect("tmp");
     let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
-    let app = gangway_server::open(cfg, dir.path()).expect("opens");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
-    });
+    let common::Served { base, rt, .. } = common::serve(cfg, dir.path());
     let s = Server {
         base,
         _rt: rt,

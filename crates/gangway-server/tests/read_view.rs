@@ -2,6 +2,8 @@
 //! the published view, never the control state's mutex, and a client that
 //! was acknowledged a submission or a cancel reads it at once.
 
+mod common;
+
 use gangway_server::ServerConfig;
 use serde_json::Value;
 use std::sync::Arc;
@@ -27,16 +29,7 @@ struct Server {
 
 fn start(dir: &std::path::Path) -> Server {
     let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
-    let app = gangway_server::open(cfg, dir).expect("opens");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let served = app.clone();
-    rt.spawn(async move {
-        let _ = gangway_server::serve(served, listener).await;
-    });
+    let common::Served { base, app, rt } = common::serve(cfg, dir);
     let s = Server { base, app, _rt: rt };
     // One cordoned node: jobs are accepted and stay pending, so nothing but
     // the client changes them.

@@ -3,6 +3,8 @@
 //! user's, the agents' join token, a node's own token) and each refused with
 //! an error that names the field or the rule.
 
+mod common;
+
 use gangway_core::NodeSpec;
 use gangway_server::ServerConfig;
 use serde_json::{json, Value};
@@ -42,15 +44,7 @@ struct Server {
 fn start_with(config: &str) -> Server {
     let dir = tempfile::tempdir().expect("tmp");
     let cfg = ServerConfig::from_yaml(config).expect("config");
-    let app = gangway_server::open(cfg, &dir.path().join("data")).expect("opens");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
-    });
+    let common::Served { base, rt, .. } = common::serve(cfg, &dir.path().join("data"));
     Server { base, dir, _rt: rt }
 }
 

@@ -2,6 +2,8 @@
 //! (applied, diffed and rolled back at the next cycle, without a restart),
 //! and the agent version-skew policy at registration.
 
+mod common;
+
 use gangway_core::agent::{check_skew, Version, UNSTATED_VERSION, VERSION, VERSION_HEADER};
 use gangway_core::NodeSpec;
 use gangway_server::ServerConfig;
@@ -25,15 +27,7 @@ struct Server {
 
 fn start(dir: &std::path::Path) -> Server {
     let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
-    let app = gangway_server::open(cfg, dir).expect("opens");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
-    });
+    let common::Served { base, rt, .. } = common::serve(cfg, dir);
     Server { base, _rt: rt }
 }
 
