@@ -177,12 +177,7 @@ pub async fn group_commit(
         .unwrap_or_default();
         let mut results = results.into_iter();
         for reply in replies {
-            let r = results.next().unwrap_or_else(|| {
-                Err(ApiError(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "state lock poisoned".into(),
-                ))
-            });
+            let r = results.next().unwrap_or_else(|| Err(poisoned()));
             let _ = reply.send(r);
         }
         app.wake.notify_one();
@@ -284,12 +279,15 @@ pub fn lock(app: &App) -> ApiResult<crate::view::StateGuard<'_, SharedStore>> {
     } else {
         acquire()
     };
-    guard.map_err(|_| {
-        ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "state lock poisoned".into(),
-        )
-    })
+    guard.map_err(|_| poisoned())
+}
+
+/// The answer when a panic poisoned the state lock.
+fn poisoned() -> ApiError {
+    ApiError(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "state lock poisoned".into(),
+    )
 }
 
 /// Runs `f` on the control state, under its lock, on the blocking pool, with
@@ -304,12 +302,7 @@ pub async fn with_control<T: Send + 'static>(
 ) -> ApiResult<T> {
     let app = app.clone();
     tokio::task::spawn_blocking(move || {
-        let mut c = app.control.lock().map_err(|_| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "state lock poisoned".into(),
-            )
-        })?;
+        let mut c = app.control.lock().map_err(|_| poisoned())?;
         let out = c.deferred(f);
         let store = c.store_handle();
         drop(c);
