@@ -140,7 +140,10 @@ pub const DEFAULT_PLAN_DEPTH: usize = 200;
 pub const DEFAULT_PLAN_BUDGET: usize = 100_000;
 
 /// Default of [`SchedulerConfig::max_victims_examined`].
-pub const DEFAULT_MAX_VICTIMS_EXAMINED: usize = 65_536;
+pub const DEFAULT_MAX_VICTIMS_EXAMINED: usize = 16_384;
+
+/// Default of [`SchedulerConfig::max_pending_examined`].
+pub const DEFAULT_MAX_PENDING_EXAMINED: usize = 20_000;
 
 /// Policy switches for a cycle.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +191,19 @@ pub struct SchedulerConfig {
     /// search that finishes within the bound chooses what an unbounded one
     /// would.
     pub max_victims_examined: usize,
+    /// Most pending jobs examined per cycle (Slurm's `default_queue_depth`
+    /// and `bf_max_job_test` play this part). Below it every pending job is
+    /// examined in order, as without a cap. Above it the first half of the
+    /// budget goes to the head of the order, and the other half to a window
+    /// of the rest that moves on by its width each cycle: each later job is
+    /// examined once every `ceil(rest / half)` cycles on a steady queue, so
+    /// deep jobs still get to backfill and their explanations are
+    /// refreshed. Jobs not examined in a cycle get no explanation in its
+    /// decisions (`CycleStats::unexamined` counts them): callers keep the
+    /// last one. Preemptors holding GPUs for their start are always
+    /// examined, beyond the budget if need be. Bounds the cycle's cost on a
+    /// huge queue.
+    pub max_pending_examined: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -204,6 +220,7 @@ impl Default for SchedulerConfig {
             preemption_budget: None,
             min_run_seconds: 0,
             max_victims_examined: DEFAULT_MAX_VICTIMS_EXAMINED,
+            max_pending_examined: DEFAULT_MAX_PENDING_EXAMINED,
         }
     }
 }
@@ -290,6 +307,10 @@ pub struct CycleStats {
     /// all searches (their main cost: each search draws candidates cheapest
     /// first and stops once it has its victims).
     pub victims_examined: usize,
+    /// Pending jobs this cycle did not examine
+    /// ([`SchedulerConfig::max_pending_examined`]): they keep their last
+    /// explanation.
+    pub unexamined: usize,
 }
 
 /// The outcome of a cycle.
@@ -308,8 +329,12 @@ pub struct Decisions {
     pub planned: Vec<PlannedStart>,
     /// Claims dropped: the preemptor's victims are gone but it still cannot start.
     pub dropped_claims: Vec<JobId>,
-    /// Every pending job that was not bound, with why.
+    /// Every pending job examined and not bound, with why.
     pub pending: Vec<Explanation>,
+    /// Where the next capped cycle's window of pending jobs past the head
+    /// starts ([`SchedulerConfig::max_pending_examined`]); `apply` keeps it
+    /// in the state.
+    pub next_rotation: u64,
     /// Figures.
     pub stats: CycleStats,
 }
@@ -318,6 +343,8 @@ pub struct Decisions {
 pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decisions {
     let mut s = Session::new(state, now, cfg);
     s.hold_claims();
+    let mut budget = Examine::new(state, cfg);
+    let mut walking = true;
     for (std::cmp::Reverse(prio), level) in &state.pending {
         // Jobs that preempted others go first in their level and get back the
         // GPUs held for them, so what their victims freed is theirs.
@@ -336,10 +363,23 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
                 }
             }
         }
+        if !walking {
+            // The budget is spent; preemptors holding GPUs are still
+            // examined (above), so what their victims free is used.
+            continue;
+        }
         let mut walk = order::LevelWalk::new(state, level, cfg.fair_share);
         while let Some(g) = walk.next(&s.cap) {
             if claimed.contains(&g.id) {
                 continue;
+            }
+            match budget.admit(s.decisions.stats.considered) {
+                Turn::Examine => {}
+                Turn::Skip => continue,
+                Turn::Done => {
+                    walking = false;
+                    break;
+                }
             }
             if let Some(&head) = s.blocked_by.get(&g.queue) {
                 s.explain(g.id, WaitReason::InOrder { behind: head }, None);
@@ -353,6 +393,10 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
             }
         }
     }
+    s.decisions.stats.unexamined = state
+        .pending_count()
+        .saturating_sub(s.decisions.stats.considered);
+    s.decisions.next_rotation = budget.next_rotation(state);
     s.decisions.stats.free_gpus = s.cap.free_total;
     s.decisions.stats.fragmented_gpus = state
         .nodes()
@@ -369,6 +413,84 @@ pub fn schedule(state: &ClusterState, now: Time, cfg: &SchedulerConfig) -> Decis
         })
         .sum();
     s.decisions
+}
+
+/// Whether the walk examines a pending job ([`Examine::admit`]).
+enum Turn {
+    Examine,
+    Skip,
+    Done,
+}
+
+/// The cycle's budget of pending jobs examined
+/// ([`SchedulerConfig::max_pending_examined`]): the head of the order, then
+/// a window of the positions after it that moves on by its width each cycle
+/// (wrapping round), so every later job is examined once per rotation.
+struct Examine {
+    /// Examined in order while fewer than this were (`usize::MAX`: no cap).
+    head: usize,
+    /// The most examined in all.
+    limit: usize,
+    /// Positions past the head (as counted at the start of the cycle).
+    tail: u64,
+    /// The window: positions `start`, `start + 1`, … (mod `tail`), `width` of them.
+    start: u64,
+    width: u64,
+    /// Positions past the head walked so far.
+    walked: u64,
+}
+
+impl Examine {
+    fn new(state: &ClusterState, cfg: &SchedulerConfig) -> Self {
+        let pending = state.pending_count();
+        let limit = cfg.max_pending_examined.max(2);
+        if pending <= limit {
+            return Examine {
+                head: usize::MAX,
+                limit: usize::MAX,
+                tail: 1,
+                start: 0,
+                width: 0,
+                walked: 0,
+            };
+        }
+        let head = limit / 2;
+        let tail = (pending - head) as u64;
+        Examine {
+            head,
+            limit,
+            tail,
+            start: state.rotation % tail,
+            width: (limit - head) as u64,
+            walked: 0,
+        }
+    }
+
+    /// Whether the next job of the walk is examined, given `examined` so far.
+    fn admit(&mut self, examined: usize) -> Turn {
+        if examined < self.head {
+            return Turn::Examine;
+        }
+        if examined >= self.limit {
+            return Turn::Done;
+        }
+        let pos = self.walked;
+        self.walked += 1;
+        if (pos % self.tail + self.tail - self.start) % self.tail < self.width {
+            Turn::Examine
+        } else {
+            Turn::Skip
+        }
+    }
+
+    /// Where the next cycle's window starts.
+    fn next_rotation(&self, state: &ClusterState) -> u64 {
+        if self.head == usize::MAX {
+            state.rotation
+        } else {
+            (self.start + self.width) % self.tail
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -1164,5 +1286,6 @@ pub fn apply(state: &mut ClusterState, d: &Decisions, now: Time) -> Result<(), S
     for j in &d.dropped_claims {
         state.drop_claim(*j);
     }
+    state.rotation = d.next_rotation;
     Ok(())
 }

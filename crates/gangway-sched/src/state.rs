@@ -602,6 +602,9 @@ pub struct ClusterState {
     pub(crate) predictor: crate::predict::RuntimePredictor,
     /// Maintenance windows, by name.
     pub(crate) maintenance: BTreeMap<String, Maintenance>,
+    /// Where the next capped cycle's window of pending jobs past the head
+    /// starts ([`crate::SchedulerConfig::max_pending_examined`]).
+    pub(crate) rotation: u64,
 }
 
 /// A maintenance window: from `start` to `end` its nodes run nothing, and no

@@ -543,6 +543,39 @@ proptest! {
         }
     }
 
+    /// `max_pending_examined` bounds a cycle's work and changes nothing
+    /// below it: with at most `cap` jobs pending a capped cycle decides
+    /// exactly as an uncapped one; above it the cycle examines at most `cap`
+    /// jobs (plus preemptors holding GPUs), counts the others as unexamined,
+    /// explains each examined job once, and keeps the invariants.
+    #[test]
+    fn pending_cap_bounds_work_and_keeps_invariants(
+        (leaves, queues, jobs) in world(),
+        cap in 2usize..12,
+    ) {
+        let mut d = Driver::new(build(&leaves, &queues));
+        d.cfg.max_preemption_searches = 64;
+        d.cfg.max_pending_examined = cap;
+        let uncapped = SchedulerConfig { max_pending_examined: usize::MAX, ..d.cfg.clone() };
+        for step in 0..40u64 {
+            d.advance(step * 25);
+            submit_due(&mut d, &jobs, step, false);
+            let pending = d.state.pending_count();
+            let claims = d.state.claims().count();
+            let free = schedule(&d.state, d.now, &uncapped);
+            let out = d.cycle().clone();
+            if pending <= cap {
+                prop_assert_eq!(&out, &free);
+            } else {
+                prop_assert!(out.stats.considered <= cap + claims, "{} examined, cap {cap}", out.stats.considered);
+                prop_assert_eq!(out.stats.unexamined, pending - out.stats.considered);
+            }
+            prop_assert_eq!(out.pending.len() + out.binds.len(), out.stats.considered);
+            check_quotas(&d.state)?;
+            check_preemptors_fit(&d)?;
+        }
+    }
+
     /// Defect 2 of issue 14: no quota, nothing lent, nothing to reclaim. A
     /// reclaim's victim is always in a queue above its nominal quota; without
     /// quotas there is no reclaim at all, and a priority preemption's victim

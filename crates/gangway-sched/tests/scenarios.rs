@@ -1019,3 +1019,61 @@ fn a_refused_node_changes_nothing_and_the_check_agrees_with_adding() {
     assert_eq!(s.nodes().len(), 3);
     s.check_invariants().expect("consistent");
 }
+
+/// A queue deeper than `max_pending_examined`: each cycle examines the head
+/// of the order and a rotating share of the rest, so every waiting job is
+/// examined (and explained) within one rotation, the head every cycle; and a
+/// deep job that fits starts within that rotation (backfill reaches it).
+#[test]
+fn a_capped_cycle_examines_the_head_and_rotates_through_the_rest() {
+    let mut s = cluster(1, 8, 1);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    d.cfg.max_pending_examined = 10;
+    let blocker = d.submit(job("q", 1, 7, Some(1_000_000)), None);
+    d.cycle();
+    assert!(d.is_running(blocker));
+    // 100 jobs of 2 GPUs cannot start on the one free GPU.
+    let waiting: Vec<_> = (0..100)
+        .map(|_| d.submit(job("q", 1, 2, Some(600)), None))
+        .collect();
+    // Head 5 of 100 pending; a window of 5 moves over the other 95: 19 cycles.
+    let mut seen = std::collections::BTreeMap::new();
+    for c in 0..19u64 {
+        d.advance(10 * (c + 1));
+        let out = d.cycle().clone();
+        assert!(out.binds.is_empty());
+        assert!(
+            out.stats.considered <= 10,
+            "cycle {c} examined {}",
+            out.stats.considered
+        );
+        assert_eq!(out.stats.unexamined, 100 - out.stats.considered);
+        assert_eq!(out.pending.len(), out.stats.considered);
+        for head in &waiting[..5] {
+            assert!(
+                out.pending.iter().any(|e| e.job == *head),
+                "head job {head:?} not examined in cycle {c}"
+            );
+        }
+        for e in &out.pending {
+            *seen.entry(e.job).or_insert(0u32) += 1;
+        }
+    }
+    let missed: Vec<_> = waiting.iter().filter(|j| !seen.contains_key(j)).collect();
+    assert!(
+        missed.is_empty(),
+        "never examined in a rotation: {missed:?}"
+    );
+    // Past the head, each job is examined once per rotation, not more.
+    assert!(waiting[5..].iter().all(|j| seen[j] == 1), "{seen:?}");
+
+    // A 1-GPU job submitted last fits the free GPU: the rotation reaches it.
+    let small = d.submit(job("q", 1, 1, Some(600)), None);
+    let started = (0..20u64).any(|c| {
+        d.advance(1_000 + 10 * c);
+        d.cycle();
+        d.is_running(small)
+    });
+    assert!(started, "the deep job that fits never started");
+}

@@ -1637,11 +1637,14 @@ impl<S: Store> Control<S> {
         }
         applied.planned = d.planned.clone();
         applied.dropped_claims = d.dropped_claims.clone();
+        // A capped cycle moves the rotation of the jobs past its head.
+        applied.next_rotation = d.next_rotation;
         apply(&mut self.cluster, &applied, now)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
         // Explanations are kept structured and rendered when someone asks.
-        // Published with the cycle in the read view (shared, not copied).
-        self.why = crate::view::Why::from_cycle(d.pending.iter().cloned());
+        // Published with the cycle in the read view (shared, not copied);
+        // jobs a capped cycle did not examine keep their last one.
+        self.why.update(&d);
         self.why_at = now;
         self.planned_nodes =
             std::sync::Arc::new(d.plan.iter().map(|r| (r.job, r.nodes.clone())).collect());

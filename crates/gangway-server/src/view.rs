@@ -42,38 +42,49 @@ pub type LastSeen = imbl::HashMap<String, Time>;
 /// Nodes the last cycle's backfill plan starts each pending job on.
 pub type PlannedNodes = Arc<HashMap<JobId, Vec<NodeIdx>>>;
 
-/// The last cycle's explanation per waiting job, less those voided since
-/// (a job cancelled, held, updated or removed between cycles shows none
-/// until the next cycle). Copied in O(1): the cycle's map is shared and the
-/// voided ids are a persistent set.
+/// The latest explanation per waiting job, less those voided since (a job
+/// cancelled, held, updated or removed between cycles shows none until a
+/// cycle examines it again). A persistent map: copied into the read view in
+/// O(1), and a capped cycle (one that examined only part of a deep queue,
+/// `SchedulerConfig::max_pending_examined`) updates it in O(what it
+/// examined), keeping the last explanation of the jobs it did not examine.
 #[derive(Clone, Debug, Default)]
 pub struct Why {
-    by_job: Arc<HashMap<JobId, Explanation>>,
-    voided: imbl::OrdSet<JobId>,
+    by_job: imbl::HashMap<JobId, Explanation>,
 }
 
 impl Why {
     /// The explanations of one cycle.
     pub fn from_cycle(explanations: impl IntoIterator<Item = Explanation>) -> Self {
         Why {
-            by_job: Arc::new(explanations.into_iter().map(|e| (e.job, e)).collect()),
-            voided: imbl::OrdSet::new(),
+            by_job: explanations.into_iter().map(|e| (e.job, e)).collect(),
+        }
+    }
+
+    /// Folds in a cycle's decisions: a cycle that examined every pending job
+    /// replaces all explanations; a capped one replaces those of the jobs it
+    /// examined, drops those of the jobs it started and keeps the rest.
+    pub fn update(&mut self, d: &gangway_sched::Decisions) {
+        if d.stats.unexamined == 0 {
+            *self = Why::from_cycle(d.pending.iter().cloned());
+            return;
+        }
+        for b in &d.binds {
+            self.by_job.remove(&b.job);
+        }
+        for e in &d.pending {
+            self.by_job.insert(e.job, e.clone());
         }
     }
 
     /// The explanation of `id`, unless there is none or it was voided.
     pub fn get(&self, id: &JobId) -> Option<&Explanation> {
-        if self.voided.contains(id) {
-            return None;
-        }
         self.by_job.get(id)
     }
 
     /// Voids the explanation of `id` (it no longer holds).
     pub fn remove(&mut self, id: &JobId) {
-        if self.by_job.contains_key(id) {
-            self.voided.insert(*id);
-        }
+        self.by_job.remove(id);
     }
 }
 
@@ -498,6 +509,46 @@ mod tests {
             before.get(&JobId(1)).is_some(),
             "a published copy keeps its own"
         );
+    }
+
+    #[test]
+    fn a_capped_cycle_keeps_the_explanations_of_jobs_it_did_not_examine() {
+        let e = |id, behind| Explanation {
+            job: JobId(id),
+            reason: gangway_sched::WaitReason::InOrder {
+                behind: JobId(behind),
+            },
+            estimated_start: None,
+        };
+        let behind = |w: &Why, id| match w.get(&JobId(id)).map(|e| &e.reason) {
+            Some(gangway_sched::WaitReason::InOrder { behind }) => Some(behind.0),
+            _ => None,
+        };
+        let mut w = Why::from_cycle([e(1, 0), e(2, 0), e(3, 0)]);
+        // Examined 1 (new reason) and started 2; 3 was not examined.
+        let mut d = gangway_sched::Decisions {
+            pending: vec![e(1, 7)],
+            ..Default::default()
+        };
+        d.binds.push(gangway_sched::Bind {
+            job: JobId(2),
+            placement: gangway_sched::Placement {
+                replicas: Vec::new(),
+                level: gangway_core::TopologyLevel::Node,
+            },
+            backfilled: false,
+        });
+        d.stats.unexamined = 1;
+        let before = w.clone();
+        w.update(&d);
+        assert_eq!(behind(&w, 1), Some(7), "replaced");
+        assert_eq!(behind(&w, 2), None, "started: no reason left");
+        assert_eq!(behind(&w, 3), Some(0), "not examined: kept");
+        assert_eq!(behind(&before, 2), Some(0), "a published copy keeps its own");
+        // A cycle that examined every pending job replaces them all.
+        d.stats.unexamined = 0;
+        w.update(&d);
+        assert_eq!((behind(&w, 1), behind(&w, 3)), (Some(7), None));
     }
 
     fn two_nodes() -> (tempfile::TempDir, Control<RedbStore>) {

@@ -240,7 +240,7 @@ impl Recorder {
             };
             *self.by_reason.entry(k.to_string()).or_default() += 1;
         }
-        if !d.pending.is_empty() {
+        if !d.pending.is_empty() || d.stats.unexamined > 0 {
             self.frag_sum += state.fragmented_gpus(self.node_gpus) as f64;
             self.frag_samples += 1;
         }

@@ -59,6 +59,13 @@ pub struct SchedArgs {
     /// Running jobs' ends the plan may walk per cycle (unreserved plans).
     #[arg(long, default_value_t = gangway_sched::DEFAULT_PLAN_BUDGET)]
     plan_budget: usize,
+    /// Most pending jobs examined per cycle (the head in order, then a
+    /// rotating share of the rest); a value above `--pending` examines all.
+    #[arg(long, default_value_t = gangway_sched::DEFAULT_MAX_PENDING_EXAMINED)]
+    max_pending_examined: usize,
+    /// Most victim candidates one preemption search examines.
+    #[arg(long, default_value_t = gangway_sched::DEFAULT_MAX_VICTIMS_EXAMINED)]
+    max_victims_examined: usize,
     /// Also time a full copy of the scheduler's state after each steady
     /// cycle (`state_clone_*`). Off by default: the copy doubles the peak
     /// RSS the bench reports.
@@ -267,6 +274,8 @@ struct Figures {
     /// server's lock would copy under it).
     clone_ms: Vec<f64>,
     preemptions: usize,
+    /// Pending jobs examined, over the steady cycles.
+    examined: usize,
 }
 
 fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)> {
@@ -280,6 +289,8 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         backfill: a.backfill,
         plan_depth: a.plan_depth,
         plan_budget: a.plan_budget,
+        max_pending_examined: a.max_pending_examined,
+        max_victims_examined: a.max_victims_examined,
         ..SchedulerConfig::default()
     };
     let mut ends: BTreeMap<(Time, JobId), ()> = BTreeMap::new();
@@ -307,12 +318,16 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         apply_ms: Vec::new(),
         clone_ms: Vec::new(),
         preemptions: 0,
+        examined: 0,
     };
     let mut exiting: Vec<(Time, JobId)> = Vec::new();
-    // The cluster is full once a cycle leaves some job pending; until then
-    // (a cluster with more GPUs than the queue asks for takes several
-    // cycles) the cycles are fill cycles, reported apart from steady state.
-    let mut filling = d.pending.is_empty();
+    // The cluster is full once a cycle leaves under 1 % of its GPUs free;
+    // until then (a cluster with more GPUs than the queue asks for, or a
+    // queue deeper than a cycle examines, takes several cycles) the cycles
+    // are fill cycles, reported apart from steady state.
+    let total_gpus = state.total().gpus;
+    let still_filling = |d: &gangway_sched::Decisions| d.stats.free_gpus * 100 > total_gpus;
+    let mut filling = still_filling(&d);
     let mut steady = 0;
     while steady < a.cycles {
         now += a.interval;
@@ -353,7 +368,7 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
         if fill {
             f.fill_cycles += 1;
             f.fill_max_ms = f.fill_max_ms.max(dt * 1e3);
-            filling = d.pending.is_empty();
+            filling = still_filling(&d);
         } else {
             steady += 1;
             f.apply_ms.push(t2.elapsed().as_secs_f64() * 1e3);
@@ -364,6 +379,7 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
                 drop(copy);
             }
             f.preemptions += d.preemptions.len();
+            f.examined += d.stats.considered;
             f.steady_placements += d.binds.len();
             f.steady_seconds += dt;
             f.cycle_ms.push(dt * 1e3);
@@ -419,6 +435,11 @@ fn sched(a: &SchedArgs) -> Result<()> {
         p("cycle_latency_p50", percentile(&c, 0.5), "ms");
         p("cycle_latency_p99", percentile(&c, 0.99), "ms");
         p("cycle_latency_max", c.last().copied().unwrap_or(0.0), "ms");
+        p(
+            "pending_examined_per_cycle",
+            f.examined as f64 / f.cycle_ms.len().max(1) as f64,
+            "jobs",
+        );
         p("apply_latency_p50", percentile(&ap, 0.5), "ms");
         if a.time_state_copy {
             let mut cl = f.clone_ms.clone();

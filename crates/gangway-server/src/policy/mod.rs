@@ -67,6 +67,10 @@ pub struct SchedulerKnobs {
     /// A job that has run less than this in its attempt is not a victim
     /// (seconds, at most 7 days).
     pub min_run_seconds: u64,
+    /// Most pending jobs a cycle examines (100 to 10,000,000): the head of
+    /// the order, then a rotating share of the rest, so a deep queue does
+    /// not lengthen every cycle.
+    pub max_pending_examined: usize,
 }
 
 impl Default for SchedulerKnobs {
@@ -81,6 +85,7 @@ impl Default for SchedulerKnobs {
             max_preemptions_per_cycle: d.max_preemptions_per_cycle,
             preemption_budget: d.preemption_budget,
             min_run_seconds: d.min_run_seconds,
+            max_pending_examined: d.max_pending_examined,
         }
     }
 }
@@ -97,6 +102,7 @@ impl SchedulerKnobs {
             max_preemptions_per_cycle: self.max_preemptions_per_cycle,
             preemption_budget: self.preemption_budget,
             min_run_seconds: self.min_run_seconds,
+            max_pending_examined: self.max_pending_examined,
             ..SchedulerConfig::default()
         }
     }
@@ -138,6 +144,12 @@ impl SchedulerKnobs {
                 u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
             )?;
         }
+        range(
+            "max_pending_examined",
+            self.max_pending_examined as u64,
+            100,
+            10_000_000,
+        )?;
         range(
             "min_run_seconds",
             self.min_run_seconds,
@@ -1017,6 +1029,9 @@ mod tests {
         let mut p = base.clone();
         p.scheduler.min_run_seconds = 100 * 86_400;
         refuse(&p, "scheduler.min_run_seconds");
+        p.scheduler.min_run_seconds = 0;
+        p.scheduler.max_pending_examined = 10;
+        refuse(&p, "scheduler.max_pending_examined");
         let mut p = base.clone();
         p.queues[1].min_run_seconds = Some(8 * 86_400);
         refuse(
