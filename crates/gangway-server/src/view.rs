@@ -39,6 +39,10 @@ pub type NodeTokens = imbl::HashMap<crate::authz::TokenHash, String>;
 /// Last heartbeat per node, copied in O(1).
 pub type LastSeen = imbl::HashMap<String, Time>;
 
+/// Per-node credentials (token digest, log-key nonce) by node name, copied
+/// in O(1): the log relay derives a node's log key from the view.
+pub type NodeCredentials = imbl::HashMap<String, crate::nodes::NodeCredential>;
+
 /// Nodes the last cycle's backfill plan starts each pending job on.
 pub type PlannedNodes = Arc<HashMap<JobId, Vec<NodeIdx>>>;
 
@@ -279,6 +283,10 @@ pub struct ReadView {
     pub cluster: Arc<ClusterSnapshot>,
     /// Last heartbeat per node.
     pub last_seen: LastSeen,
+    /// Maintenance reservations by name (`GET /v1/reservations`).
+    pub reservations: crate::reservations::ReservationMap,
+    /// Per-node credentials by name (the log relay's keys).
+    pub node_credentials: NodeCredentials,
 }
 
 impl ReadView {
@@ -295,6 +303,20 @@ impl ReadView {
     /// The node a node token's digest belongs to.
     pub fn node_of_token(&self, h: &crate::authz::TokenHash) -> Option<&str> {
         self.node_by_token.get(h).map(String::as_str)
+    }
+
+    /// The log key of `node`, derived with the join token `secret` (as
+    /// [`Control::log_token_of`] derives it).
+    pub fn log_token_of(&self, node: &str, secret: &str) -> Option<String> {
+        self.node_credentials
+            .get(node)
+            .map(|c| crate::nodes::log_token(secret, node, &c.log_nonce))
+    }
+
+    /// A registered node's row in the cluster snapshot, by name (a walk of
+    /// the nodes: for rare reads such as the log relay's).
+    pub fn node_row(&self, name: &str) -> Option<&Arc<NodeRow>> {
+        self.cluster.nodes.iter().find(|n| n.spec.name == name)
     }
 
     /// The names of the nodes the last plan starts `id` on.
@@ -362,6 +384,8 @@ impl<S: Store> Control<S> {
             job_counts: self.jobs.counts_shared(),
             cluster: self.cluster_view.snapshot.clone(),
             last_seen: self.last_seen.clone(),
+            reservations: self.reservations.0.clone(),
+            node_credentials: self.node_tokens.clone(),
         }
     }
 
