@@ -8,7 +8,8 @@
 //! and `Arc`s, so a publication costs O(1) and the next write O(log n)).
 //! Because the copy is published before the lock is released, whoever was
 //! acknowledged a change (a submission's group commit, a cancel) reads it
-//! afterwards: read-your-writes.
+//! afterwards: read-your-writes. Usage, history, reservations, the policy
+//! pilot and what-if and the log relay read it too: no GET takes the lock.
 //!
 //! The nodes and queues (`/v1/nodes`, `/v1/queues`, `/v1/cluster`, the GPU
 //! gauges of `/metrics`) are read from a [`ClusterSnapshot`] in the view. It
@@ -258,8 +259,9 @@ impl ClusterMemo {
     }
 }
 
-/// What job reads see: the records, the gates, and the last cycle's
-/// explanations and plan with the node and queue names they refer to.
+/// What reads see: the records, the gates, the last cycle's explanations
+/// and plan with the node and queue names they refer to, the cluster
+/// snapshot, the reservations and the node credentials.
 #[derive(Clone, Debug, Default)]
 pub struct ReadView {
     /// Every job record with its store revision.
