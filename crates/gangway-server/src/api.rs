@@ -321,6 +321,20 @@ pub async fn with_control<T: Send + 'static>(
     })?
 }
 
+/// Runs `f` on the blocking pool: reads that walk every job (usage,
+/// history, the policy's figures) keep the async workers free for
+/// heartbeats and requests.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("read task failed: {e}"),
+        )
+    })?
+}
+
 /// The bearer token of a request.
 fn bearer(headers: &HeaderMap) -> ApiResult<&str> {
     headers
@@ -737,49 +751,11 @@ async fn queues(
 async fn nodes(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<crate::node_list::NodeList>> {
     authenticate_person(&app, &headers)?;
-    // The read view's snapshot: no state lock (issue 16).
-    let v = app.control.view();
-    let mut out: Vec<_> = v
-        .cluster
-        .nodes
-        .iter()
-        .map(|n| {
-            json!({
-                "name": n.spec.name,
-                "leaf": n.spec.leaf,
-                "address": n.spec.address,
-                "cordoned": n.spec.cordoned,
-                "cordon_reason": n.cordon_reason,
-                "ready": n.ready,
-                "last_heartbeat": v.last_seen.get(&n.spec.name),
-                "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
-                    "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                    "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
-                })).collect::<Vec<_>>(),
-                "jobs": n.jobs,
-                "pending_approval": false,
-            })
-        })
-        .collect();
-    for n in &v.cluster.waiting_approval {
-        out.push(json!({
-            "name": n.name,
-            "leaf": n.leaf,
-            "address": n.address,
-            "cordoned": n.cordoned,
-            "ready": false,
-            "last_heartbeat": v.last_seen.get(&n.name),
-            "gpus": n.gpus.iter().map(|g| json!({
-                "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                "healthy": g.healthy, "allocated": false,
-            })).collect::<Vec<_>>(),
-            "jobs": [],
-            "pending_approval": true,
-        }));
-    }
-    Ok(Json(json!(out)))
+    // The read view's snapshot, serialized as it is: no state lock, no
+    // `serde_json::Value` tree (issue 16).
+    Ok(Json(crate::node_list::NodeList(app.control.view())))
 }
 
 #[utoipa::path(
@@ -1011,10 +987,11 @@ async fn job_logs(
     let p = authenticate_person(&app, &headers)?;
     let rank = q.rank.unwrap_or(0);
     let (url, token, attempt) = {
-        let c = lock(&app)?;
-        let (rec, _) = c
-            .jobs
-            .get(&JobId(id))
+        // The read view: the record, the node's registered address and its
+        // log key; no state lock (issue 16).
+        let v = app.control.view();
+        let rec = v
+            .job(JobId(id))
             .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("job {id} does not exist")))?;
         if job_access(&p, &rec.user) != Some(JobAccess::Full) {
             return Err(forbidden(format!(
@@ -1038,10 +1015,7 @@ async fn job_logs(
             Some(f) if q.attempt == Some(f.attempt) && f.rank == Some(rank) => &f.node,
             _ => node,
         };
-        let spec = c
-            .cluster
-            .node_index(node)
-            .map(|n| &c.cluster.nodes()[n as usize].spec);
+        let spec = v.node_row(node).map(|n| &n.spec);
         let url = spec.and_then(|s| s.agent_url.clone()).ok_or_else(|| {
             ApiError(
                 StatusCode::NOT_FOUND,
@@ -1051,7 +1025,7 @@ async fn job_logs(
         // Only ever the node's own registered address.
         crate::nodes::check_agent_url(&url, spec.map_or("", |s| s.address.as_str()))
             .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("node {node}: {e}")))?;
-        let token = c
+        let token = v
             .log_token_of(node, &app.cfg.agent_token)
             .unwrap_or_default();
         (url, token, q.attempt.unwrap_or(rec.ran_attempt))
@@ -1232,7 +1206,9 @@ async fn usage(
             "from: must not be after to".into(),
         ));
     }
-    let (q, u) = lock(&app)?.usage(from, to, t);
+    // The read view's jobs: no state lock (issue 16).
+    let view = app.control.view();
+    let (q, u) = blocking(move || Ok(crate::history::usage(&view.jobs, from, to, t))).await?;
     Ok(Json(
         json!({ "from": from, "to": to, "gpu_hours_by_queue": q, "gpu_hours_by_user": u }),
     ))

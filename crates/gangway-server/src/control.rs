@@ -272,7 +272,8 @@ pub struct Control<S: Store> {
     /// Scheduler knobs.
     pub sched: SchedulerConfig,
     /// Per-node credentials (token digests) handed out at registration.
-    pub node_tokens: HashMap<String, crate::nodes::NodeCredential>,
+    /// (A persistent map, shared with the read view: the log relay reads it.)
+    pub node_tokens: crate::view::NodeCredentials,
     /// Node names by their token's digest (authentication).
     /// (A persistent map: the read view shares it, so authenticating a node
     /// takes no lock.)
@@ -405,7 +406,7 @@ impl<S: Store> Control<S> {
                 .add_node(spec)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
-        let mut node_tokens = HashMap::new();
+        let mut node_tokens = crate::view::NodeCredentials::new();
         let mut node_by_token = crate::view::NodeTokens::new();
         for kv in store.range("/node_tokens/")? {
             let name = kv.key["/node_tokens/".len()..].to_string();
@@ -898,46 +899,6 @@ impl<S: Store> Control<S> {
         self.why.remove(&id);
         self.gates.waiting.remove(&id);
         Ok(())
-    }
-
-    /// GPU-hours per queue and per user over `[from, to)`: each job counts
-    /// its GPUs from when it was scheduled until it ended (or `now`).
-    pub fn usage(
-        &self,
-        from: Time,
-        to: Time,
-        now: Time,
-    ) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
-        let mut by_queue = BTreeMap::new();
-        let mut by_user = BTreeMap::new();
-        for (rec, _) in self.jobs.values() {
-            let gpus: u64 = rec.placement.iter().map(|r| r.gpus.len() as u64).sum();
-            let mut start: Option<Time> = None;
-            let mut secs = 0u64;
-            for e in &rec.events {
-                match e.kind.as_str() {
-                    "scheduled" | "running" => {
-                        start.get_or_insert(e.at);
-                    }
-                    "cancelled" | "finished" | "failed" | "requeued" | "restarting" | "timeout" => {
-                        if let Some(s) = start.take() {
-                            secs += e.at.min(to).saturating_sub(s.max(from));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(s) = start {
-                secs += now.min(to).saturating_sub(s.max(from));
-            }
-            let h = (gpus * secs) as f64 / 3600.0;
-            let ran = gpus > 0 && rec.events.iter().any(|e| e.kind == "scheduled");
-            if ran {
-                *by_queue.entry(rec.spec.queue.clone()).or_insert(0.0) += h;
-                *by_user.entry(rec.user.clone()).or_insert(0.0) += h;
-            }
-        }
-        (by_queue, by_user)
     }
 
     /// Applies an agent's report about a job on its node. `attempt` (when
@@ -1657,39 +1618,6 @@ impl<S: Store> Control<S> {
 mod tests {
     use super::*;
     use gangway_store::RedbStore;
-
-    #[test]
-    fn usage_counts_gpu_hours_inside_the_range() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
-        let mut c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
-            .expect("control");
-        let ev = |at, kind: &str| JobEvent {
-            at,
-            kind: kind.into(),
-            message: String::new(),
-        };
-        let mut rec = JobRecord::submitted(JobId(1), "alice", JobSpec::new("j", "q", 1, 2), 0);
-        rec.state = JobState::Cancelled;
-        rec.placement = vec![ReplicaOn {
-            node: "n".into(),
-            gpus: vec![0, 1],
-        }];
-        rec.events = vec![
-            ev(0, "submitted"),
-            ev(100, "scheduled"),
-            ev(3700, "cancelled"),
-        ];
-        c.jobs.insert(JobId(1), (rec, 1));
-        let (q, u) = c.usage(0, 10_000, 20_000);
-        assert!((q["q"] - 2.0).abs() < 1e-9, "2 GPUs for one hour");
-        assert!((u["alice"] - 2.0).abs() < 1e-9);
-        let (q, _) = c.usage(1900, 10_000, 20_000);
-        assert!(
-            (q["q"] - 1.0).abs() < 1e-9,
-            "only the half hour inside the range"
-        );
-    }
 
     fn one_node_running_job(grace: u64) -> (tempfile::TempDir, Control<RedbStore>, JobId) {
         let dir = tempfile::tempdir().expect("tmp");

@@ -2,9 +2,10 @@
 //! shape for the API, the CLI's CSV/JSON, the export kept before retention
 //! removes a record, and the policy what-if's replay of this cluster's past.
 
-use crate::records::JobRecord;
+use crate::records::{JobMap, JobRecord};
 use gangway_core::{JobId, JobState, Time};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// One job's accounting row, derived from its record and events.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -189,6 +190,98 @@ pub struct HistoryPage {
     pub next_cursor: Option<u64>,
 }
 
+/// GPU-hours per queue and per user over `[from, to)` (`GET /v1/usage`):
+/// each job counts its GPUs from when it was scheduled until it ended (or
+/// `now`). Reads a job map, the state's or the read view's.
+pub fn usage(
+    jobs: &JobMap,
+    from: Time,
+    to: Time,
+    now: Time,
+) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+    let mut by_queue = BTreeMap::new();
+    let mut by_user = BTreeMap::new();
+    for (rec, _) in jobs.values() {
+        let gpus: u64 = rec.placement.iter().map(|r| r.gpus.len() as u64).sum();
+        let mut start: Option<Time> = None;
+        let mut secs = 0u64;
+        for e in &rec.events {
+            match e.kind.as_str() {
+                "scheduled" | "running" => {
+                    start.get_or_insert(e.at);
+                }
+                "cancelled" | "finished" | "failed" | "requeued" | "restarting" | "timeout" => {
+                    if let Some(s) = start.take() {
+                        secs += e.at.min(to).saturating_sub(s.max(from));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = start {
+            secs += now.min(to).saturating_sub(s.max(from));
+        }
+        let h = (gpus * secs) as f64 / 3600.0;
+        let ran = gpus > 0 && rec.events.iter().any(|e| e.kind == "scheduled");
+        if ran {
+            *by_queue.entry(rec.spec.queue.clone()).or_insert(0.0) += h;
+            *by_user.entry(rec.user.clone()).or_insert(0.0) += h;
+        }
+    }
+    (by_queue, by_user)
+}
+
+/// Which finished jobs a page of `GET /v1/history` shows, checked and
+/// resolved by the caller (who may read whose jobs is the API's rule).
+#[derive(Clone, Debug, Default)]
+pub struct HistoryFilter {
+    /// Only this user's jobs.
+    pub user: Option<String>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only these final states.
+    pub states: Option<Vec<JobState>>,
+    /// Only jobs that ended at or after this time.
+    pub since: Option<Time>,
+    /// Only jobs that ended before this time.
+    pub until: Option<Time>,
+    /// Only jobs with a larger id.
+    pub cursor: Option<u64>,
+    /// Rows at most (at least 1).
+    pub limit: usize,
+}
+
+/// One page of finished jobs of `jobs` (the state's or the read view's),
+/// walking ids upwards from the filter's cursor, as of `now`.
+pub fn page(jobs: &JobMap, f: &HistoryFilter, now: Time) -> HistoryPage {
+    let from = JobId(f.cursor.map_or(0, |c| c.saturating_add(1)));
+    let mut entries = Vec::new();
+    let mut next_cursor = None;
+    for (rec, _) in jobs.range(from..).map(|(_, v)| v) {
+        if !rec.state.is_terminal()
+            || f.user.as_ref().is_some_and(|u| &rec.user != u)
+            || f.queue.as_ref().is_some_and(|x| &rec.spec.queue != x)
+            || f.states.as_ref().is_some_and(|s| !s.contains(&rec.state))
+        {
+            continue;
+        }
+        let e = HistoryEntry::from_record(rec, now);
+        let ended = e.ended_at.unwrap_or(rec.submitted_at);
+        if f.since.is_some_and(|t| ended < t) || f.until.is_some_and(|t| ended >= t) {
+            continue;
+        }
+        if entries.len() == f.limit {
+            next_cursor = entries.last().map(|e: &HistoryEntry| e.id.0);
+            break;
+        }
+        entries.push(e);
+    }
+    HistoryPage {
+        entries,
+        next_cursor,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +365,77 @@ mod tests {
         let back: HistoryEntry = serde_json::from_value(old).expect("old row");
         assert_eq!(back.failed_attempts, 0);
         assert_eq!(back.run_seconds, h.run_seconds);
+    }
+
+    #[test]
+    fn usage_counts_gpu_hours_inside_the_range() {
+        let mut rec = JobRecord::submitted(
+            JobId(1),
+            "alice",
+            gangway_core::JobSpec::new("j", "q", 1, 2),
+            0,
+        );
+        rec.state = JobState::Cancelled;
+        rec.placement = vec![ReplicaOn {
+            node: "n".into(),
+            gpus: vec![0, 1],
+        }];
+        rec.events = vec![
+            ev(0, "submitted"),
+            ev(100, "scheduled"),
+            ev(3700, "cancelled"),
+        ];
+        let mut jobs = JobMap::new();
+        jobs.insert(JobId(1), (std::sync::Arc::new(rec), 1));
+        let (q, u) = usage(&jobs, 0, 10_000, 20_000);
+        assert!((q["q"] - 2.0).abs() < 1e-9, "2 GPUs for one hour");
+        assert!((u["alice"] - 2.0).abs() < 1e-9);
+        let (q, _) = usage(&jobs, 1900, 10_000, 20_000);
+        assert!(
+            (q["q"] - 1.0).abs() < 1e-9,
+            "only the half hour inside the range"
+        );
+    }
+
+    #[test]
+    fn a_history_page_skips_live_jobs_filters_and_pages_by_id() {
+        let mut jobs = JobMap::new();
+        for (id, user, state) in [
+            (1, "alice", JobState::Succeeded),
+            (2, "bob", JobState::Failed),
+            (3, "alice", JobState::Running),
+            (4, "alice", JobState::Cancelled),
+            (5, "alice", JobState::Succeeded),
+        ] {
+            let mut rec = JobRecord::submitted(
+                JobId(id),
+                user,
+                gangway_core::JobSpec::new("j", "q", 1, 1),
+                10,
+            );
+            rec.state = state;
+            rec.events.push(ev(10 + id, "finished"));
+            jobs.insert(JobId(id), (std::sync::Arc::new(rec), 1));
+        }
+        let ids = |p: &HistoryPage| p.entries.iter().map(|e| e.id.0).collect::<Vec<_>>();
+        let mut f = HistoryFilter {
+            user: Some("alice".into()),
+            limit: 2,
+            ..Default::default()
+        };
+        let first = page(&jobs, &f, 100);
+        assert_eq!(ids(&first), vec![1, 4], "bob's and the running job skipped");
+        assert_eq!(first.next_cursor, Some(4));
+        f.cursor = first.next_cursor;
+        let second = page(&jobs, &f, 100);
+        assert_eq!(ids(&second), vec![5]);
+        assert_eq!(second.next_cursor, None);
+        let f = HistoryFilter {
+            states: Some(vec![JobState::Failed, JobState::Cancelled]),
+            since: Some(14),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(ids(&page(&jobs, &f, 100)), vec![4], "job 2 ended at 12");
     }
 }

@@ -1,12 +1,12 @@
 //! `GET /v1/history`: the HTTP half of [`crate::history`] (the rows and
 //! their query live there, free of HTTP).
 
-use crate::api::{authenticate_person, lock, ApiError, App, Principal};
-use crate::history::{HistoryEntry, HistoryPage, HistoryQuery, DEFAULT_PAGE, MAX_PAGE};
+use crate::api::{authenticate_person, blocking, ApiError, App, Principal};
+use crate::history::{page, HistoryFilter, HistoryPage, HistoryQuery, DEFAULT_PAGE, MAX_PAGE};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use gangway_core::{JobId, JobState};
+use gangway_core::JobState;
 use std::sync::Arc;
 
 /// The final states `state` names, or which name is not one (400).
@@ -71,32 +71,17 @@ pub async fn list(
         ));
     }
     let states = q.state.as_deref().map(final_states).transpose()?;
+    let filter = HistoryFilter {
+        user,
+        queue: q.queue,
+        states,
+        since: q.since,
+        until: q.until,
+        cursor: q.cursor,
+        limit,
+    };
+    // The read view's jobs: no state lock (issue 16).
+    let view = app.control.view();
     let now = crate::clock::now();
-    let c = lock(&app)?;
-    let from = JobId(q.cursor.map_or(0, |c| c.saturating_add(1)));
-    let mut entries = Vec::new();
-    let mut next_cursor = None;
-    for (rec, _) in c.jobs.range(from..).map(|(_, v)| v) {
-        if !rec.state.is_terminal()
-            || user.as_ref().is_some_and(|u| &rec.user != u)
-            || q.queue.as_ref().is_some_and(|x| &rec.spec.queue != x)
-            || states.as_ref().is_some_and(|s| !s.contains(&rec.state))
-        {
-            continue;
-        }
-        let e = HistoryEntry::from_record(rec, now);
-        let ended = e.ended_at.unwrap_or(rec.submitted_at);
-        if q.since.is_some_and(|t| ended < t) || q.until.is_some_and(|t| ended >= t) {
-            continue;
-        }
-        if entries.len() == limit {
-            next_cursor = entries.last().map(|e: &HistoryEntry| e.id.0);
-            break;
-        }
-        entries.push(e);
-    }
-    Ok(Json(HistoryPage {
-        entries,
-        next_cursor,
-    }))
+    blocking(move || Ok(Json(page(&view.jobs, &filter, now)))).await
 }

@@ -19,6 +19,7 @@ pub mod history_api;
 pub mod limits;
 pub mod listing;
 pub mod metrics;
+pub mod node_list;
 pub mod nodes;
 pub mod openapi;
 pub mod policy;

@@ -13,7 +13,6 @@ use crate::control::{decode, encode, Control, ControlError};
 use gangway_core::Time;
 use gangway_store::{Op, Store};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// Store prefix of reservations.
 pub const PREFIX: &str = "/reservations/";
@@ -60,14 +59,18 @@ pub struct CreateReservation {
     pub duration_seconds: u64,
 }
 
+/// Reservations by name: a persistent map, so the read view shares it
+/// (`GET /v1/reservations` takes no lock) and a publication copies nothing.
+pub type ReservationMap = imbl::OrdMap<String, MaintenanceReservation>;
+
 /// The reservations the control state knows, by name.
 #[derive(Clone, Debug, Default)]
-pub struct Reservations(pub BTreeMap<String, MaintenanceReservation>);
+pub struct Reservations(pub ReservationMap);
 
 impl Reservations {
     /// Loads every stored reservation.
     pub fn load<S: Store>(store: &S) -> Result<Self, ControlError> {
-        let mut out = BTreeMap::new();
+        let mut out = ReservationMap::new();
         for kv in store.range(PREFIX)? {
             let r: MaintenanceReservation = decode(&kv.key, &kv.value)?;
             out.insert(r.name.clone(), r);

@@ -80,8 +80,9 @@ pub async fn list(
     headers: HeaderMap,
 ) -> Result<Json<Vec<MaintenanceReservation>>, ApiError> {
     authenticate_person(&app, &headers)?;
-    let c = lock(&app)?;
-    Ok(Json(c.reservations.0.values().cloned().collect()))
+    // The read view's (shared) map: no state lock (issue 16).
+    let view = app.control.view();
+    Ok(Json(view.reservations.values().cloned().collect()))
 }
 
 /// `DELETE /v1/reservations/{name}` (admins).

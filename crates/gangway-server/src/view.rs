@@ -8,7 +8,8 @@
 //! and `Arc`s, so a publication costs O(1) and the next write O(log n)).
 //! Because the copy is published before the lock is released, whoever was
 //! acknowledged a change (a submission's group commit, a cancel) reads it
-//! afterwards: read-your-writes.
+//! afterwards: read-your-writes. Usage, history, reservations, the policy
+//! pilot and what-if and the log relay read it too: no GET takes the lock.
 //!
 //! The nodes and queues (`/v1/nodes`, `/v1/queues`, `/v1/cluster`, the GPU
 //! gauges of `/metrics`) are read from a [`ClusterSnapshot`] in the view. It
@@ -38,6 +39,10 @@ pub type NodeTokens = imbl::HashMap<crate::authz::TokenHash, String>;
 
 /// Last heartbeat per node, copied in O(1).
 pub type LastSeen = imbl::HashMap<String, Time>;
+
+/// Per-node credentials (token digest, log-key nonce) by node name, copied
+/// in O(1): the log relay derives a node's log key from the view.
+pub type NodeCredentials = imbl::HashMap<String, crate::nodes::NodeCredential>;
 
 /// Nodes the last cycle's backfill plan starts each pending job on.
 pub type PlannedNodes = Arc<HashMap<JobId, Vec<NodeIdx>>>;
@@ -265,8 +270,9 @@ impl ClusterMemo {
     }
 }
 
-/// What job reads see: the records, the gates, and the last cycle's
-/// explanations and plan with the node and queue names they refer to.
+/// What reads see: the records, the gates, the last cycle's explanations
+/// and plan with the node and queue names they refer to, the cluster
+/// snapshot, the reservations and the node credentials.
 #[derive(Clone, Debug, Default)]
 pub struct ReadView {
     /// Every job record with its store revision.
@@ -290,6 +296,10 @@ pub struct ReadView {
     pub cluster: Arc<ClusterSnapshot>,
     /// Last heartbeat per node.
     pub last_seen: LastSeen,
+    /// Maintenance reservations by name (`GET /v1/reservations`).
+    pub reservations: crate::reservations::ReservationMap,
+    /// Per-node credentials by name (the log relay's keys).
+    pub node_credentials: NodeCredentials,
 }
 
 impl ReadView {
@@ -306,6 +316,20 @@ impl ReadView {
     /// The node a node token's digest belongs to.
     pub fn node_of_token(&self, h: &crate::authz::TokenHash) -> Option<&str> {
         self.node_by_token.get(h).map(String::as_str)
+    }
+
+    /// The log key of `node`, derived with the join token `secret` (as
+    /// [`Control::log_token_of`] derives it).
+    pub fn log_token_of(&self, node: &str, secret: &str) -> Option<String> {
+        self.node_credentials
+            .get(node)
+            .map(|c| crate::nodes::log_token(secret, node, &c.log_nonce))
+    }
+
+    /// A registered node's row in the cluster snapshot, by name (a walk of
+    /// the nodes: for rare reads such as the log relay's).
+    pub fn node_row(&self, name: &str) -> Option<&Arc<NodeRow>> {
+        self.cluster.nodes.iter().find(|n| n.spec.name == name)
     }
 
     /// The names of the nodes the last plan starts `id` on.
@@ -373,6 +397,8 @@ impl<S: Store> Control<S> {
             job_counts: self.jobs.counts_shared(),
             cluster: self.cluster_view.snapshot.clone(),
             last_seen: self.last_seen.clone(),
+            reservations: self.reservations.0.clone(),
+            node_credentials: self.node_tokens.clone(),
         }
     }
 

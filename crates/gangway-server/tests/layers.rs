@@ -38,6 +38,7 @@ const HTTP: &[&str] = &[
     "history_api",
     "listing",
     "metrics",
+    "node_list",
     "openapi",
     "reservations_api",
     "workflow_api",

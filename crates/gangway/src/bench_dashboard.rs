@@ -98,6 +98,8 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
     }
     let held = metrics_lock_holds(&app, a.requests)?;
     let rebuilds = cluster_view_rebuilds(&app, a.requests)?;
+    let publish = view_publications(&app, a.requests)?;
+    let nodes_json = nodes_serialization(&app, a.requests)?;
     let rt = tokio::runtime::Runtime::new()?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -121,6 +123,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         "# gangway bench dashboard: {} nodes x 8 GPUs, {} jobs; server time per view over {} requests on loopback",
         a.nodes, a.jobs, a.requests
     );
+    print_nodes_json(&nodes_json, &publish);
     let held_lock = if a.hold_lock {
         Some(app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?)
     } else {
@@ -322,6 +325,120 @@ fn cluster_view_rebuilds(app: &gangway_server::api::App, n: usize) -> Result<(Ve
     full.sort_by(f64::total_cmp);
     reuse.sort_by(f64::total_cmp);
     Ok((full, reuse))
+}
+
+/// How long publishing the read view takes (what every release of the
+/// state lock pays), in ms over `n` publications.
+fn view_publications(app: &gangway_server::api::App, n: usize) -> Result<Vec<f64>> {
+    let c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    let mut out = Vec::with_capacity(n.max(1) * 100);
+    for _ in 0..n.max(1) * 100 {
+        let t = Instant::now();
+        let v = std::hint::black_box(c.read_view());
+        out.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(v);
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(out)
+}
+
+/// `GET /v1/nodes`'s body built two ways from the same read view, in ms
+/// over `n` builds each, alternating: through a `serde_json::Value` tree
+/// (how the server built it before) and typed (how it does now).
+struct NodesJson {
+    value: Vec<f64>,
+    typed: Vec<f64>,
+    bytes: usize,
+}
+
+/// The node list as a `serde_json::Value`, as the server built it before
+/// it serialized the view's rows directly (the baseline).
+fn nodes_as_value(v: &gangway_server::view::ReadView) -> serde_json::Value {
+    use serde_json::json;
+    let mut out: Vec<_> = v
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "name": n.spec.name,
+                "leaf": n.spec.leaf,
+                "address": n.spec.address,
+                "cordoned": n.spec.cordoned,
+                "cordon_reason": n.cordon_reason,
+                "ready": n.ready,
+                "last_heartbeat": v.last_seen.get(&n.spec.name),
+                "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
+                    "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                    "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
+                })).collect::<Vec<_>>(),
+                "jobs": n.jobs,
+                "pending_approval": false,
+            })
+        })
+        .collect();
+    for n in &v.cluster.waiting_approval {
+        out.push(json!({
+            "name": n.name,
+            "leaf": n.leaf,
+            "address": n.address,
+            "cordoned": n.cordoned,
+            "ready": false,
+            "last_heartbeat": v.last_seen.get(&n.name),
+            "gpus": n.gpus.iter().map(|g| json!({
+                "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                "healthy": g.healthy, "allocated": false,
+            })).collect::<Vec<_>>(),
+            "jobs": [],
+            "pending_approval": true,
+        }));
+    }
+    json!(out)
+}
+
+fn nodes_serialization(app: &gangway_server::api::App, n: usize) -> Result<NodesJson> {
+    let view = app.control.view();
+    let mut out = NodesJson {
+        value: Vec::new(),
+        typed: Vec::new(),
+        bytes: 0,
+    };
+    for _ in 0..n.max(1) {
+        let t = Instant::now();
+        let before = serde_json::to_vec(&nodes_as_value(&view))?;
+        out.value.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let typed = serde_json::to_vec(&gangway_server::node_list::NodeList(view.clone()))?;
+        out.typed.push(t.elapsed().as_secs_f64() * 1e3);
+        if typed != before {
+            anyhow::bail!("the typed node list differs from the serde_json::Value one");
+        }
+        out.bytes = typed.len();
+    }
+    out.value.sort_by(f64::total_cmp);
+    out.typed.sort_by(f64::total_cmp);
+    Ok(out)
+}
+
+fn print_nodes_json(j: &NodesJson, publish: &[f64]) {
+    let (v, t) = (percentile(&j.value, 0.5), percentile(&j.typed, 0.5));
+    println!("nodes_json_value_p50: {v:.1} ms (serde_json::Value tree, the baseline)");
+    println!("nodes_json_value_p99: {:.1} ms", percentile(&j.value, 0.99));
+    println!("nodes_json_typed_p50: {t:.1} ms (the view's rows serialized directly)");
+    println!("nodes_json_typed_p99: {:.1} ms", percentile(&j.typed, 0.99));
+    println!(
+        "nodes_json_speedup_p50: {:.1} x ({} identical bytes)",
+        v / t.max(1e-9),
+        j.bytes
+    );
+    println!(
+        "view_publish_p50: {:.2} us (building the view: every release of the state lock)",
+        percentile(publish, 0.5) * 1e3
+    );
+    println!(
+        "view_publish_p99: {:.2} us",
+        percentile(publish, 0.99) * 1e3
+    );
 }
 
 /// The `/metrics` figures: the refresh's lock hold before and after, a

@@ -15,7 +15,7 @@
 
 use super::whatif::{self, WhatIf};
 use super::{Action, GateResult, Policy, PolicyError, PolicyVersion, MAX_REASON_BYTES};
-use crate::api::{authenticate_admin, authenticate_person, lock, now, ApiError, App};
+use crate::api::{authenticate_admin, authenticate_person, blocking, lock, now, ApiError, App};
 use crate::history::HistoryEntry;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -65,14 +65,6 @@ pub fn routes() -> Router<Arc<App>> {
 
 fn bad(field: &str, msg: &str) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, format!("{field}: {msg}"))
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 #[utoipa::path(
@@ -297,7 +289,7 @@ fn since_of(s: Option<u64>) -> ApiResult<u64> {
     Ok(s)
 }
 
-/// What a what-if needs, copied out of the state under its lock.
+/// What a what-if needs, read from the read view (no state lock).
 struct Snapshot {
     current: PolicyVersion,
     entries: Vec<HistoryEntry>,
@@ -305,17 +297,17 @@ struct Snapshot {
 }
 
 fn snapshot(app: &App, candidate: &Policy, t: Time) -> ApiResult<Snapshot> {
-    let c = lock(app)?;
-    super::check(candidate, &app.cfg, &c)?;
-    let current = super::current(&c.store)?
+    let view = app.control.view();
+    super::check_view(candidate, &app.cfg, &view)?;
+    let current = super::current(&app.store)?
         .ok_or_else(|| ApiError::new(StatusCode::CONFLICT, "no policy version stored yet"))?;
-    let entries = c
+    let entries = view
         .jobs
         .values()
         .filter(|(r, _)| r.state.is_terminal())
         .map(|(r, _)| HistoryEntry::from_record(r, t))
         .collect();
-    let nodes = c.cluster.nodes().iter().map(|n| n.spec.clone()).collect();
+    let nodes = view.cluster.nodes.iter().map(|n| n.spec.clone()).collect();
     Ok(Snapshot {
         current,
         entries,
@@ -647,8 +639,9 @@ pub async fn pilot_status(
     let t = now();
     let app2 = app.clone();
     blocking(move || {
-        let c = lock(&app2)?;
-        let v = super::current(&c.store)?
+        // The store and the read view's jobs: no state lock (issue 16).
+        let view = app2.control.view();
+        let v = super::current(&app2.store)?
             .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "no policy version stored yet"))?;
         let Action::Pilot { queues, .. } = &v.action else {
             return Err(ApiError::new(
@@ -656,9 +649,9 @@ pub async fn pilot_status(
                 format!("version {} is not a pilot", v.version),
             ));
         };
-        let live = super::live_figures(&c, v.at, t.saturating_add(1));
+        let live = super::live_figures_of(&view.jobs, v.at, t.saturating_add(1));
         let (mut pw, mut ow) = (Vec::new(), Vec::new());
-        for (r, _) in c.jobs.values() {
+        for (r, _) in view.jobs.values() {
             let Some(s) = r
                 .events
                 .iter()

@@ -565,6 +565,39 @@ pub fn check<S: Store>(
     cfg: &ServerConfig,
     c: &Control<S>,
 ) -> Result<(), PolicyError> {
+    let gpus: u64 = c
+        .cluster
+        .nodes()
+        .iter()
+        .map(|n| n.spec.gpus.len() as u64)
+        .sum();
+    check_against(candidate, cfg, gpus, &c.jobs)
+}
+
+/// [`check`] against the read view (no state lock): its registered GPUs
+/// and jobs. A what-if reads it; installing a version checks again under
+/// the lock.
+pub fn check_view(
+    candidate: &Policy,
+    cfg: &ServerConfig,
+    view: &crate::view::ReadView,
+) -> Result<(), PolicyError> {
+    let gpus: u64 = view
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| n.spec.gpus.len() as u64)
+        .sum();
+    check_against(candidate, cfg, gpus, &view.jobs)
+}
+
+/// [`check`] with the cluster's registered GPUs and its jobs.
+fn check_against(
+    candidate: &Policy,
+    cfg: &ServerConfig,
+    gpus: u64,
+    jobs: &crate::records::JobMap,
+) -> Result<(), PolicyError> {
     let bad = |m: String| Err(PolicyError::Invalid(m));
     candidate.scheduler.check()?;
     candidate.gates.check()?;
@@ -628,12 +661,6 @@ pub fn check<S: Store>(
             }
         }
     }
-    let gpus: u64 = c
-        .cluster
-        .nodes()
-        .iter()
-        .map(|n| n.spec.gpus.len() as u64)
-        .sum();
     if gpus > 0 {
         let top: u64 = fresh
             .queues()
@@ -648,7 +675,7 @@ pub fn check<S: Store>(
         }
     }
     let mut busy: BTreeMap<&str, (usize, gangway_core::JobId)> = BTreeMap::new();
-    for (r, _) in c.jobs.values() {
+    for (r, _) in jobs.values() {
         if !r.state.is_terminal() {
             let e = busy.entry(r.spec.queue.as_str()).or_insert((0, r.id));
             e.0 += 1;
