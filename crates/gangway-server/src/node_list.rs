@@ -105,54 +105,57 @@ struct GpuOut<'a> {
     model: &'a str,
 }
 
+/// The node list as a `serde_json::Value` tree, the way `GET /v1/nodes`
+/// was built before it serialized the rows directly: the reference the
+/// typed form is checked against (same bytes) and measured against
+/// (`bench dashboard`).
+pub fn as_value(v: &ReadView) -> serde_json::Value {
+    use serde_json::json;
+    let mut out: Vec<_> = v
+        .cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "name": n.spec.name,
+                "leaf": n.spec.leaf,
+                "address": n.spec.address,
+                "cordoned": n.spec.cordoned,
+                "cordon_reason": n.cordon_reason,
+                "ready": n.ready,
+                "last_heartbeat": v.last_seen.get(&n.spec.name),
+                "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
+                    "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                    "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
+                })).collect::<Vec<_>>(),
+                "jobs": n.jobs,
+                "pending_approval": false,
+            })
+        })
+        .collect();
+    for n in &v.cluster.waiting_approval {
+        out.push(json!({
+            "name": n.name,
+            "leaf": n.leaf,
+            "address": n.address,
+            "cordoned": n.cordoned,
+            "ready": false,
+            "last_heartbeat": v.last_seen.get(&n.name),
+            "gpus": n.gpus.iter().map(|g| json!({
+                "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                "healthy": g.healthy, "allocated": false,
+            })).collect::<Vec<_>>(),
+            "jobs": [],
+            "pending_approval": true,
+        }));
+    }
+    json!(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::view::ClusterSnapshot;
-    use serde_json::json;
-
-    /// The `serde_json::Value` form `GET /v1/nodes` was built as before.
-    fn as_value(v: &ReadView) -> serde_json::Value {
-        let mut out: Vec<_> = v
-            .cluster
-            .nodes
-            .iter()
-            .map(|n| {
-                json!({
-                    "name": n.spec.name,
-                    "leaf": n.spec.leaf,
-                    "address": n.spec.address,
-                    "cordoned": n.spec.cordoned,
-                    "cordon_reason": n.cordon_reason,
-                    "ready": n.ready,
-                    "last_heartbeat": v.last_seen.get(&n.spec.name),
-                    "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
-                        "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                        "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
-                    })).collect::<Vec<_>>(),
-                    "jobs": n.jobs,
-                    "pending_approval": false,
-                })
-            })
-            .collect();
-        for n in &v.cluster.waiting_approval {
-            out.push(json!({
-                "name": n.name,
-                "leaf": n.leaf,
-                "address": n.address,
-                "cordoned": n.cordoned,
-                "ready": false,
-                "last_heartbeat": v.last_seen.get(&n.name),
-                "gpus": n.gpus.iter().map(|g| json!({
-                    "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                    "healthy": g.healthy, "allocated": false,
-                })).collect::<Vec<_>>(),
-                "jobs": [],
-                "pending_approval": true,
-            }));
-        }
-        json!(out)
-    }
 
     fn row(name: &str, alloc: u64, jobs: &[u64], reason: Option<&str>) -> Arc<NodeRow> {
         let mut spec = NodeSpec::uniform(name, "leaf-\"0\"", "spine0", 8, "H100", 80);

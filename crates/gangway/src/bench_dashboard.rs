@@ -351,51 +351,6 @@ struct NodesJson {
     bytes: usize,
 }
 
-/// The node list as a `serde_json::Value`, as the server built it before
-/// it serialized the view's rows directly (the baseline).
-fn nodes_as_value(v: &gangway_server::view::ReadView) -> serde_json::Value {
-    use serde_json::json;
-    let mut out: Vec<_> = v
-        .cluster
-        .nodes
-        .iter()
-        .map(|n| {
-            json!({
-                "name": n.spec.name,
-                "leaf": n.spec.leaf,
-                "address": n.spec.address,
-                "cordoned": n.spec.cordoned,
-                "cordon_reason": n.cordon_reason,
-                "ready": n.ready,
-                "last_heartbeat": v.last_seen.get(&n.spec.name),
-                "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
-                    "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                    "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
-                })).collect::<Vec<_>>(),
-                "jobs": n.jobs,
-                "pending_approval": false,
-            })
-        })
-        .collect();
-    for n in &v.cluster.waiting_approval {
-        out.push(json!({
-            "name": n.name,
-            "leaf": n.leaf,
-            "address": n.address,
-            "cordoned": n.cordoned,
-            "ready": false,
-            "last_heartbeat": v.last_seen.get(&n.name),
-            "gpus": n.gpus.iter().map(|g| json!({
-                "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
-                "healthy": g.healthy, "allocated": false,
-            })).collect::<Vec<_>>(),
-            "jobs": [],
-            "pending_approval": true,
-        }));
-    }
-    json!(out)
-}
-
 fn nodes_serialization(app: &gangway_server::api::App, n: usize) -> Result<NodesJson> {
     let view = app.control.view();
     let mut out = NodesJson {
@@ -405,7 +360,7 @@ fn nodes_serialization(app: &gangway_server::api::App, n: usize) -> Result<Nodes
     };
     for _ in 0..n.max(1) {
         let t = Instant::now();
-        let before = serde_json::to_vec(&nodes_as_value(&view))?;
+        let before = serde_json::to_vec(&gangway_server::node_list::as_value(&view))?;
         out.value.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
         let typed = serde_json::to_vec(&gangway_server::node_list::NodeList(view.clone()))?;
