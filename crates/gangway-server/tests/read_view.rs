@@ -317,9 +317,9 @@ fn fake_log_agent() -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
     (port, seen)
 }
 
-/// Registers `n1` (one GPU, its agent at `port`) with the join token; its
-/// log key.
-fn node_with_agent(s: &Server, port: u16) -> String {
+/// Registers `n1` (one GPU, its agent at `port`) with the join token; the
+/// registration's answer (its node token and log key).
+fn node_with_agent(s: &Server, port: u16) -> serde_json::Value {
     let mut n1 = gangway_core::NodeSpec::uniform("n1", "leaf0", "spine0", 1, "H100", 80);
     n1.address = "127.0.0.1".into();
     n1.agent_url = Some(format!("http://127.0.0.1:{port}"));
@@ -329,7 +329,7 @@ fn node_with_agent(s: &Server, port: u16) -> String {
         &serde_json::to_string(&n1).expect("node"),
     );
     assert_eq!(code, 201, "register n1: {body}");
-    body["log_token"].as_str().expect("log token").to_string()
+    body
 }
 
 fn wait_state(s: &Server, id: u64, state: &str) {
@@ -385,7 +385,10 @@ fn usage_history_reservations_pilot_logs_and_what_if_answer_while_the_state_lock
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());
     let (port, seen) = fake_log_agent();
-    let log_token = node_with_agent(&s, port);
+    let log_token = node_with_agent(&s, port)["log_token"]
+        .as_str()
+        .expect("log token")
+        .to_string();
     // One job runs on n1; two more wait behind it and are cancelled: a
     // running job for usage and the log relay, finished ones for history.
     let running = submit(&s, "alice-token");
@@ -525,15 +528,7 @@ fn the_reads_off_the_lock_keep_their_authorisation() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());
     let (port, seen) = fake_log_agent();
-    let mut n1 = gangway_core::NodeSpec::uniform("n1", "leaf0", "spine0", 1, "H100", 80);
-    n1.address = "127.0.0.1".into();
-    n1.agent_url = Some(format!("http://127.0.0.1:{port}"));
-    let (code, body) = s.post(
-        "/v1/nodes",
-        "agent-secret",
-        &serde_json::to_string(&n1).expect("node"),
-    );
-    assert_eq!(code, 201, "{body}");
+    let body = node_with_agent(&s, port);
     let node_token = body["node_token"].as_str().expect("node token").to_string();
     let running = submit(&s, "alice-token");
     wait_state(&s, running, "scheduled");
