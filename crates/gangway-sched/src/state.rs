@@ -53,6 +53,10 @@ pub struct NodeInfo {
     pub healthy: u64,
     /// NotReady nodes (missed heartbeats) get no new work.
     pub ready: bool,
+    /// Changes whenever `spec` does, and is never shared by two nodes or two
+    /// specs of one node, so a reader that copied the spec can tell it is
+    /// unchanged without comparing it (the server's node snapshot).
+    pub spec_version: u64,
 }
 
 impl NodeInfo {
@@ -605,6 +609,8 @@ pub struct ClusterState {
     /// Where the next capped cycle's window of pending jobs past the head
     /// starts ([`crate::SchedulerConfig::max_pending_examined`]).
     pub(crate) rotation: u64,
+    /// Node spec versions handed out ([`NodeInfo::spec_version`]).
+    spec_versions: u64,
 }
 
 /// A maintenance window: from `start` to `end` its nodes run nothing, and no
@@ -1026,6 +1032,7 @@ impl ClusterState {
             healthy,
             ready: true,
             spec,
+            spec_version: self.next_spec_version(),
         };
         let cap = &mut self.capacity;
         cap.free.push(0);
@@ -1091,6 +1098,12 @@ impl ClusterState {
         self.capacity.refresh_node(&self.nodes, n);
     }
 
+    /// A spec version no node has had ([`NodeInfo::spec_version`]).
+    fn next_spec_version(&mut self) -> u64 {
+        self.spec_versions += 1;
+        self.spec_versions
+    }
+
     fn node_mut(&mut self, node: &str) -> Result<NodeIdx, StateError> {
         self.node_index(node)
             .ok_or_else(|| StateError::UnknownNode(node.to_string()))
@@ -1111,7 +1124,9 @@ impl ClusterState {
                 problem: format!("has no GPU at position {gpu}"),
             });
         }
+        let version = self.next_spec_version();
         self.update_node(n, |info| {
+            info.spec_version = version;
             info.spec.gpus[gpu].healthy = healthy;
             if healthy {
                 info.healthy |= 1 << gpu;
@@ -1125,7 +1140,11 @@ impl ClusterState {
     /// Cordons (no new work) or uncordons a node.
     pub fn set_cordoned(&mut self, node: &str, cordoned: bool) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        self.update_node(n, |info| info.spec.cordoned = cordoned);
+        let version = self.next_spec_version();
+        self.update_node(n, |info| {
+            info.spec_version = version;
+            info.spec.cordoned = cordoned;
+        });
         Ok(())
     }
 
@@ -1138,7 +1157,10 @@ impl ClusterState {
         agent_url: Option<String>,
     ) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        let spec = &mut self.nodes[n as usize].spec;
+        let version = self.next_spec_version();
+        let info = &mut self.nodes[n as usize];
+        info.spec_version = version;
+        let spec = &mut info.spec;
         spec.address = address.to_string();
         spec.agent_url = agent_url;
         Ok(())

@@ -164,6 +164,7 @@ mod tests {
         spec.cordoned = reason.is_some();
         Arc::new(NodeRow {
             spec,
+            spec_version: 1,
             ready: alloc != 0,
             alloc,
             jobs: jobs.iter().copied().map(JobId).collect(),

@@ -375,6 +375,7 @@ impl<S: Store> Control<S> {
         )?;
         self.forget_node(name);
         // The scheduler's state has no removal: rebuild it as a restart would.
+        self.cluster_view.forget_rows();
         let old = std::mem::replace(
             &mut *self.cluster,
             ClusterState::new(StateConfig::default()),

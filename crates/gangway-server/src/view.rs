@@ -134,6 +134,9 @@ impl<T> std::ops::DerefMut for Tracked<T> {
 pub struct NodeRow {
     /// As registered (cordoned, GPU health and all).
     pub spec: NodeSpec,
+    /// The scheduler's version of `spec` when it was copied
+    /// ([`gangway_sched::state::NodeInfo::spec_version`]).
+    pub spec_version: u64,
     /// Whether its agent reports in time.
     pub ready: bool,
     /// Allocated GPUs: bit `k` is `spec.gpus[k]`.
@@ -199,18 +202,21 @@ impl ClusterSnapshot {
                 };
                 unhealthy += u64::from(n.spec.gpus.len() as u32 - n.healthy.count_ones());
                 allocated += u64::from(mask.count_ones());
+                // The spec version stands for the spec (a node's versions
+                // are never another's): no spec is compared.
                 match old.nodes.get(i) {
                     Some(o)
-                        if o.ready == n.ready
+                        if o.spec_version == n.spec_version
+                            && o.ready == n.ready
                             && o.alloc == mask
                             && o.jobs == jobs
-                            && o.cordon_reason.as_ref() == reason
-                            && o.spec == n.spec =>
+                            && o.cordon_reason.as_ref() == reason =>
                     {
                         o.clone()
                     }
                     _ => Arc::new(NodeRow {
                         spec: n.spec.clone(),
+                        spec_version: n.spec_version,
                         ready: n.ready,
                         alloc: mask,
                         jobs: jobs.to_vec(),
@@ -261,6 +267,15 @@ impl ClusterMemo {
     /// however recently it was: a change someone was acknowledged (a
     /// cordon) or a cycle's binds must be read back at once.
     pub fn urge(&mut self) {
+        self.urgent = true;
+    }
+
+    /// Builds the next snapshot without reusing any row: the scheduler's
+    /// state was replaced (a node deleted), so its spec versions start
+    /// again and no longer identify the rows'.
+    pub fn forget_rows(&mut self) {
+        self.snapshot = Arc::new(ClusterSnapshot::default());
+        self.built_from = None;
         self.urgent = true;
     }
 
@@ -596,6 +611,76 @@ mod tests {
             .expect("node");
         }
         (dir, c)
+    }
+
+    /// The published rows, and the rows a build from nothing gives now.
+    fn rows_and_fresh(lock: &StateLock<RedbStore>) -> (Vec<String>, Vec<String>) {
+        let show = |r: &NodeRow| {
+            format!(
+                "{:?} {} {} {:?} {:?}",
+                r.spec, r.ready, r.alloc, r.jobs, r.cordon_reason
+            )
+        };
+        let published = lock.view().cluster.nodes.iter().map(|r| show(r)).collect();
+        let c = lock.lock().expect("lock");
+        let fresh = ClusterSnapshot::build(
+            &c.cluster,
+            &c.pending_nodes,
+            &c.cordon_reasons,
+            &ClusterSnapshot::default(),
+        );
+        (published, fresh.nodes.iter().map(|r| show(r)).collect())
+    }
+
+    /// Rows are reused by spec version, not by comparing specs: after every
+    /// kind of node change the published rows are what a build from
+    /// nothing gives (a GPU's health, a cordon, a node deleted so that the
+    /// others' versions start again and the first row's version is the
+    /// deleted node's, a job placed).
+    #[test]
+    fn reused_rows_always_equal_a_fresh_build() {
+        let (_dir, mut c) = two_nodes();
+        c.register_node(
+            gangway_core::NodeSpec::uniform("c", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            0,
+        )
+        .expect("node");
+        let lock = StateLock::new(c);
+        let check = |what: &str| {
+            let (published, fresh) = rows_and_fresh(&lock);
+            assert_eq!(published, fresh, "after {what}");
+        };
+        check("start");
+        lock.lock()
+            .expect("lock")
+            .set_gpu_health("b", 2, false)
+            .expect("health");
+        check("a GPU marked unhealthy");
+        lock.lock()
+            .expect("lock")
+            .cordon("c", true)
+            .expect("cordon");
+        check("a cordon");
+        lock.lock()
+            .expect("lock")
+            .delete_node("a", 7)
+            .expect("delete");
+        check("a node deleted");
+        {
+            let mut c = lock.lock().expect("lock");
+            c.submit("alice", JobSpec::new("j", "q", 1, 2), 5)
+                .expect("submit");
+            c.cycle(6).expect("cycle");
+        }
+        check("a job placed");
+        lock.lock()
+            .expect("lock")
+            .set_gpu_health("c", 0, false)
+            .expect("health");
+        check("a GPU marked unhealthy after the deletion");
     }
 
     fn cordoned(v: &ReadView, i: usize) -> bool {
