@@ -522,7 +522,7 @@ impl PlanOrder {
 }
 
 /// Holds of plans active on one node: GPUs, CPU, memory.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Held {
     gpus: u64,
     cpu: u64,
@@ -824,6 +824,95 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128), ..ProptestConfig::default() })]
+
+        /// The per-node hold counts equal a recount of every active entry on
+        /// the node (the rule they replace: an entry holding a node whole
+        /// holds everything; otherwise GPU masks are united and CPU and
+        /// memory summed, once per hold the entry has on the node), whatever
+        /// the order in which entries start, stop and narrow, with entries
+        /// holding a node several times and maintenance-like whole holds.
+        #[test]
+        fn plan_holds_match_a_recount_of_active_entries(
+            entries in prop::collection::vec(
+                prop::collection::vec((0u32..5, any::<u8>(), 0u64..4_000, 0u64..9_000, any::<bool>()), 1..4),
+                1..12,
+            ),
+            ops in prop::collection::vec((0usize..12, 0u8..3, any::<bool>()), 0..60),
+        ) {
+            let plan: Vec<PlanEntry> = entries
+                .iter()
+                .map(|holds| PlanEntry {
+                    start: 0,
+                    end: 1,
+                    reserved: false,
+                    maintenance: false,
+                    priority: 0,
+                    holds: holds
+                        .iter()
+                        .map(|&(n, m, c, me, max)| {
+                            if max {
+                                (n, u64::MAX, u64::MAX, u64::MAX)
+                            } else {
+                                (n, u64::from(m), c, me)
+                            }
+                        })
+                        .collect(),
+                })
+                .collect();
+            let mut h = PlanHolds::new(5);
+            // Entries arrive in two batches, as the plan grows during a cycle.
+            let half = plan.len() / 2;
+            h.start(&plan[..half]);
+            h.start(&plan);
+            let mut active = vec![false; plan.len()];
+            let mut whole = vec![false; plan.len()];
+            for &(i, op, w) in &ops {
+                let i = i % plan.len();
+                match op {
+                    0 => {
+                        if !active[i] {
+                            active[i] = true;
+                            whole[i] = w;
+                        }
+                        h.activate(i, w);
+                    }
+                    1 => {
+                        active[i] = false;
+                        h.deactivate(i);
+                    }
+                    _ => {
+                        if active[i] {
+                            whole[i] = w;
+                        }
+                        h.rewhole(i, w);
+                    }
+                }
+                for n in 0..5u32 {
+                    let mut want = Held::default();
+                    for (k, e) in plan.iter().enumerate() {
+                        if !active[k] {
+                            continue;
+                        }
+                        for _ in e.holds.iter().filter(|x| x.0 == n) {
+                            for &(node, m, c, me) in &e.holds {
+                                if node == n {
+                                    if whole[k] {
+                                        want = Held { gpus: u64::MAX, cpu: u64::MAX, mem: u64::MAX };
+                                    }
+                                    want.gpus |= m;
+                                    want.cpu = want.cpu.saturating_add(c);
+                                    want.mem = want.mem.saturating_add(me);
+                                }
+                            }
+                        }
+                    }
+                    prop_assert_eq!(h.get(n as usize), want);
+                    let listed = h.nonzero().find(|(m, _)| *m == n as usize).map(|(_, x)| x);
+                    let zero = want == Held::default();
+                    prop_assert_eq!(listed, (!zero).then_some(want));
+                }
+            }
+        }
 
         /// The release stream read from the running index (which carries what
         /// re-estimating needs) is exactly the one made by looking every
