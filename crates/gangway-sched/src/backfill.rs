@@ -21,26 +21,18 @@
 //! remaining time given how long it has already run.
 //!
 //! Releases are tracked as per-node counters; a real capacity is built only
-//! when the counters say the gang fits.
+//! when the counters say the gang fits. Earlier plans' holds are counted per
+//! node as entries start and stop overlapping the gang's run ([`PlanHolds`]),
+//! and the plan's entries are kept in start and end order for the whole cycle
+//! ([`PlanOrder`]), so a walk costs what its events touch: on a small, busy
+//! cluster with a deep plan every node carries most of the plan, and
+//! recounting each node's entries at every event (and sorting every entry's
+//! events for every walk) was most of a cycle.
 
 use crate::placement;
 use crate::state::{ClusterState, Gang, Placement};
-use crate::Session;
+use crate::{PlanEntry, Session};
 use gangway_core::{JobId, Time, TopologyConstraint};
-use rustc_hash::FxHashMap as HashMap;
-
-/// Merges two ascending sequences into one.
-fn merge<T: Ord + Copy>(
-    a: impl Iterator<Item = T>,
-    b: impl Iterator<Item = T>,
-) -> impl Iterator<Item = T> {
-    let (mut a, mut b) = (a.peekable(), b.peekable());
-    std::iter::from_fn(move || match (a.peek(), b.peek()) {
-        (Some(x), Some(y)) if x <= y => a.next(),
-        (Some(_), None) => a.next(),
-        _ => b.next(),
-    })
-}
 
 /// The seconds a plan holds a gang's GPUs: its run-time bound (time limit,
 /// else the predictor's upper estimate), else its expected run time, else the
@@ -158,6 +150,10 @@ pub(crate) struct Timeline {
     flat: Vec<(u32, u32)>,
     /// What each release frees on a schedulable node: node, healthy GPUs, CPU, memory.
     parts: Vec<(u32, u64, u64, u64)>,
+    /// The plan's holds on the gang being planned, per node.
+    holds: PlanHolds,
+    /// The plan's entries in time order.
+    order: PlanOrder,
 }
 
 impl Timeline {
@@ -176,6 +172,8 @@ impl Timeline {
             stale: Vec::new(),
             flat: Vec::new(),
             parts: Vec::new(),
+            holds: PlanHolds::new(cap.free.len()),
+            order: PlanOrder::default(),
         }
     }
 
@@ -264,21 +262,267 @@ impl Timeline {
     }
 }
 
-/// One change on the timeline of a gang being planned.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
-    /// A job bound this cycle ends (index into `decisions.binds`).
-    Bound(usize),
-    /// A plan starts to overlap the gang's run (index into the plan).
-    Hold(usize),
-    /// A reservation's start: from then on it holds only its own GPUs.
-    Narrow(usize),
-    /// A plan ends (index into the plan).
-    Unhold(usize),
+/// A plan entry's hold on one node, as the plan's hold rule counts it: the
+/// union of its GPU masks there, and its CPU and memory there counted once
+/// per hold it has on the node (an entry with `k` replicas on a node holds
+/// `k` times their sum, as the per-node recount this replaces did).
+#[derive(Clone, Copy)]
+struct NodeHold {
+    node: u32,
+    gpus: u64,
+    cpu: u128,
+    mem: u128,
+}
+
+/// What the active plan entries hold on one node, kept as counts so that an
+/// entry can be added and taken out again exactly (GPU masks are unions, so
+/// each GPU counts the entries holding it).
+#[derive(Clone)]
+struct NodeHeld {
+    /// Active entries holding the whole node (maintenance, or a reservation
+    /// before its start against a job it may not be preempted by).
+    whole: u32,
+    /// Per GPU, active entries holding it; `gpus` has a bit where non-zero.
+    per_gpu: [u32; 64],
+    gpus: u64,
+    cpu: u128,
+    mem: u128,
+}
+
+impl NodeHeld {
+    const EMPTY: NodeHeld = NodeHeld {
+        whole: 0,
+        per_gpu: [0; 64],
+        gpus: 0,
+        cpu: 0,
+        mem: 0,
+    };
+
+    /// What is held: everything once one entry holds the whole node, else
+    /// the union of GPUs and the (saturated) sums of CPU and memory.
+    fn held(&self) -> Held {
+        if self.whole > 0 {
+            return Held {
+                gpus: u64::MAX,
+                cpu: u64::MAX,
+                mem: u64::MAX,
+            };
+        }
+        Held {
+            gpus: self.gpus,
+            cpu: u64::try_from(self.cpu).unwrap_or(u64::MAX),
+            mem: u64::try_from(self.mem).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Adds (or takes out) one entry's hold on this node.
+    fn change(&mut self, h: &NodeHold, whole: bool, add: bool) {
+        if whole {
+            if add {
+                self.whole += 1;
+            } else {
+                self.whole -= 1;
+            }
+            return;
+        }
+        let mut m = h.gpus;
+        while m != 0 {
+            let b = m.trailing_zeros() as usize;
+            m &= m - 1;
+            if add {
+                self.per_gpu[b] += 1;
+                self.gpus |= 1 << b;
+            } else {
+                self.per_gpu[b] -= 1;
+                if self.per_gpu[b] == 0 {
+                    self.gpus &= !(1 << b);
+                }
+            }
+        }
+        if add {
+            self.cpu += h.cpu;
+            self.mem += h.mem;
+        } else {
+            self.cpu -= h.cpu;
+            self.mem -= h.mem;
+        }
+    }
+}
+
+/// The holds of the plan's entries active for the gang being planned, per
+/// node: updated entry by entry as entries start or stop overlapping its run,
+/// instead of recounting every entry on a node at each change (with a deep
+/// plan on a small cluster every node carries most of the plan, and the
+/// recount was most of the walk).
+pub(crate) struct PlanHolds {
+    /// Per plan entry (as of `entries` of the session's plan): its hold per node.
+    per_entry: Vec<Vec<NodeHold>>,
+    /// Per node: its slot in `held`, `u32::MAX` when it has none this walk.
+    slot: Vec<u32>,
+    /// Per slot: what active entries hold on its node.
+    held: Vec<NodeHeld>,
+    /// Per slot: its node.
+    nodes: Vec<u32>,
+    /// Per plan entry: whether it is active, and whether it counts as holding
+    /// its nodes whole.
+    active: Vec<bool>,
+    whole: Vec<bool>,
+}
+
+impl PlanHolds {
+    fn new(nodes: usize) -> Self {
+        PlanHolds {
+            per_entry: Vec::new(),
+            slot: vec![u32::MAX; nodes],
+            held: Vec::new(),
+            nodes: Vec::new(),
+            active: Vec::new(),
+            whole: Vec::new(),
+        }
+    }
+
+    /// Takes in the plan entries added since the last walk, and starts a
+    /// walk with no entry active.
+    fn start(&mut self, plan: &[PlanEntry]) {
+        for e in &plan[self.per_entry.len()..] {
+            let mut v: Vec<(NodeHold, u128)> = Vec::new();
+            for &(node, m, c, me) in &e.holds {
+                match v.iter_mut().find(|(h, _)| h.node == node) {
+                    Some((h, k)) => {
+                        h.gpus |= m;
+                        h.cpu += u128::from(c);
+                        h.mem += u128::from(me);
+                        *k += 1;
+                    }
+                    None => v.push((
+                        NodeHold {
+                            node,
+                            gpus: m,
+                            cpu: u128::from(c),
+                            mem: u128::from(me),
+                        },
+                        1,
+                    )),
+                }
+            }
+            self.per_entry.push(
+                v.into_iter()
+                    .map(|(h, k)| NodeHold {
+                        cpu: h.cpu * k,
+                        mem: h.mem * k,
+                        ..h
+                    })
+                    .collect(),
+            );
+        }
+        for &n in &self.nodes {
+            self.slot[n as usize] = u32::MAX;
+        }
+        self.nodes.clear();
+        self.held.clear();
+        self.active.clear();
+        self.active.resize(plan.len(), false);
+        self.whole.clear();
+        self.whole.resize(plan.len(), false);
+    }
+
+    /// What active entries hold on node `n`.
+    fn get(&self, n: usize) -> Held {
+        match self.slot[n] {
+            u32::MAX => Held::default(),
+            s => self.held[s as usize].held(),
+        }
+    }
+
+    /// Adds entry `i`'s holds (counted whole or not) to its nodes, or takes
+    /// them out.
+    fn change(&mut self, i: usize, whole: bool, add: bool) {
+        for h in &self.per_entry[i] {
+            let n = h.node as usize;
+            let s = match self.slot[n] {
+                u32::MAX => {
+                    let s = self.held.len() as u32;
+                    self.slot[n] = s;
+                    self.held.push(NodeHeld::EMPTY);
+                    self.nodes.push(h.node);
+                    s
+                }
+                s => s,
+            };
+            self.held[s as usize].change(h, whole, add);
+        }
+    }
+
+    /// Entry `i` starts to overlap the run (no change if it already does).
+    fn activate(&mut self, i: usize, whole: bool) {
+        if !self.active[i] {
+            self.active[i] = true;
+            self.whole[i] = whole;
+            self.change(i, whole, true);
+        }
+    }
+
+    /// Entry `i` no longer overlaps the run (no change if it did not).
+    fn deactivate(&mut self, i: usize) {
+        if self.active[i] {
+            self.active[i] = false;
+            self.change(i, self.whole[i], false);
+        }
+    }
+
+    /// Entry `i` now counts as holding its nodes whole or not.
+    fn rewhole(&mut self, i: usize, whole: bool) {
+        if self.active[i] && self.whole[i] != whole {
+            self.change(i, self.whole[i], false);
+            self.whole[i] = whole;
+            self.change(i, whole, true);
+        }
+    }
+
+    /// Nodes with something held, and what.
+    fn nonzero(&self) -> impl Iterator<Item = (usize, Held)> + '_ {
+        self.held.iter().zip(&self.nodes).filter_map(|(h, &n)| {
+            let hd = h.held();
+            (hd.gpus != 0 || hd.cpu != 0 || hd.mem != 0).then_some((n as usize, hd))
+        })
+    }
+}
+
+/// The plan's entries by start and by end, kept sorted as the plan grows,
+/// so a walk reads its hold, narrow and unhold events in time order as far
+/// as it goes instead of sorting every entry's events each time.
+#[derive(Default)]
+pub(crate) struct PlanOrder {
+    /// (start, entry), ascending.
+    by_start: Vec<(Time, usize)>,
+    /// (start, entry) of reservations, ascending.
+    reserved_by_start: Vec<(Time, usize)>,
+    /// (end, entry), ascending.
+    by_end: Vec<(Time, usize)>,
+    /// Entries of the session's plan taken in.
+    entries: usize,
+}
+
+impl PlanOrder {
+    /// Takes in the plan entries added since the last walk.
+    fn sync(&mut self, plan: &[PlanEntry]) {
+        fn insert(v: &mut Vec<(Time, usize)>, x: (Time, usize)) {
+            let at = v.partition_point(|y| *y < x);
+            v.insert(at, x);
+        }
+        for (i, e) in plan.iter().enumerate().skip(self.entries) {
+            insert(&mut self.by_start, (e.start, i));
+            if e.reserved {
+                insert(&mut self.reserved_by_start, (e.start, i));
+            }
+            insert(&mut self.by_end, (e.end, i));
+        }
+        self.entries = plan.len();
+    }
 }
 
 /// Holds of plans active on one node: GPUs, CPU, memory.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Held {
     gpus: u64,
     cpu: u64,
@@ -309,15 +553,20 @@ pub(crate) fn earliest(
     limit: usize,
 ) -> (Walk, usize) {
     tl.sync(s.state, &s.cap);
+    tl.order.sync(&s.plan);
+    let order = std::mem::take(&mut tl.order);
     let mut walked = 0;
-    let r = walk(s, tl, rel, job, replicas, limit, &mut walked);
+    let r = walk(s, tl, &order, rel, job, replicas, limit, &mut walked);
+    tl.order = order;
     tl.restore(s.state, &s.cap);
     (r, walked)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn walk(
     s: &Session<'_>,
     tl: &mut Timeline,
+    order: &PlanOrder,
     rel: &mut Releases<'_>,
     job: &Gang,
     replicas: u32,
@@ -339,67 +588,41 @@ fn walk(
         }) && nodes[n].schedulable()
     };
     let rt = plan_runtime(state, job);
-    // Plans overlapping the gang's run, per node, and which are active.
-    let mut held: HashMap<usize, Held> = HashMap::default();
-    let mut active = vec![false; s.plan.len()];
-    let mut by_node: HashMap<usize, Vec<usize>> = HashMap::default();
-    let mut events: Vec<(Time, Event)> = Vec::with_capacity(2 * s.plan.len());
-    for (i, e) in s.plan.iter().enumerate() {
-        for h in &e.holds {
-            by_node.entry(h.0 as usize).or_default().push(i);
-        }
-        // It overlaps a run starting at t iff t < e.end and t + rt > e.start.
-        if e.start < s.now.saturating_add(rt) {
-            active[i] = true;
-        } else {
-            events.push((e.start - rt + 1, Event::Hold(i)));
-        }
-        if e.reserved && e.start > s.now {
-            events.push((e.start, Event::Narrow(i)));
-        }
-        events.push((e.end, Event::Unhold(i)));
-    }
-    events.sort_unstable();
-    let recompute_held = |n: usize, t: Time, active: &[bool], held: &mut HashMap<usize, Held>| {
-        let mut h = Held::default();
-        for &i in by_node.get(&n).map_or(&[][..], |v| v.as_slice()) {
-            if !active[i] {
-                continue;
-            }
-            let e = &s.plan[i];
-            // Until it starts, a reservation keeps its whole nodes from a job
-            // that would overlap it, as binding does (unless the job is
-            // preemptible by its holder); once started, and for other plans,
-            // only its own GPUs are held.
-            let whole = e.maintenance
-                || (e.reserved && t < e.start && !(job.preemptible && job.priority < e.priority));
-            for &(node, m, c, me) in &e.holds {
-                if node as usize == n {
-                    if whole {
-                        h.gpus = u64::MAX;
-                        h.cpu = u64::MAX;
-                        h.mem = u64::MAX;
-                    }
-                    h.gpus |= m;
-                    h.cpu = h.cpu.saturating_add(c);
-                    h.mem = h.mem.saturating_add(me);
-                }
-            }
-        }
-        if h.gpus == 0 && h.cpu == 0 && h.mem == 0 {
-            held.remove(&n);
-        } else {
-            held.insert(n, h);
-        }
+    // Until it starts, a reservation keeps its whole nodes from a job that
+    // would overlap it, as binding does (unless the job is preemptible by its
+    // holder); once started, and for other plans, only its own GPUs are held.
+    let whole = |e: &PlanEntry, t: Time| {
+        e.maintenance
+            || (e.reserved && t < e.start && !(job.preemptible && job.priority < e.priority))
     };
-    for n in by_node.keys() {
-        recompute_held(*n, s.now, &active, &mut held);
+    // Plans overlapping the gang's run, per node.
+    tl.holds.start(&s.plan);
+    // It overlaps a run starting at t iff t < e.end and t + rt > e.start:
+    // those starting before `now + rt` from the outset, the others from
+    // `start - rt + 1`.
+    let first_later = order
+        .by_start
+        .partition_point(|&(start, _)| start < s.now.saturating_add(rt));
+    for &(_, i) in &order.by_start[..first_later] {
+        tl.holds.activate(i, whole(&s.plan[i], s.now));
     }
-    let host = |n: usize, g: &[u64], cpu: &[u64], mem: &[u64], held: &HashMap<usize, Held>| {
+    // The other events, each list in time order with a cursor: entries
+    // starting to overlap (at `start - rt + 1`), reservations starting (from
+    // then on they hold only their own GPUs), entries ending, and this
+    // cycle's binds ending. Events at one instant all apply before the gang
+    // is tried there, so their order within the instant does not matter.
+    let later = &order.by_start[first_later..];
+    let narrows = &order.reserved_by_start[order
+        .reserved_by_start
+        .partition_point(|&(start, _)| start <= s.now)..];
+    let ends = &order.by_end;
+    let bound = &s.bound_sorted;
+    let (mut hi, mut ni, mut ui, mut bi) = (0, 0, 0, 0);
+    let host = |n: usize, g: &[u64], cpu: &[u64], mem: &[u64], held: &PlanHolds| {
         if !class_ok(n) {
             return 0;
         }
-        let hd = held.get(&n).copied().unwrap_or_default();
+        let hd = held.get(n);
         let have = [
             u64::from((g[n] & !hd.gpus).count_ones()),
             cpu[n].saturating_sub(hd.cpu),
@@ -428,7 +651,7 @@ fn walk(
     let mut total_h: u64 = 0;
     if !single {
         let mut seed = |n: usize, tl: &mut Timeline| {
-            let v = host(n, &tl.g, &tl.cpu, &tl.mem, &held);
+            let v = host(n, &tl.g, &tl.cpu, &tl.mem, &tl.holds);
             if v > 0 {
                 tl.h[n] = v;
                 tl.dirty.push(n);
@@ -455,24 +678,24 @@ fn walk(
         }
     }
     let r = u64::from(replicas);
-    // Running jobs' ends come from the lazy release stream (index `ri`);
-    // at equal times they go before the other events, as in (time, event) order.
-    let mut stream = merge(
-        s.bound_sorted.iter().map(|(t, i)| (*t, Event::Bound(*i))),
-        events.into_iter(),
-    )
-    .peekable();
+    // Running jobs' ends come from the lazy release stream (index `ri`).
     let mut ri = 0;
     let mut touched: Vec<usize> = Vec::new();
     let check_victims = !s.victims.is_empty();
     loop {
-        let tr = rel.get(ri).map(|(t, _)| t);
-        let to = stream.peek().map(|(t, _)| *t);
-        let t = match (tr, to) {
-            (Some(a), Some(b)) => a.min(b),
-            (Some(a), None) => a,
-            (None, Some(b)) => b,
-            (None, None) => break,
+        // The next instant anything happens (this loop runs once per instant).
+        let mut next: Option<Time> = rel.get(ri).map(|(t, _)| t);
+        let mut sooner = |x: Option<Time>| {
+            if let Some(x) = x {
+                next = Some(next.map_or(x, |n| n.min(x)));
+            }
+        };
+        sooner(later.get(hi).map(|&(start, _)| start - rt + 1));
+        sooner(narrows.get(ni).map(|&(start, _)| start));
+        sooner(ends.get(ui).map(|&(end, _)| end));
+        sooner(bound.get(bi).map(|&(end, _)| end));
+        let Some(t) = next else {
+            break;
         };
         touched.clear();
         // Everything that happens at `t`: running jobs' ends first.
@@ -498,43 +721,56 @@ fn walk(
                 touched.push(n as usize);
             }
         }
-        while let Some((_, ev)) = stream.next_if(|(te, _)| *te == t) {
-            match ev {
-                Event::Hold(i) | Event::Unhold(i) | Event::Narrow(i) => {
-                    match ev {
-                        Event::Hold(_) => active[i] = true,
-                        Event::Unhold(_) => active[i] = false,
-                        _ => {}
-                    }
-                    for &(node, ..) in &s.plan[i].holds {
-                        recompute_held(node as usize, t, &active, &mut held);
-                        touched.push(node as usize);
-                    }
+        while let Some(&(start, i)) = later.get(hi) {
+            if start - rt + 1 != t {
+                break;
+            }
+            hi += 1;
+            tl.holds.activate(i, whole(&s.plan[i], t));
+            touched.extend(s.plan[i].holds.iter().map(|h| h.0 as usize));
+        }
+        while let Some(&(start, i)) = narrows.get(ni) {
+            if start != t {
+                break;
+            }
+            ni += 1;
+            tl.holds.rewhole(i, whole(&s.plan[i], t));
+            touched.extend(s.plan[i].holds.iter().map(|h| h.0 as usize));
+        }
+        while let Some(&(end, i)) = ends.get(ui) {
+            if end != t {
+                break;
+            }
+            ui += 1;
+            tl.holds.deactivate(i);
+            touched.extend(s.plan[i].holds.iter().map(|h| h.0 as usize));
+        }
+        while let Some(&(end, k)) = bound.get(bi) {
+            if end != t {
+                break;
+            }
+            bi += 1;
+            let b = &s.decisions.binds[k];
+            let Some(v) = state.job(b.job) else { continue };
+            let vp = v.per_replica();
+            for rp in &b.placement.replicas {
+                let info = &nodes[rp.node as usize];
+                if info.schedulable() {
+                    tl.release(
+                        rp.node as usize,
+                        rp.gpus & info.healthy,
+                        vp.cpu_millis,
+                        vp.memory_mib,
+                    );
                 }
-                Event::Bound(bi) => {
-                    let b = &s.decisions.binds[bi];
-                    let Some(v) = state.job(b.job) else { continue };
-                    let vp = v.per_replica();
-                    for rp in &b.placement.replicas {
-                        let info = &nodes[rp.node as usize];
-                        if info.schedulable() {
-                            tl.release(
-                                rp.node as usize,
-                                rp.gpus & info.healthy,
-                                vp.cpu_millis,
-                                vp.memory_mib,
-                            );
-                        }
-                        touched.push(rp.node as usize);
-                    }
-                }
+                touched.push(rp.node as usize);
             }
         }
         let mut ready = false;
         touched.sort_unstable();
         touched.dedup();
         for &n in &touched {
-            let nh = host(n, &tl.g, &tl.cpu, &tl.mem, &held);
+            let nh = host(n, &tl.g, &tl.cpu, &tl.mem, &tl.holds);
             if single {
                 ready |= nh >= r;
                 continue;
@@ -559,8 +795,8 @@ fn walk(
         let cap = &mut tl.trial;
         // Take the holds out for the search and give them back after: take
         // and give of free GPUs are exact inverses, so no copy is needed.
-        let mut taken: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(held.len());
-        for (&n, hd) in &held {
+        let mut taken: Vec<(u32, u64, u64, u64)> = Vec::new();
+        for (n, hd) in tl.holds.nonzero() {
             let m = hd.gpus & cap.free[n];
             let hc = hd.cpu.min(cap.free_cpu[n]);
             let hm = hd.mem.min(cap.free_mem[n]);
@@ -588,6 +824,95 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128), ..ProptestConfig::default() })]
+
+        /// The per-node hold counts equal a recount of every active entry on
+        /// the node (the rule they replace: an entry holding a node whole
+        /// holds everything; otherwise GPU masks are united and CPU and
+        /// memory summed, once per hold the entry has on the node), whatever
+        /// the order in which entries start, stop and narrow, with entries
+        /// holding a node several times and maintenance-like whole holds.
+        #[test]
+        fn plan_holds_match_a_recount_of_active_entries(
+            entries in prop::collection::vec(
+                prop::collection::vec((0u32..5, any::<u8>(), 0u64..4_000, 0u64..9_000, any::<bool>()), 1..4),
+                1..12,
+            ),
+            ops in prop::collection::vec((0usize..12, 0u8..3, any::<bool>()), 0..60),
+        ) {
+            let plan: Vec<PlanEntry> = entries
+                .iter()
+                .map(|holds| PlanEntry {
+                    start: 0,
+                    end: 1,
+                    reserved: false,
+                    maintenance: false,
+                    priority: 0,
+                    holds: holds
+                        .iter()
+                        .map(|&(n, m, c, me, max)| {
+                            if max {
+                                (n, u64::MAX, u64::MAX, u64::MAX)
+                            } else {
+                                (n, u64::from(m), c, me)
+                            }
+                        })
+                        .collect(),
+                })
+                .collect();
+            let mut h = PlanHolds::new(5);
+            // Entries arrive in two batches, as the plan grows during a cycle.
+            let half = plan.len() / 2;
+            h.start(&plan[..half]);
+            h.start(&plan);
+            let mut active = vec![false; plan.len()];
+            let mut whole = vec![false; plan.len()];
+            for &(i, op, w) in &ops {
+                let i = i % plan.len();
+                match op {
+                    0 => {
+                        if !active[i] {
+                            active[i] = true;
+                            whole[i] = w;
+                        }
+                        h.activate(i, w);
+                    }
+                    1 => {
+                        active[i] = false;
+                        h.deactivate(i);
+                    }
+                    _ => {
+                        if active[i] {
+                            whole[i] = w;
+                        }
+                        h.rewhole(i, w);
+                    }
+                }
+                for n in 0..5u32 {
+                    let mut want = Held::default();
+                    for (k, e) in plan.iter().enumerate() {
+                        if !active[k] {
+                            continue;
+                        }
+                        for _ in e.holds.iter().filter(|x| x.0 == n) {
+                            for &(node, m, c, me) in &e.holds {
+                                if node == n {
+                                    if whole[k] {
+                                        want = Held { gpus: u64::MAX, cpu: u64::MAX, mem: u64::MAX };
+                                    }
+                                    want.gpus |= m;
+                                    want.cpu = want.cpu.saturating_add(c);
+                                    want.mem = want.mem.saturating_add(me);
+                                }
+                            }
+                        }
+                    }
+                    prop_assert_eq!(h.get(n as usize), want);
+                    let listed = h.nonzero().find(|(m, _)| *m == n as usize).map(|(_, x)| x);
+                    let zero = want == Held::default();
+                    prop_assert_eq!(listed, (!zero).then_some(want));
+                }
+            }
+        }
 
         /// The release stream read from the running index (which carries what
         /// re-estimating needs) is exactly the one made by looking every
