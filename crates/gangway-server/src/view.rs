@@ -570,7 +570,11 @@ mod tests {
         assert_eq!(behind(&w, 1), Some(7), "replaced");
         assert_eq!(behind(&w, 2), None, "started: no reason left");
         assert_eq!(behind(&w, 3), Some(0), "not examined: kept");
-        assert_eq!(behind(&before, 2), Some(0), "a published copy keeps its own");
+        assert_eq!(
+            behind(&before, 2),
+            Some(0),
+            "a published copy keeps its own"
+        );
         // A cycle that examined every pending job replaces them all.
         d.stats.unexamined = 0;
         w.update(&d);
