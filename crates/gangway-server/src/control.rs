@@ -484,6 +484,8 @@ impl<S: Store> Control<S> {
             .filter(|r| !r.state.is_terminal() && r.state != JobState::Restarting)
             .collect();
         self.gates.waiting.clear();
+        // Every job enters the scheduler again: all are ranked at the next cycle.
+        self.ranks.refreshed_at = None;
         for r in live {
             // Held, deferred, dependent and array-limited jobs are decided
             // again below, from their records alone.
@@ -1096,6 +1098,8 @@ impl<S: Store> Control<S> {
             self.queue_cleanup(id);
         }
         self.forget_failures(id);
+        // Its record was written, but the scheduler's state is what changes here.
+        self.ranks.entered.push(id);
         let _ = match after {
             AfterEnd::Requeue => self.cluster.requeue(id),
             AfterEnd::Restart => self.cluster.cancel(id).map(|_| ()),
@@ -1507,11 +1511,7 @@ impl<S: Store> Control<S> {
         self.sync_reservations(now)?;
         self.rank_jobs(now);
         let d = schedule(&self.cluster, now, &self.sched);
-        let mut ports = if d.binds.is_empty() {
-            HashMap::new()
-        } else {
-            self.ports_in_use(now)
-        };
+        let mut ports = self.ports_in_use(now);
         // Only what `apply` reads; the explanations are not copied.
         let mut applied = Decisions::default();
         // The cycle's decisions, written in as few transactions as the

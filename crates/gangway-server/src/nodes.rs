@@ -469,16 +469,13 @@ impl<S: Store> Control<S> {
         let since = |r: &crate::records::JobRecord, kind: &str| {
             r.events.iter().rev().find(|e| e.kind == kind).map(|e| e.at)
         };
+        // Only gangs on GPUs can be stopping: the state index, not a walk
+        // of every job ever kept.
         let due: Vec<_> = self
             .jobs
-            .values()
-            .map(|(r, _)| r)
-            .filter(|r| {
-                matches!(
-                    r.state,
-                    JobState::Scheduled | JobState::Running | JobState::Preempting
-                )
-            })
+            .in_states(&[JobState::Scheduled, JobState::Running, JobState::Preempting])
+            .into_iter()
+            .filter(|r| r.stopping.is_some() || r.state == JobState::Preempting)
             .filter_map(|r| {
                 let full = r.spec.checkpoint.grace_seconds.min(max_grace);
                 let short = r

@@ -284,6 +284,12 @@ pub struct JobTable {
     /// Live (non-terminal) jobs by checkpoint subdirectory under the root,
     /// with how many use it.
     live_dirs: std::collections::HashMap<String, u32>,
+    /// Rendezvous ports held by jobs on GPUs (scheduled, running,
+    /// preempting), by their rank-0 node, with how many hold each.
+    live_ports: std::collections::HashMap<String, BTreeMap<u16, u32>>,
+    /// Ids inserted, replaced or removed since [`JobTable::take_changed`]
+    /// last drained them: the ranking's work list between cycles.
+    changed: std::collections::HashSet<JobId>,
 }
 
 impl std::ops::Deref for JobTable {
@@ -307,6 +313,7 @@ impl JobTable {
             self.count(rec, -1);
         }
         self.index(old.as_ref().map(|(r, _)| r.as_ref()), Some(&v.0));
+        self.changed.insert(id);
         old
     }
 
@@ -316,13 +323,21 @@ impl JobTable {
         if let Some((rec, _)) = &old {
             self.count(rec, -1);
             self.index(Some(rec), None);
+            self.changed.insert(*id);
         }
         old
     }
 
-    /// The records of the jobs in any of `states` (non-terminal ones), in id
-    /// order; terminal states have no index and yield nothing.
-    pub fn in_states(&self, states: &[JobState]) -> Vec<&Arc<JobRecord>> {
+    /// The ids of the jobs inserted, replaced or removed since the last call
+    /// (all of them at the first), emptying the list: what the cycle's
+    /// ranking looks at instead of every pending job. One consumer only.
+    pub fn take_changed(&mut self) -> std::collections::HashSet<JobId> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// The ids of the jobs in any of `states`, in id order, without their
+    /// records (see [`JobTable::in_states`]).
+    pub fn ids_in_states(&self, states: &[JobState]) -> Vec<JobId> {
         let mut ids: Vec<JobId> = states
             .iter()
             .filter_map(|s| self.live.get(s))
@@ -331,7 +346,14 @@ impl JobTable {
             .collect();
         ids.sort_unstable();
         ids.dedup();
-        ids.iter()
+        ids
+    }
+
+    /// The records of the jobs in any of `states` (non-terminal ones), in id
+    /// order; terminal states have no index and yield nothing.
+    pub fn in_states(&self, states: &[JobState]) -> Vec<&Arc<JobRecord>> {
+        self.ids_in_states(states)
+            .iter()
             .filter_map(|id| self.map.get(id).map(|(r, _)| r))
             .collect()
     }
@@ -342,9 +364,50 @@ impl JobTable {
         self.live_dirs.get(subdir).is_some_and(|n| *n > 0)
     }
 
-    /// Moves a job's entries in the state and checkpoint indexes from its
-    /// `old` record to its `new` one.
+    /// The rendezvous ports held by jobs on GPUs whose rank 0 is on `node`.
+    pub fn ports_on(&self, node: &str) -> impl Iterator<Item = u16> + '_ {
+        self.live_ports
+            .get(node)
+            .into_iter()
+            .flat_map(|ports| ports.keys().copied())
+    }
+
+    /// Moves a job's entries in the state, checkpoint and port indexes from
+    /// its `old` record to its `new` one.
     fn index(&mut self, old: Option<&JobRecord>, new: Option<&JobRecord>) {
+        fn held(r: &JobRecord) -> Option<(&str, u16)> {
+            match (r.state, r.master_port, r.placement.first()) {
+                (
+                    JobState::Scheduled | JobState::Running | JobState::Preempting,
+                    Some(p),
+                    Some(r0),
+                ) => Some((r0.node.as_str(), p)),
+                _ => None,
+            }
+        }
+        let (old_port, new_port) = (old.and_then(held), new.and_then(held));
+        if old_port != new_port {
+            if let Some((node, p)) = old_port {
+                if let Some(ports) = self.live_ports.get_mut(node) {
+                    if let Some(n) = ports.get_mut(&p) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            ports.remove(&p);
+                        }
+                    }
+                    if ports.is_empty() {
+                        self.live_ports.remove(node);
+                    }
+                }
+            }
+            if let Some((node, p)) = new_port {
+                let ports = match self.live_ports.get_mut(node) {
+                    Some(ports) => ports,
+                    None => self.live_ports.entry(node.to_string()).or_default(),
+                };
+                *ports.entry(p).or_insert(0) += 1;
+            }
+        }
         let live = |r: &&JobRecord| !r.state.is_terminal();
         let (old, new) = (old.filter(live), new.filter(live));
         let same_state = matches!((old, new), (Some(o), Some(n)) if o.state == n.state);
@@ -485,18 +548,27 @@ mod table_tests {
     proptest::proptest! {
         /// Whatever the inserts, replacements and removals, the state index
         /// and the checkpoint-directory index answer as a walk of every
-        /// record does.
+        /// record does, and the changed list names every id written since
+        /// it was last drained.
         #[test]
         fn the_indexes_answer_as_a_walk_does(
             ops in proptest::collection::vec(
-                (1u64..12, 0usize..12, 0usize..3, 0usize..3), 1..80)
+                (1u64..12, 0usize..12, 0usize..3, 0usize..3, 0usize..4), 1..80)
         ) {
             let mut t = JobTable::default();
-            for (id, state, user, dir) in ops {
+            let mut touched = std::collections::HashSet::new();
+            for (id, state, user, dir, port) in ops {
                 if state == STATES.len() {
-                    t.remove(&JobId(id));
+                    if t.remove(&JobId(id)).is_some() {
+                        touched.insert(JobId(id));
+                    }
                     continue;
                 }
+                // Now and then the ranking drains what changed.
+                if id == 7 && dir == 2 {
+                    proptest::prop_assert_eq!(t.take_changed(), std::mem::take(&mut touched));
+                }
+                touched.insert(JobId(id));
                 let mut r = JobRecord::submitted(
                     JobId(id),
                     ["alice", "bob", "carol"][user],
@@ -505,12 +577,33 @@ mod table_tests {
                 );
                 r.spec.checkpoint.dir = [None, Some("run".to_string()), Some("job-3".to_string())][dir].clone();
                 r.state = STATES[state];
+                // A port on rank 0's node "a" or "b" (or none), with the rank
+                // on another node or none.
+                if port > 0 {
+                    r.master_port = Some(7000 + (port as u16 % 2));
+                    for node in [["a", "b"][port % 2], "b"].into_iter().take(port.min(2)) {
+                        r.placement.push(ReplicaOn { node: node.into(), gpus: vec![0] });
+                    }
+                }
                 t.insert(r.id, (r, id));
             }
             for s in STATES {
                 let walked: Vec<JobId> = t.values().filter(|(r, _)| r.state == s && !s.is_terminal()).map(|(r, _)| r.id).collect();
                 let indexed: Vec<JobId> = t.in_states(&[s]).iter().map(|r| r.id).collect();
                 proptest::prop_assert_eq!(walked, indexed, "state {:?}", s);
+            }
+            proptest::prop_assert_eq!(t.take_changed(), touched);
+            proptest::prop_assert!(t.take_changed().is_empty());
+            for node in ["a", "b", "c"] {
+                let mut walked: Vec<u16> = t.values()
+                    .filter(|(r, _)| matches!(r.state, JobState::Scheduled | JobState::Running | JobState::Preempting))
+                    .filter(|(r, _)| r.placement.first().is_some_and(|r0| r0.node == node))
+                    .filter_map(|(r, _)| r.master_port)
+                    .collect();
+                walked.sort_unstable();
+                walked.dedup();
+                let indexed: Vec<u16> = t.ports_on(node).collect();
+                proptest::prop_assert_eq!(walked, indexed, "ports on {}", node);
             }
             let two = [JobState::Running, JobState::Pending];
             let walked: Vec<JobId> = t.values().filter(|(r, _)| two.contains(&r.state)).map(|(r, _)| r.id).collect();

@@ -388,6 +388,8 @@ impl<S: Store> Control<S> {
                         // Its queue is gone: recorded, never schedulable.
                         tracing::warn!("job {id} cannot enter the scheduler: {e}");
                     }
+                    // Entered without a write of its record: ranked next cycle.
+                    self.ranks.entered.push(id);
                     changed = true;
                 }
                 Gate::Wait(code, msg) => {

@@ -105,37 +105,50 @@ pub fn failure_phrase(f: &FailureRecord) -> String {
     parts.join(", ")
 }
 
+/// The rendezvous ports taken per node during one pass that places jobs
+/// (a cycle, a port moved): filled per node from the job table's index and
+/// the ports found blocked, then updated as ports are handed out.
+pub(super) struct PortsInUse {
+    /// When the pass runs: blocked ports are avoided for a while after.
+    now: Time,
+    /// Per rank-0 node looked at so far, the ports taken there.
+    used: HashMap<String, HashSet<u16>>,
+}
+
 impl<S: Store> Control<S> {
     /// Rendezvous ports held by live jobs, per rank-0 node, plus those found
-    /// taken by other processes.
-    pub(super) fn ports_in_use(&self, now: Time) -> HashMap<String, HashSet<u16>> {
-        let mut used: HashMap<String, HashSet<u16>> = HashMap::new();
-        let live = [JobState::Scheduled, JobState::Running, JobState::Preempting];
-        for rec in self.jobs.in_states(&live) {
-            if let (Some(p), Some(r0)) = (rec.master_port, rec.placement.first()) {
-                used.entry(r0.node.clone()).or_default().insert(p);
+    /// taken by other processes: read from the job table's port index for
+    /// each node when a placement first needs it, not for every live job.
+    pub(super) fn ports_in_use(&self, now: Time) -> PortsInUse {
+        PortsInUse {
+            now,
+            used: HashMap::new(),
+        }
+    }
+
+    /// The ports taken on `node` (see [`Control::ports_in_use`]).
+    fn ports_taken_on<'u>(&self, used: &'u mut PortsInUse, node: &str) -> &'u mut HashSet<u16> {
+        let now = used.now;
+        used.used.entry(node.to_string()).or_insert_with(|| {
+            let mut taken: HashSet<u16> = self.jobs.ports_on(node).collect();
+            if let Some(ports) = self.contract_state.blocked_ports.get(node) {
+                taken.extend(
+                    ports
+                        .iter()
+                        .filter(|(_, at)| now.saturating_sub(**at) < BLOCKED_PORT_SECONDS)
+                        .map(|(p, _)| *p),
+                );
             }
-        }
-        for (node, ports) in &self.contract_state.blocked_ports {
-            let recent = ports
-                .iter()
-                .filter(|(_, at)| now.saturating_sub(**at) < BLOCKED_PORT_SECONDS)
-                .map(|(p, _)| *p);
-            used.entry(node.clone()).or_default().extend(recent);
-        }
-        used
+            taken
+        })
     }
 
     /// Gives a just-placed attempt its rendezvous port: free among the live
     /// jobs on rank 0's node (`used` is updated). `None` when the range is
     /// exhausted there.
-    pub(super) fn assign_port(
-        &self,
-        rec: &mut JobRecord,
-        used: &mut HashMap<String, HashSet<u16>>,
-    ) -> Option<u16> {
+    pub(super) fn assign_port(&self, rec: &mut JobRecord, used: &mut PortsInUse) -> Option<u16> {
         let node = rec.placement.first()?.node.clone();
-        let taken = used.entry(node).or_default();
+        let taken = self.ports_taken_on(used, &node);
         let port = self
             .contract
             .master_ports
@@ -607,9 +620,11 @@ mod tests {
         // The blocked port is never handed out again on that node, even
         // though no live job holds it.
         assert!(c.jobs.values().all(|(r, _)| r.master_port != Some(port)));
-        assert!(c.ports_in_use(13)["n"].contains(&port));
+        let mut used = c.ports_in_use(13);
+        assert!(c.ports_taken_on(&mut used, "n").contains(&port));
+        let mut used = c.ports_in_use(13 + BLOCKED_PORT_SECONDS);
         assert!(
-            !c.ports_in_use(13 + BLOCKED_PORT_SECONDS)["n"].contains(&port),
+            !c.ports_taken_on(&mut used, "n").contains(&port),
             "avoided for a while, not forever"
         );
     }

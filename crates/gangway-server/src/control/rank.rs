@@ -30,6 +30,10 @@ pub(crate) struct RankMemo {
     pub(crate) refreshed_at: Option<Time>,
     /// The ranking's knobs.
     pub(crate) params: RankParams,
+    /// Jobs that entered the scheduler since the last ranking without a
+    /// write of their records (a gated job released): ranked at the next
+    /// cycle with the jobs whose records changed.
+    pub(crate) entered: Vec<JobId>,
 }
 
 /// The ranking's view of one stored job at `now`; `running` says whether
@@ -57,25 +61,60 @@ pub(crate) fn facts(rec: &JobRecord, running: bool, runtime: KnownRuntime, now: 
     }
 }
 
+/// Record states whose jobs hold GPUs: the scheduler may have them running,
+/// and a running job's band moves as it runs.
+const ON_GPUS: [JobState; 3] = [JobState::Scheduled, JobState::Running, JobState::Preempting];
+
+/// Record states whose jobs are ranked; restarting jobs are out of line
+/// until their backoff ends.
+const RANKED: [JobState; 6] = [
+    JobState::Pending,
+    JobState::Admitted,
+    JobState::Scheduled,
+    JobState::Running,
+    JobState::Preempting,
+    JobState::Requeued,
+];
+
 impl<S: Store> Control<S> {
-    /// Sets every live job's priority and in-queue rank (see the module doc).
-    pub(crate) fn rank_jobs(&mut self, now: Time) {
+    /// Sets every live job's priority and in-queue rank (see the module doc);
+    /// returns how many jobs it looked at.
+    ///
+    /// Between refreshes a pending job's verdict changes only when its
+    /// record does or when it enters the scheduler again, so only the jobs
+    /// on GPUs, those whose records were written since the last call
+    /// ([`crate::records::JobTable::take_changed`]) and those that entered
+    /// the scheduler without a write ([`RankMemo::entered`]) are looked at,
+    /// not the whole backlog; the verdicts are the ones a walk of every job
+    /// gives (a property test checks it).
+    pub(crate) fn rank_jobs(&mut self, now: Time) -> usize {
         let refresh = self
             .ranks
             .refreshed_at
             .is_none_or(|t| now >= t.saturating_add(REFRESH_SECONDS));
+        let changed = self.jobs.take_changed();
+        let entered = std::mem::take(&mut self.ranks.entered);
+        let ids = if refresh {
+            self.jobs.ids_in_states(&RANKED)
+        } else {
+            let mut ids = self.jobs.ids_in_states(&ON_GPUS);
+            ids.extend(changed.into_iter().chain(entered).filter(|id| {
+                self.jobs
+                    .get(id)
+                    .is_some_and(|(r, _)| RANKED.contains(&r.state))
+            }));
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let looked_at = ids.len();
         let mut verdicts = Vec::new();
-        // Restarting jobs are out of line until their backoff ends.
-        let ranked = [
-            JobState::Pending,
-            JobState::Admitted,
-            JobState::Scheduled,
-            JobState::Running,
-            JobState::Preempting,
-            JobState::Requeued,
-        ];
-        for rec in self.jobs.in_states(&ranked) {
-            let Some(job) = self.cluster.job(rec.id) else {
+        // Predictions per job key, for this pass only (the predictor does
+        // not change during it): running jobs of one kind share one lookup.
+        let mut predicted = HashMap::new();
+        let predictor = self.cluster.predictor();
+        for id in ids {
+            let (Some((rec, _)), Some(job)) = (self.jobs.get(&id), self.cluster.job(id)) else {
                 continue;
             };
             let running = matches!(job.status, JobStatus::Running(_));
@@ -88,7 +127,17 @@ impl<S: Store> Control<S> {
                     continue;
                 }
             }
-            let runtime = KnownRuntime::of(job, self.cluster.predictor());
+            // As `KnownRuntime::of`, with the lookup shared.
+            let runtime = match job.spec.runtime_seconds {
+                Some(d) => KnownRuntime::Declared(d),
+                None => {
+                    let k = job.predict_key();
+                    let p = *predicted
+                        .entry((k.user, k.name, k.queue, k.gpus))
+                        .or_insert_with(|| predictor.predict(&k));
+                    p.map_or(KnownRuntime::Unknown, KnownRuntime::Predicted)
+                }
+            };
             let ordering = self.cluster.queues()[job.queue as usize].spec.ordering;
             let r = rank::rank_in(
                 ordering,
@@ -109,6 +158,42 @@ impl<S: Store> Control<S> {
                 .applied
                 .retain(|id, _| cluster.job(*id).is_some());
         }
+        looked_at
+    }
+
+    /// The jobs a walk of every ranked job would rank differently now: a
+    /// running one whose verdict moved, or a pending one whose applied
+    /// verdict is not the one remembered for its attempt (what the old walk
+    /// re-ranked). Empty right after [`Control::rank_jobs`] at `now`.
+    #[cfg(test)]
+    pub(crate) fn rank_drift(&self, now: Time) -> Vec<JobId> {
+        let mut out = Vec::new();
+        for rec in self.jobs.in_states(&RANKED) {
+            let Some(job) = self.cluster.job(rec.id) else {
+                continue;
+            };
+            let running = matches!(job.status, JobStatus::Running(_));
+            let current = Ranked {
+                priority: job.priority,
+                rank: job.rank,
+            };
+            let stale = if running {
+                let runtime = KnownRuntime::of(job, self.cluster.predictor());
+                let ordering = self.cluster.queues()[job.queue as usize].spec.ordering;
+                let r = rank::rank_in(
+                    ordering,
+                    &self.ranks.params,
+                    &facts(rec, running, runtime, now),
+                );
+                r != current
+            } else {
+                self.ranks.applied.get(&rec.id) != Some(&(rec.attempt, current))
+            };
+            if stale {
+                out.push(rec.id);
+            }
+        }
+        out
     }
 }
 
@@ -284,5 +369,138 @@ mod tests {
         assert!(!obj.contains_key("attained_gpu_seconds"));
         let back: JobRecord = serde_json::from_value(v).expect("decode");
         assert_eq!((back.attained_gpu_seconds, back.run_seconds), (0, 0));
+    }
+
+    #[test]
+    fn a_cycle_with_nothing_new_looks_at_the_running_jobs_only() {
+        let (_d, mut c) = server();
+        for i in 0..200 {
+            c.submit("alice", whole_node(&format!("j{i}"), Some(600)), 0)
+                .expect("submit");
+        }
+        c.cycle(1).expect("cycle");
+        // One job runs; 199 wait and nothing about them changed.
+        assert_eq!(c.rank_jobs(2), 1);
+        assert!(c.rank_drift(2).is_empty());
+        // A new job is looked at once, with the running one.
+        c.submit("bob", whole_node("new", Some(60)), 3)
+            .expect("submit");
+        assert_eq!(c.rank_jobs(4), 2);
+        assert_eq!(c.rank_jobs(5), 1);
+        // The refresh still ranks them all.
+        assert_eq!(c.rank_jobs(1 + REFRESH_SECONDS), 201);
+    }
+
+    #[test]
+    fn a_job_released_at_its_begin_time_is_ranked_when_it_enters() {
+        let (_d, mut c) = server();
+        let blocker = c
+            .submit("alice", whole_node("b", Some(600)), 0)
+            .expect("submit");
+        let mut later = whole_node("later", Some(60));
+        later.begin = Some(BeginAt::Seconds(50));
+        let later = c.submit("alice", later, 1).expect("submit");
+        c.cycle(2).expect("cycle");
+        assert!(c.cluster.job(later).is_none(), "gated until t=50");
+        // Released by the cycle without a write of its record.
+        c.cycle(51).expect("cycle");
+        assert!(c.cluster.job(later).is_some());
+        assert_eq!(state(&c, blocker), JobState::Scheduled);
+        c.rank_jobs(52);
+        assert!(c.rank_drift(52).is_empty(), "{:?}", c.rank_drift(52));
+    }
+
+    /// One step of the property test below.
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// A job of `gpus` GPUs, declared run time or not, begin time
+        /// `begin` seconds ahead (0: none).
+        Submit {
+            gpus: u32,
+            declared: bool,
+            begin: u64,
+        },
+        /// Time passes.
+        Wait(u64),
+        /// A scheduling cycle.
+        Cycle,
+        /// The `n`-th job's node reports it running.
+        Running(usize),
+        /// The `n`-th job's node reports it exited with `code`.
+        Exited(usize, i32),
+        /// The `n`-th job is cancelled.
+        Cancel(usize),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1u32..=4, any::<bool>(), prop_oneof![Just(0u64), 1u64..400]).prop_map(
+                |(gpus, declared, begin)| Step::Submit {
+                    gpus,
+                    declared,
+                    begin
+                }
+            ),
+            (1u64..700).prop_map(Step::Wait),
+            Just(Step::Cycle),
+            Just(Step::Cycle),
+            (0usize..40).prop_map(Step::Running),
+            (0usize..40, prop_oneof![Just(0), Just(1)]).prop_map(|(n, c)| Step::Exited(n, c)),
+            (0usize..40).prop_map(Step::Cancel),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Whatever happens between cycles (submissions, gated jobs entering,
+        /// runs, exits, failures with restarts, cancels, time passing bands
+        /// and refreshes), the incremental ranking leaves nothing that a walk
+        /// of every job would rank differently.
+        #[test]
+        fn ranking_what_changed_ranks_as_a_walk_of_every_job_does(
+            steps in proptest::collection::vec(step(), 1..60)
+        ) {
+            let (_d, mut c) = server();
+            let mut now: Time = 10;
+            let mut ids: Vec<JobId> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Submit { gpus, declared, begin } => {
+                        let mut spec = JobSpec::new(&format!("j{}", ids.len() % 3), "q", 1, gpus);
+                        spec.runtime_seconds = declared.then_some(100 * u64::from(gpus));
+                        spec.restart.max_restarts = 1;
+                        if begin > 0 {
+                            spec.begin = Some(BeginAt::Seconds(now + begin));
+                        }
+                        ids.push(c.submit("alice", spec, now).expect("submit"));
+                    }
+                    Step::Wait(dt) => now += dt,
+                    Step::Cycle => {
+                        c.cycle(now).expect("cycle");
+                    }
+                    Step::Running(n) | Step::Exited(n, _) | Step::Cancel(n) if ids.is_empty() => {
+                        let _ = n;
+                    }
+                    Step::Running(n) => {
+                        let id = ids[n % ids.len()];
+                        let attempt = c.jobs[&id].0.attempt;
+                        let _ = c.report("n", id, Some(attempt), Report::Running, now);
+                    }
+                    Step::Exited(n, code) => {
+                        let id = ids[n % ids.len()];
+                        let attempt = c.jobs[&id].0.attempt;
+                        let _ = c.report("n", id, Some(attempt), Report::Exited(code), now);
+                    }
+                    Step::Cancel(n) => {
+                        let _ = c.cancel(ids[n % ids.len()], "alice", now);
+                    }
+                }
+                now += 1;
+                c.rank_jobs(now);
+                let drift = c.rank_drift(now);
+                proptest::prop_assert!(drift.is_empty(), "at {}: {:?}", now, drift);
+            }
+        }
     }
 }
