@@ -66,19 +66,24 @@ impl Why {
         }
     }
 
-    /// Folds in a cycle's decisions: a cycle that examined every pending job
-    /// replaces all explanations; a capped one replaces those of the jobs it
-    /// examined, drops those of the jobs it started and keeps the rest.
+    /// Folds in a cycle's decisions: the explanations of the jobs it
+    /// examined replace theirs (only those that changed are written: most
+    /// do not from one cycle to the next), those of the jobs it started go,
+    /// and, when it examined every pending job, so do any left of jobs no
+    /// longer waiting; a capped cycle keeps the others.
     pub fn update(&mut self, d: &gangway_sched::Decisions) {
-        if d.stats.unexamined == 0 {
-            *self = Why::from_cycle(d.pending.iter().cloned());
-            return;
-        }
         for b in &d.binds {
             self.by_job.remove(&b.job);
         }
         for e in &d.pending {
-            self.by_job.insert(e.job, e.clone());
+            if self.by_job.get(&e.job) != Some(e) {
+                self.by_job.insert(e.job, e.clone());
+            }
+        }
+        if d.stats.unexamined == 0 && self.by_job.len() != d.pending.len() {
+            let waiting: std::collections::HashSet<JobId> =
+                d.pending.iter().map(|e| e.job).collect();
+            self.by_job.retain(|id, _| waiting.contains(id));
         }
     }
 
