@@ -275,6 +275,37 @@ impl RuntimePredictor {
         }
     }
 
+    /// A copy keeping, per basis, only the `keep` groups with the most
+    /// samples (ties by key), and every group of the cluster-wide basis:
+    /// what is stored when the whole would not fit the store's values
+    /// (etcd's requests are at most 1.5 MiB by default). The groups dropped
+    /// are those with the least history, which predict least.
+    pub fn keep_largest(&self, keep: usize) -> RuntimePredictor {
+        let groups = self
+            .groups
+            .iter()
+            .map(|(b, g)| {
+                if *b == Basis::Cluster || g.len() <= keep {
+                    return (*b, g.clone());
+                }
+                let mut by_size: Vec<(&String, &LogStats)> = g.iter().collect();
+                by_size.sort_by(|x, y| y.1.n.cmp(&x.1.n).then_with(|| x.0.cmp(y.0)));
+                by_size.truncate(keep);
+                let kept = by_size.into_iter().map(|(k, v)| (k.clone(), *v)).collect();
+                (*b, kept)
+            })
+            .collect();
+        RuntimePredictor {
+            groups,
+            ..self.clone()
+        }
+    }
+
+    /// The most groups any basis holds.
+    pub fn widest_basis(&self) -> usize {
+        self.groups.values().map(BTreeMap::len).max().unwrap_or(0)
+    }
+
     /// Completed jobs learned from.
     pub fn samples(&self) -> u64 {
         self.groups

@@ -1080,14 +1080,24 @@ impl<S: Store> Control<S> {
         {
             return Ok(());
         }
-        self.store.txn(
-            &[],
-            &[Op::Put(
-                PREDICTOR_KEY.into(),
-                encode(self.cluster.predictor()),
-            )],
-        )?;
-        self.predictor_dirty = false;
+        // One value must fit one transaction of the store (etcd: 1 MiB of
+        // keys and values by default): past that, the groups with the least
+        // history are left out of what is stored, halving until it fits.
+        let budget = self.store.txn_limits().max_bytes.saturating_sub(4096);
+        let p = self.cluster.predictor();
+        let mut value = encode(p);
+        let mut keep = p.widest_basis();
+        while value.len() > budget && keep > 0 {
+            keep /= 2;
+            value = encode(&p.keep_largest(keep));
+        }
+        // The predictor only informs estimates: failing to store it must not
+        // stop the cycle (it is relearned after a restart).
+        if let Err(e) = self.store.txn(&[], &[Op::Put(PREDICTOR_KEY.into(), value)]) {
+            tracing::warn!("run-time predictor not stored: {e}");
+        } else {
+            self.predictor_dirty = false;
+        }
         self.predictor_saved_at = now;
         Ok(())
     }
@@ -1640,6 +1650,127 @@ mod tests {
             .expect("running");
         assert_eq!(c.jobs[&id].0.state, JobState::Running);
         (dir, c, id)
+    }
+
+    /// A redb store with etcd's default transaction limits, refusing (as
+    /// etcd does) a transaction over them, or any write of the predictor.
+    struct EtcdSized {
+        inner: RedbStore,
+        refuse_predictor: bool,
+    }
+
+    impl Store for EtcdSized {
+        fn get(&self, key: &str) -> Result<Option<gangway_store::KeyValue>, StoreError> {
+            self.inner.get(key)
+        }
+        fn range(&self, prefix: &str) -> Result<Vec<gangway_store::KeyValue>, StoreError> {
+            self.inner.range(prefix)
+        }
+        fn txn(
+            &self,
+            compares: &[Compare],
+            ops: &[Op],
+        ) -> Result<gangway_store::TxnResult, StoreError> {
+            let bytes: usize = ops
+                .iter()
+                .map(|o| match o {
+                    Op::Put(k, v) => k.len() + v.len(),
+                    Op::Delete(k) => k.len(),
+                })
+                .sum();
+            let predictor = ops
+                .iter()
+                .any(|o| matches!(o, Op::Put(k, _) if k == PREDICTOR_KEY));
+            if bytes > gangway_store::TxnLimits::ETCD_DEFAULT.max_bytes
+                || (predictor && self.refuse_predictor)
+            {
+                return Err(StoreError::Backend("request is too large".into()));
+            }
+            self.inner.txn(compares, ops)
+        }
+        fn revision(&self) -> Result<u64, StoreError> {
+            self.inner.revision()
+        }
+        fn watch(
+            &self,
+            prefix: &str,
+            from: u64,
+        ) -> Result<std::sync::mpsc::Receiver<gangway_store::Event>, StoreError> {
+            self.inner.watch(prefix, from)
+        }
+        fn txn_limits(&self) -> gangway_store::TxnLimits {
+            gangway_store::TxnLimits::ETCD_DEFAULT
+        }
+    }
+
+    fn etcd_sized(dir: &std::path::Path, refuse_predictor: bool) -> Control<EtcdSized> {
+        let store = EtcdSized {
+            inner: RedbStore::open(&dir.join("s.redb")).expect("store"),
+            refuse_predictor,
+        };
+        let mut c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
+            .expect("control");
+        c.register_node(
+            NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
+            &crate::nodes::Registrant::Join,
+            true,
+            "join",
+            PREDICTOR_SAVE_SECONDS,
+        )
+        .expect("node");
+        // 30,000 distinct job names: several MiB of predictor, one of them
+        // with many samples.
+        for i in 0..30_000u64 {
+            let name = if i % 10 == 0 {
+                "often".to_string()
+            } else {
+                format!("once-{i}")
+            };
+            c.cluster
+                .learn_runtime(&JobSpec::new(&name, "q", 1, 1), 600 + i % 7);
+        }
+        c.predictor_dirty = true;
+        c
+    }
+
+    /// Defect found with `bench cluster` on etcd: with many distinct job
+    /// names the stored predictor outgrew etcd's request limit and every
+    /// cycle failed on storing it, so nothing was scheduled again. Now what
+    /// is stored fits (the groups with the least history left out), and a
+    /// store that refuses it does not stop the cycle.
+    #[test]
+    fn a_predictor_larger_than_a_store_value_is_trimmed_and_never_stops_the_cycle() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut c = etcd_sized(dir.path(), false);
+        assert!(
+            encode(c.cluster.predictor()).len() > gangway_store::TxnLimits::ETCD_DEFAULT.max_bytes,
+            "the test's predictor must not fit"
+        );
+        let id = c
+            .submit("alice", JobSpec::new("often", "q", 1, 1), 0)
+            .expect("submit");
+        let d = c
+            .cycle(PREDICTOR_SAVE_SECONDS + 1)
+            .expect("the cycle stores the predictor and goes on");
+        assert_ne!(c.jobs[&id].0.state, JobState::Pending, "placed: {d:?}");
+        let stored = c.store.get(PREDICTOR_KEY).expect("get").expect("stored");
+        assert!(stored.value.len() <= gangway_store::TxnLimits::ETCD_DEFAULT.max_bytes);
+        let p: gangway_sched::predict::RuntimePredictor =
+            serde_json::from_slice(&stored.value).expect("decodes");
+        let often = JobSpec::new("often", "q", 1, 1);
+        assert!(
+            p.predict(&gangway_sched::state::key_of(&often)).is_some(),
+            "the group with the most history is kept"
+        );
+
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut c = etcd_sized(dir.path(), true);
+        let id = c
+            .submit("alice", JobSpec::new("j", "q", 1, 1), 0)
+            .expect("submit");
+        c.cycle(PREDICTOR_SAVE_SECONDS + 1)
+            .expect("a refused predictor does not fail the cycle");
+        assert_ne!(c.jobs[&id].0.state, JobState::Pending, "placed");
     }
 
     #[test]
