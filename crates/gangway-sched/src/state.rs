@@ -1104,6 +1104,12 @@ impl ClusterState {
         self.spec_versions
     }
 
+    /// Gives node `n` a new spec version: its spec is about to change.
+    fn touch_spec(&mut self, n: NodeIdx) {
+        let version = self.next_spec_version();
+        self.nodes[n as usize].spec_version = version;
+    }
+
     fn node_mut(&mut self, node: &str) -> Result<NodeIdx, StateError> {
         self.node_index(node)
             .ok_or_else(|| StateError::UnknownNode(node.to_string()))
@@ -1124,9 +1130,8 @@ impl ClusterState {
                 problem: format!("has no GPU at position {gpu}"),
             });
         }
-        let version = self.next_spec_version();
+        self.touch_spec(n);
         self.update_node(n, |info| {
-            info.spec_version = version;
             info.spec.gpus[gpu].healthy = healthy;
             if healthy {
                 info.healthy |= 1 << gpu;
@@ -1140,11 +1145,8 @@ impl ClusterState {
     /// Cordons (no new work) or uncordons a node.
     pub fn set_cordoned(&mut self, node: &str, cordoned: bool) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        let version = self.next_spec_version();
-        self.update_node(n, |info| {
-            info.spec_version = version;
-            info.spec.cordoned = cordoned;
-        });
+        self.touch_spec(n);
+        self.update_node(n, |info| info.spec.cordoned = cordoned);
         Ok(())
     }
 
@@ -1157,10 +1159,8 @@ impl ClusterState {
         agent_url: Option<String>,
     ) -> Result<(), StateError> {
         let n = self.node_mut(node)?;
-        let version = self.next_spec_version();
-        let info = &mut self.nodes[n as usize];
-        info.spec_version = version;
-        let spec = &mut info.spec;
+        self.touch_spec(n);
+        let spec = &mut self.nodes[n as usize].spec;
         spec.address = address.to_string();
         spec.agent_url = agent_url;
         Ok(())
