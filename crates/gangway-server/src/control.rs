@@ -1629,9 +1629,8 @@ mod tests {
     use super::*;
     use gangway_store::RedbStore;
 
-    fn one_node_running_job(grace: u64) -> (tempfile::TempDir, Control<RedbStore>, JobId) {
-        let dir = tempfile::tempdir().expect("tmp");
-        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+    /// A control on `store` with queue `q` and node `n` (4 GPUs) registered at `at`.
+    fn one_node<S: Store>(store: S, at: Time) -> Control<S> {
         let mut c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
             .expect("control");
         c.register_node(
@@ -1639,9 +1638,16 @@ mod tests {
             &crate::nodes::Registrant::Join,
             true,
             "join",
-            0,
+            at,
         )
         .expect("node");
+        c
+    }
+
+    fn one_node_running_job(grace: u64) -> (tempfile::TempDir, Control<RedbStore>, JobId) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = one_node(store, 0);
         let mut spec = JobSpec::new("j", "q", 2, 2);
         spec.checkpoint.grace_seconds = grace;
         let id = c.submit("alice", spec, 0).expect("submit");
@@ -1708,16 +1714,7 @@ mod tests {
             inner: RedbStore::open(&dir.join("s.redb")).expect("store"),
             refuse_predictor,
         };
-        let mut c = Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)])
-            .expect("control");
-        c.register_node(
-            NodeSpec::uniform("n", "leaf0", "spine0", 4, "H100", 80),
-            &crate::nodes::Registrant::Join,
-            true,
-            "join",
-            PREDICTOR_SAVE_SECONDS,
-        )
-        .expect("node");
+        let mut c = one_node(store, PREDICTOR_SAVE_SECONDS);
         // 30,000 distinct job names: several MiB of predictor, one of them
         // with many samples.
         for i in 0..30_000u64 {
