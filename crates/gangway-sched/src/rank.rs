@@ -134,6 +134,34 @@ pub fn next_threshold(thresholds: &[u64], attained: u64) -> Option<u64> {
     thresholds.iter().copied().find(|t| *t > attained)
 }
 
+/// How many more seconds a running job described by `f` runs before its
+/// verdict from [`rank_in`] can change: the seconds until its attained
+/// service (`attained_gpu_seconds` plus `gpus` × `running_for`) reaches the
+/// next band threshold. `None` when it never changes by running on: a
+/// pending job (`running_for` is `None`), a job without GPUs, one past the
+/// last threshold, or a `fifo` queue's job. A running job's rank does not
+/// depend on time (see [`rank`]), so until then [`rank_in`] gives the same
+/// verdict for the same facts a few seconds on; callers use it to rank a
+/// running job again only when its band moves ([`next_threshold`] is the
+/// same bound for one threshold list).
+pub fn verdict_moves_after(ordering: QueueOrdering, p: &RankParams, f: &RankFacts) -> Option<u64> {
+    let running_for = f.running_for?;
+    if ordering == QueueOrdering::Fifo || f.gpus == 0 {
+        return None;
+    }
+    let attained = f
+        .attained_gpu_seconds
+        .saturating_add(f.gpus.saturating_mul(running_for));
+    // The lowest threshold not yet reached, in whatever order they are given.
+    let next = p
+        .thresholds
+        .iter()
+        .copied()
+        .filter(|t| *t > attained)
+        .min()?;
+    Some((next - attained).div_ceil(f.gpus))
+}
+
 /// Ranks one job (see the module doc).
 pub fn rank(p: &RankParams, f: &RankFacts) -> Ranked {
     let running_for = f.running_for.unwrap_or(0);
@@ -278,6 +306,47 @@ mod tests {
     fn unknown_run_times_rank_level() {
         let p = RankParams::default();
         assert_eq!(rank(&p, &facts(KnownRuntime::Unknown)).rank, 0);
+    }
+
+    #[test]
+    fn a_running_verdict_moves_exactly_when_its_band_does() {
+        let p = RankParams::default();
+        for ordering in [QueueOrdering::Ranked, QueueOrdering::Fifo] {
+            for gpus in [0, 1, 3, 8, 64] {
+                for attained in [0, 1799, 1800, 5000, 57_599, 57_600] {
+                    let mut f = facts(KnownRuntime::Declared(600));
+                    f.gpus = gpus;
+                    f.attained_gpu_seconds = attained;
+                    for ran in [0, 1, 29, 599] {
+                        f.running_for = Some(ran);
+                        let now = rank_in(ordering, &p, &f);
+                        let moves = verdict_moves_after(ordering, &p, &f);
+                        // Walk on second by second: the first change is
+                        // where the bound says, and there is none before.
+                        let mut first = None;
+                        for dt in 1..=3_000u64 {
+                            f.running_for = Some(ran + dt);
+                            if rank_in(ordering, &p, &f) != now {
+                                first = Some(dt);
+                                break;
+                            }
+                        }
+                        f.running_for = Some(ran);
+                        match moves {
+                            Some(m) if m <= 3_000 => assert_eq!(first, Some(m), "{f:?}"),
+                            Some(_) => assert_eq!(first, None, "{f:?}"),
+                            None => assert_eq!(first, None, "{f:?}"),
+                        }
+                    }
+                }
+            }
+        }
+        let mut pending = facts(KnownRuntime::Declared(600));
+        pending.running_for = None;
+        assert_eq!(
+            verdict_moves_after(QueueOrdering::Ranked, &p, &pending),
+            None
+        );
     }
 
     #[test]

@@ -7,10 +7,21 @@
 //! band with rank 0: priority, then submission order
 //! ([`gangway_sched::rank::rank_in`]).
 //!
-//! Running jobs are ranked every cycle (their band moves as they run);
-//! pending ones when they enter the scheduler or start a new attempt, and
-//! all of them every [`REFRESH_SECONDS`] (aging, predictions learned since)
-//! or when a policy is installed (a queue's ordering may have changed).
+//! Running jobs are ranked when their band moves as they run (at the time
+//! [`gangway_sched::rank::verdict_moves_after`] says) or their records
+//! change; pending ones when they enter the scheduler or start a new
+//! attempt, and all of them every [`REFRESH_SECONDS`] (aging, predictions
+//! learned since) or when a policy is installed (a queue's ordering may
+//! have changed).
+//!
+//! A running job's rank (its predicted remaining work) also follows the
+//! run-time predictor, which learns from every job that ends; between its
+//! rankings it is left as it was. That changes no decision: the core reads
+//! a job's rank only from the pending index, and a job leaves the GPUs only
+//! through [`Control::apply_ending`], which marks it entered (with a new
+//! attempt after a requeue or a restart), so it is ranked afresh before any
+//! cycle sees it pending. Its priority, which the core does read (victims,
+//! preemption), is kept exact.
 
 use super::Control;
 use crate::records::JobRecord;
@@ -18,7 +29,7 @@ use gangway_core::{BeginAt, JobId, JobState, Time};
 use gangway_sched::rank::{self, KnownRuntime, RankFacts, RankParams, Ranked, REFRESH_SECONDS};
 use gangway_sched::JobStatus;
 use gangway_store::Store;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 /// What the server last applied per job, to rank pending jobs only when
 /// something changed.
@@ -34,12 +45,39 @@ pub(crate) struct RankMemo {
     /// write of their records (a gated job released): ranked at the next
     /// cycle with the jobs whose records changed.
     pub(crate) entered: Vec<JobId>,
+    /// Running jobs by the time their verdict next moves (their band):
+    /// ranked again at the first ranking at or after it. An entry whose
+    /// time is not the job's in [`RankMemo::due_of`] is stale and skipped.
+    due: BTreeSet<(Time, JobId)>,
+    /// Each running job's current entry in [`RankMemo::due`].
+    due_of: HashMap<JobId, Time>,
+    /// The time of the last ranking: a clock that went back ranks every
+    /// running job again (a band moves only forwards in time).
+    last_at: Option<Time>,
+    /// Tests only: rank every running job at every ranking, as the server
+    /// did before running jobs were ranked only when their band moves (the
+    /// reference the property test compares decisions with).
+    #[cfg(test)]
+    pub(crate) every_running: bool,
 }
 
 /// The ranking's view of one stored job at `now`; `running` says whether
 /// the scheduler has it running.
+#[cfg(test)]
 pub(crate) fn facts(rec: &JobRecord, running: bool, runtime: KnownRuntime, now: Time) -> RankFacts {
-    let running_for = running.then(|| rec.attempt_started().map_or(0, |s| now.saturating_sub(s)));
+    facts_started(rec, running.then(|| rec.attempt_started()), runtime, now)
+}
+
+/// The ranking's view of one stored job at `now`, with `started` the record's
+/// [`JobRecord::attempt_started`] when the scheduler has the job running
+/// (`None`: it has not), looked up once by the caller.
+fn facts_started(
+    rec: &JobRecord,
+    started: Option<Option<Time>>,
+    runtime: KnownRuntime,
+    now: Time,
+) -> RankFacts {
+    let running_for = started.map(|s| s.map_or(0, |s| now.saturating_sub(s)));
     // Waiting counts from submission, or from the begin time the user asked
     // for, less the time its attempts ran.
     let since = match rec.spec.begin {
@@ -81,12 +119,16 @@ impl<S: Store> Control<S> {
     /// returns how many jobs it looked at.
     ///
     /// Between refreshes a pending job's verdict changes only when its
-    /// record does or when it enters the scheduler again, so only the jobs
-    /// on GPUs, those whose records were written since the last call
-    /// ([`crate::records::JobTable::take_changed`]) and those that entered
-    /// the scheduler without a write ([`RankMemo::entered`]) are looked at,
-    /// not the whole backlog; the verdicts are the ones a walk of every job
-    /// gives (a property test checks it).
+    /// record does or when it enters the scheduler again, and a running
+    /// job's priority only when its record does or its band moves, so only
+    /// the jobs whose records were written since the last call
+    /// ([`crate::records::JobTable::take_changed`]), those that entered the
+    /// scheduler without a write ([`RankMemo::entered`]) and the running
+    /// jobs whose band has moved by `now` ([`RankMemo::due`]) are looked
+    /// at, not the backlog nor every job on GPUs; the priorities and the
+    /// pending jobs' ranks are the ones a walk of every job gives (property
+    /// tests check it, and that the decisions are those of ranking every
+    /// running job every cycle).
     pub(crate) fn rank_jobs(&mut self, now: Time) -> usize {
         let refresh = self
             .ranks
@@ -94,15 +136,35 @@ impl<S: Store> Control<S> {
             .is_none_or(|t| now >= t.saturating_add(REFRESH_SECONDS));
         let changed = self.jobs.take_changed();
         let entered = std::mem::take(&mut self.ranks.entered);
+        let went_back = self.ranks.last_at.is_some_and(|t| now < t);
+        #[cfg(test)]
+        let went_back = went_back || self.ranks.every_running;
         let ids = if refresh {
+            // Every running job is ranked below and gets its time anew.
+            self.ranks.due.clear();
+            self.ranks.due_of.clear();
             self.jobs.ids_in_states(&RANKED)
         } else {
-            let mut ids = self.jobs.ids_in_states(&ON_GPUS);
-            ids.extend(changed.into_iter().chain(entered).filter(|id| {
+            let mut ids: Vec<JobId> = changed.into_iter().chain(entered).collect();
+            if went_back {
+                ids.extend(self.jobs.ids_in_states(&ON_GPUS));
+            }
+            // The running jobs whose band has moved by now.
+            while let Some(&(at, id)) = self.ranks.due.first() {
+                if at > now {
+                    break;
+                }
+                self.ranks.due.pop_first();
+                if self.ranks.due_of.get(&id) == Some(&at) {
+                    self.ranks.due_of.remove(&id);
+                    ids.push(id);
+                }
+            }
+            ids.retain(|id| {
                 self.jobs
                     .get(id)
                     .is_some_and(|(r, _)| RANKED.contains(&r.state))
-            }));
+            });
             ids.sort_unstable();
             ids.dedup();
             ids
@@ -139,18 +201,33 @@ impl<S: Store> Control<S> {
                 }
             };
             let ordering = self.cluster.queues()[job.queue as usize].spec.ordering;
-            let r = rank::rank_in(
-                ordering,
-                &self.ranks.params,
-                &facts(rec, running, runtime, now),
-            );
-            verdicts.push((rec.id, rec.attempt, r));
+            let started = running.then(|| rec.attempt_started());
+            let f = facts_started(rec, started, runtime, now);
+            let r = rank::rank_in(ordering, &self.ranks.params, &f);
+            // When its band moves. Without a start (placed, not reported
+            // running) its running time stays 0 until its record changes.
+            let due = match started {
+                Some(Some(_)) => rank::verdict_moves_after(ordering, &self.ranks.params, &f)
+                    .map(|dt| now.saturating_add(dt)),
+                _ => None,
+            };
+            verdicts.push((rec.id, rec.attempt, r, due));
         }
-        for (id, attempt, r) in verdicts {
+        for (id, attempt, r, due) in verdicts {
             if rank::apply(&mut self.cluster, id, r).is_ok() {
                 self.ranks.applied.insert(id, (attempt, r));
+                match due {
+                    Some(at) => {
+                        self.ranks.due.insert((at, id));
+                        self.ranks.due_of.insert(id, at);
+                    }
+                    None => {
+                        self.ranks.due_of.remove(&id);
+                    }
+                }
             }
         }
+        self.ranks.last_at = Some(now);
         if refresh {
             self.ranks.refreshed_at = Some(now);
             let cluster = &self.cluster;
@@ -162,7 +239,8 @@ impl<S: Store> Control<S> {
     }
 
     /// The jobs a walk of every ranked job would rank differently now: a
-    /// running one whose verdict moved, or a pending one whose applied
+    /// running one whose priority moved (its rank is read only once it is
+    /// pending again: see the module doc), or a pending one whose applied
     /// verdict is not the one remembered for its attempt (what the old walk
     /// re-ranked). Empty right after [`Control::rank_jobs`] at `now`.
     #[cfg(test)]
@@ -185,7 +263,7 @@ impl<S: Store> Control<S> {
                     &self.ranks.params,
                     &facts(rec, running, runtime, now),
                 );
-                r != current
+                r.priority != current.priority
             } else {
                 self.ranks.applied.get(&rec.id) != Some(&(rec.attempt, current))
             };
@@ -379,16 +457,35 @@ mod tests {
                 .expect("submit");
         }
         c.cycle(1).expect("cycle");
-        // One job runs; 199 wait and nothing about them changed.
+        // One job was placed (its record changed); 199 wait and nothing
+        // about them changed.
         assert_eq!(c.rank_jobs(2), 1);
         assert!(c.rank_drift(2).is_empty());
-        // A new job is looked at once, with the running one.
+        // A new job is looked at once; the running one is not looked at
+        // while its band stays.
         c.submit("bob", whole_node("new", Some(60)), 3)
             .expect("submit");
-        assert_eq!(c.rank_jobs(4), 2);
-        assert_eq!(c.rank_jobs(5), 1);
+        assert_eq!(c.rank_jobs(4), 1);
+        assert_eq!(c.rank_jobs(5), 0);
+        assert!(c.rank_drift(5).is_empty());
         // The refresh still ranks them all.
         assert_eq!(c.rank_jobs(1 + REFRESH_SECONDS), 201);
+        // Placed at t=1 on 4 GPUs, the running job reaches the first band
+        // threshold (1800 GPU-s) at t=451: looked at then, not before.
+        let running = c.jobs.ids_in_states(&ON_GPUS);
+        assert_eq!(running.len(), 1);
+        let prio = |c: &Control<RedbStore>| c.cluster.job(running[0]).expect("in").priority;
+        let before = prio(&c);
+        assert_eq!(c.rank_jobs(450), 0);
+        assert!(c.rank_drift(450).is_empty());
+        assert!(!c.rank_drift(451).is_empty(), "its band moved at 451");
+        assert_eq!(c.rank_jobs(451), 1);
+        assert!(c.rank_drift(451).is_empty());
+        assert_eq!(prio(&c), before - 1, "one band down");
+        // The next threshold (3600 GPU-s) comes at t=901, after the next
+        // refresh (t=601).
+        assert_eq!(c.rank_jobs(600), 0);
+        assert!(c.rank_drift(600).is_empty());
     }
 
     #[test]
@@ -420,8 +517,11 @@ mod tests {
             declared: bool,
             begin: u64,
         },
-        /// Time passes.
+        /// Time passes; the node is heard from (its heartbeat).
         Wait(u64),
+        /// Time passes without a word from the node: past
+        /// `node_lost_seconds` its gangs end at the next cycle.
+        Silence(u64),
         /// A scheduling cycle.
         Cycle,
         /// The `n`-th job's node reports it running.
@@ -442,13 +542,82 @@ mod tests {
                     begin
                 }
             ),
-            (1u64..700).prop_map(Step::Wait),
+            // Mostly short waits, so that rankings fall between a band
+            // threshold and the next refresh; sometimes long ones.
+            prop_oneof![3 => 1u64..60, 1 => 1u64..700].prop_map(Step::Wait),
+            (1u64..60).prop_map(Step::Silence),
             Just(Step::Cycle),
             Just(Step::Cycle),
             (0usize..40).prop_map(Step::Running),
             (0usize..40, prop_oneof![Just(0), Just(1)]).prop_map(|(n, c)| Step::Exited(n, c)),
             (0usize..40).prop_map(Step::Cancel),
         ]
+    }
+
+    /// Plays one step on `c` at `now` (`ids`: the jobs submitted so far);
+    /// a cycle's decisions are returned.
+    fn play(
+        c: &mut Control<RedbStore>,
+        ids: &mut Vec<JobId>,
+        now: &mut Time,
+        s: &Step,
+    ) -> Option<gangway_sched::Decisions> {
+        // The node's heartbeat, but in a silence: jobs run for long enough
+        // to move through the bands unless the node is lost.
+        if !matches!(s, Step::Silence(_)) {
+            c.last_seen.insert("n".into(), *now);
+        }
+        match *s {
+            Step::Submit {
+                gpus,
+                declared,
+                begin,
+            } => {
+                let mut spec = JobSpec::new(&format!("j{}", ids.len() % 3), "q", 1, gpus);
+                spec.runtime_seconds = declared.then_some(100 * u64::from(gpus));
+                spec.restart.max_restarts = 1;
+                if begin > 0 {
+                    spec.begin = Some(BeginAt::Seconds(*now + begin));
+                }
+                ids.push(c.submit("alice", spec, *now).expect("submit"));
+            }
+            Step::Wait(dt) => {
+                *now += dt;
+                c.last_seen.insert("n".into(), *now);
+            }
+            Step::Silence(dt) => *now += dt,
+            Step::Cycle => return Some(c.cycle(*now).expect("cycle")),
+            Step::Running(_) | Step::Exited(..) | Step::Cancel(_) if ids.is_empty() => {}
+            Step::Running(n) => {
+                let id = ids[n % ids.len()];
+                let attempt = c.jobs[&id].0.attempt;
+                let _ = c.report("n", id, Some(attempt), Report::Running, *now);
+            }
+            Step::Exited(n, code) => {
+                let id = ids[n % ids.len()];
+                let attempt = c.jobs[&id].0.attempt;
+                let _ = c.report("n", id, Some(attempt), Report::Exited(code), *now);
+            }
+            Step::Cancel(n) => {
+                let _ = c.cancel(ids[n % ids.len()], "alice", *now);
+            }
+        }
+        None
+    }
+
+    /// What the core reads of the ranking: every job's priority, and the
+    /// rank of each pending one (a running job's rank is read only once it
+    /// is pending again).
+    fn ranking_read(c: &Control<RedbStore>) -> Vec<(JobId, i32, Option<i64>)> {
+        c.jobs
+            .ids_in_states(&RANKED)
+            .into_iter()
+            .filter_map(|id| {
+                let job = c.cluster.job(id)?;
+                let running = matches!(job.status, JobStatus::Running(_));
+                Some((id, job.priority, (!running).then_some(job.rank)))
+            })
+            .collect()
     }
 
     proptest::proptest! {
@@ -465,41 +634,45 @@ mod tests {
             let mut now: Time = 10;
             let mut ids: Vec<JobId> = Vec::new();
             for s in steps {
-                match s {
-                    Step::Submit { gpus, declared, begin } => {
-                        let mut spec = JobSpec::new(&format!("j{}", ids.len() % 3), "q", 1, gpus);
-                        spec.runtime_seconds = declared.then_some(100 * u64::from(gpus));
-                        spec.restart.max_restarts = 1;
-                        if begin > 0 {
-                            spec.begin = Some(BeginAt::Seconds(now + begin));
-                        }
-                        ids.push(c.submit("alice", spec, now).expect("submit"));
-                    }
-                    Step::Wait(dt) => now += dt,
-                    Step::Cycle => {
-                        c.cycle(now).expect("cycle");
-                    }
-                    Step::Running(n) | Step::Exited(n, _) | Step::Cancel(n) if ids.is_empty() => {
-                        let _ = n;
-                    }
-                    Step::Running(n) => {
-                        let id = ids[n % ids.len()];
-                        let attempt = c.jobs[&id].0.attempt;
-                        let _ = c.report("n", id, Some(attempt), Report::Running, now);
-                    }
-                    Step::Exited(n, code) => {
-                        let id = ids[n % ids.len()];
-                        let attempt = c.jobs[&id].0.attempt;
-                        let _ = c.report("n", id, Some(attempt), Report::Exited(code), now);
-                    }
-                    Step::Cancel(n) => {
-                        let _ = c.cancel(ids[n % ids.len()], "alice", now);
-                    }
-                }
+                play(&mut c, &mut ids, &mut now, &s);
                 now += 1;
                 c.rank_jobs(now);
                 let drift = c.rank_drift(now);
                 proptest::prop_assert!(drift.is_empty(), "at {}: {:?}", now, drift);
+            }
+        }
+
+        /// The same histories on two servers, one ranking every running job
+        /// every cycle (as the server did before running jobs were ranked
+        /// only when their band moves) and one as it does now: every cycle
+        /// decides the same (binds, preemptions, plan, explanations), and
+        /// after every step the core would read the same priorities and
+        /// pending ranks.
+        #[test]
+        fn ranking_running_jobs_when_their_band_moves_decides_as_every_cycle_did(
+            steps in proptest::collection::vec(step(), 1..80)
+        ) {
+            let (_d1, mut every) = server();
+            every.ranks.every_running = true;
+            let (_d2, mut lazy) = server();
+            let (mut now_e, mut now_l): (Time, Time) = (10, 10);
+            let (mut ids_e, mut ids_l) = (Vec::new(), Vec::new());
+            for s in steps {
+                let de = play(&mut every, &mut ids_e, &mut now_e, &s);
+                let dl = play(&mut lazy, &mut ids_l, &mut now_l, &s);
+                if let (Some(de), Some(dl)) = (de, dl) {
+                    proptest::prop_assert_eq!(&de.binds, &dl.binds, "at {}", now_l);
+                    proptest::prop_assert_eq!(&de.preemptions, &dl.preemptions, "at {}", now_l);
+                    proptest::prop_assert_eq!(&de.plan, &dl.plan, "at {}", now_l);
+                    proptest::prop_assert_eq!(&de.planned, &dl.planned, "at {}", now_l);
+                    proptest::prop_assert_eq!(&de.pending, &dl.pending, "at {}", now_l);
+                }
+                now_e += 1;
+                now_l += 1;
+                // Rankings between cycles too, as more cycles would make.
+                every.rank_jobs(now_e);
+                lazy.rank_jobs(now_l);
+                proptest::prop_assert_eq!(ranking_read(&every), ranking_read(&lazy), "at {}", now_l);
             }
         }
     }
