@@ -469,12 +469,19 @@ impl<S: Store> Control<S> {
         let since = |r: &crate::records::JobRecord, kind: &str| {
             r.events.iter().rev().find(|e| e.kind == kind).map(|e| e.at)
         };
-        // Only gangs on GPUs can be stopping: the state index, not a walk
-        // of every job ever kept.
+        // Only gangs on GPUs can be stopping, and only those stopping or
+        // preempting have a grace: the index of those under a deadline, not
+        // a walk of every job on GPUs.
         let due: Vec<_> = self
             .jobs
-            .in_states(&[JobState::Scheduled, JobState::Running, JobState::Preempting])
+            .deadline_candidates()
             .into_iter()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    JobState::Scheduled | JobState::Running | JobState::Preempting
+                )
+            })
             .filter(|r| r.stopping.is_some() || r.state == JobState::Preempting)
             .filter_map(|r| {
                 let full = r.spec.checkpoint.grace_seconds.min(max_grace);

@@ -290,6 +290,23 @@ pub struct JobTable {
     /// Ids inserted, replaced or removed since [`JobTable::take_changed`]
     /// last drained them: the ranking's work list between cycles.
     changed: std::collections::HashSet<JobId>,
+    /// Ids of the jobs on GPUs that a deadline may end (see
+    /// [`JobTable::deadline_candidates`]).
+    deadlines: BTreeSet<JobId>,
+}
+
+/// Whether a deadline checked every cycle may end the job of `r`: a stop's
+/// grace (a cancel, a failed rank), a preemption's grace, or a time limit
+/// not yet reached on a job on GPUs.
+fn under_deadline(r: &JobRecord) -> bool {
+    match r.state {
+        JobState::Preempting => true,
+        JobState::Scheduled | JobState::Running => {
+            r.stopping.is_some()
+                || (r.time_limit_hit.is_none() && r.spec.time_limit_seconds().is_some())
+        }
+        _ => false,
+    }
 }
 
 impl std::ops::Deref for JobTable {
@@ -349,6 +366,18 @@ impl JobTable {
         ids
     }
 
+    /// The records of the jobs on GPUs that a deadline checked every cycle
+    /// may end, in id order: preempting, stopping (cancelled, a rank
+    /// failed), or scheduled or running under a time limit not yet reached.
+    /// The grace expiry and the time-limit check read these instead of every
+    /// job on GPUs; each still applies its own test to them.
+    pub fn deadline_candidates(&self) -> Vec<&Arc<JobRecord>> {
+        self.deadlines
+            .iter()
+            .filter_map(|id| self.map.get(id).map(|(r, _)| r))
+            .collect()
+    }
+
     /// The records of the jobs in any of `states` (non-terminal ones), in id
     /// order; terminal states have no index and yield nothing.
     pub fn in_states(&self, states: &[JobState]) -> Vec<&Arc<JobRecord>> {
@@ -406,6 +435,20 @@ impl JobTable {
                     None => self.live_ports.entry(node.to_string()).or_default(),
                 };
                 *ports.entry(p).or_insert(0) += 1;
+            }
+        }
+        let (was, is) = (
+            old.is_some_and(under_deadline),
+            new.is_some_and(under_deadline),
+        );
+        if was && !is {
+            if let Some(o) = old {
+                self.deadlines.remove(&o.id);
+            }
+        }
+        if is && !was {
+            if let Some(n) = new {
+                self.deadlines.insert(n.id);
             }
         }
         let live = |r: &&JobRecord| !r.state.is_terminal();
@@ -553,11 +596,11 @@ mod table_tests {
         #[test]
         fn the_indexes_answer_as_a_walk_does(
             ops in proptest::collection::vec(
-                (1u64..12, 0usize..12, 0usize..3, 0usize..3, 0usize..4), 1..80)
+                ((1u64..12, 0usize..12, 0usize..3, 0usize..3, 0usize..4), (0usize..3, 0usize..3, proptest::prelude::any::<bool>())), 1..80)
         ) {
             let mut t = JobTable::default();
             let mut touched = std::collections::HashSet::new();
-            for (id, state, user, dir, port) in ops {
+            for ((id, state, user, dir, port), (stopping, limit, hit)) in ops {
                 if state == STATES.len() {
                     if t.remove(&JobId(id)).is_some() {
                         touched.insert(JobId(id));
@@ -577,6 +620,21 @@ mod table_tests {
                 );
                 r.spec.checkpoint.dir = [None, Some("run".to_string()), Some("job-3".to_string())][dir].clone();
                 r.state = STATES[state];
+                r.stopping = [
+                    None,
+                    Some(Stopping::Cancelled { by: "bob".into() }),
+                    Some(Stopping::Failed { message: "rank 1".into() }),
+                ][stopping]
+                    .clone();
+                // No time limit, one in seconds, or one as text that does
+                // not parse (no limit).
+                r.spec.time_limit = [
+                    None,
+                    Some(gangway_core::TimeSpan::Seconds(60)),
+                    Some(gangway_core::TimeSpan::Text("soon".into())),
+                ][limit]
+                    .clone();
+                r.time_limit_hit = hit.then_some(9);
                 // A port on rank 0's node "a" or "b" (or none), with the rank
                 // on another node or none.
                 if port > 0 {
@@ -605,6 +663,16 @@ mod table_tests {
                 let indexed: Vec<u16> = t.ports_on(node).collect();
                 proptest::prop_assert_eq!(walked, indexed, "ports on {}", node);
             }
+            // What the grace expiry and the time-limit check look at.
+            let walked: Vec<JobId> = t.values()
+                .filter(|(r, _)| matches!(r.state, JobState::Scheduled | JobState::Running | JobState::Preempting))
+                .filter(|(r, _)| r.state == JobState::Preempting
+                    || r.stopping.is_some()
+                    || (r.time_limit_hit.is_none() && r.spec.time_limit_seconds().is_some()))
+                .map(|(r, _)| r.id)
+                .collect();
+            let indexed: Vec<JobId> = t.deadline_candidates().iter().map(|r| r.id).collect();
+            proptest::prop_assert_eq!(walked, indexed, "deadline candidates");
             let two = [JobState::Running, JobState::Pending];
             let walked: Vec<JobId> = t.values().filter(|(r, _)| two.contains(&r.state)).map(|(r, _)| r.id).collect();
             let indexed: Vec<JobId> = t.in_states(&two).iter().map(|r| r.id).collect();

@@ -377,10 +377,12 @@ impl<S: Store> Control<S> {
     /// grace (the Preempting path); their attempt then ends as `timeout`.
     pub(super) fn enforce_time_limits(&mut self, now: Time) -> Result<(), ControlError> {
         let mut due = Vec::new();
-        for rec in self
-            .jobs
-            .in_states(&[JobState::Scheduled, JobState::Running])
-        {
+        // The jobs on GPUs under a deadline (a time limit among them), not
+        // every job on GPUs.
+        for rec in self.jobs.deadline_candidates() {
+            if !matches!(rec.state, JobState::Scheduled | JobState::Running) {
+                continue;
+            }
             if rec.time_limit_hit.is_some() {
                 continue;
             }
