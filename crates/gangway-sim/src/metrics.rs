@@ -57,6 +57,23 @@ pub struct Bucket {
     pub wait: Stats,
 }
 
+/// Figures for one queue: what Jain's index across queues is computed from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QueueFigures {
+    /// Queue name.
+    pub queue: String,
+    /// Completed jobs.
+    pub jobs: usize,
+    /// Σ run time ÷ Σ JCT of its completed jobs (1 = nobody waited).
+    pub service_ratio: f64,
+    /// Mean JCT, seconds.
+    pub avg_jct: f64,
+    /// Mean queueing delay, seconds.
+    pub avg_wait: f64,
+    /// Jobs that waited more than 10× their run time (run time ≥ 1 min).
+    pub starved_10x: usize,
+}
+
 /// Time series sampled in fixed buckets.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Series {
@@ -117,6 +134,8 @@ pub struct SimResult {
     pub events: u64,
     /// Scheduling cycles run.
     pub cycles: u64,
+    /// Per queue, by name: the figures behind Jain's index.
+    pub by_queue: Vec<QueueFigures>,
     /// Sorted JCTs (for the CDF plot).
     #[serde(skip)]
     pub jcts: Vec<f64>,
@@ -301,13 +320,30 @@ impl Recorder {
             .iter()
             .map(|j| (u64::from(j.trace.gpus) * j.trace.duration) as f64)
             .sum();
-        let mut per_queue: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+        let ratio = |j: &SimJob| j.waited as f64 / j.trace.duration.max(1) as f64;
+        let starving = |j: &SimJob| j.trace.duration >= 60 && ratio(j) > 10.0;
+        // Per queue: jobs, Σ run time, Σ JCT, Σ wait, starved.
+        let mut per_queue: BTreeMap<&str, (usize, f64, f64, f64, usize)> = BTreeMap::new();
         for j in &done {
             let e = per_queue.entry(j.trace.queue.as_str()).or_default();
-            e.0 += j.trace.duration as f64;
-            e.1 += jct_of(j).max(1.0);
+            e.0 += 1;
+            e.1 += j.trace.duration as f64;
+            e.2 += jct_of(j).max(1.0);
+            e.3 += j.waited as f64;
+            e.4 += usize::from(starving(j));
         }
-        let xs: Vec<f64> = per_queue.values().map(|(d, t)| d / t).collect();
+        let by_queue: Vec<QueueFigures> = per_queue
+            .iter()
+            .map(|(q, (n, d, t, w, s))| QueueFigures {
+                queue: (*q).to_string(),
+                jobs: *n,
+                service_ratio: d / t,
+                avg_jct: t / *n as f64,
+                avg_wait: w / *n as f64,
+                starved_10x: *s,
+            })
+            .collect();
+        let xs: Vec<f64> = by_queue.iter().map(|q| q.service_ratio).collect();
         let jain = if xs.is_empty() {
             1.0
         } else {
@@ -315,12 +351,8 @@ impl Recorder {
             let s2: f64 = xs.iter().map(|x| x * x).sum();
             s * s / (xs.len() as f64 * s2)
         };
-        let ratio = |j: &SimJob| j.waited as f64 / j.trace.duration.max(1) as f64;
         let max_ratio = done.iter().map(|j| ratio(j)).fold(0.0, f64::max);
-        let starved = done
-            .iter()
-            .filter(|j| j.trace.duration >= 60 && ratio(j) > 10.0)
-            .count();
+        let starved = done.iter().filter(|j| starving(j)).count();
         let mut rejected = BTreeMap::new();
         for j in jobs {
             if let Some(r) = &j.rejected {
@@ -372,6 +404,7 @@ impl Recorder {
             },
             events,
             cycles,
+            by_queue,
             jcts,
             series,
         }
