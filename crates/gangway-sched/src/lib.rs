@@ -184,6 +184,14 @@ pub struct SchedulerConfig {
     /// A job that has run less than this many seconds in its current attempt is
     /// not a victim: preempting it would waste its start-up for nothing.
     pub min_run_seconds: u64,
+    /// With it, the minimum run time grows with each preemption: a job
+    /// preempted `k` times is a victim only after running `(k + 1) ×`
+    /// the minimum in its current attempt ([`preempt::min_run_of`]). Work
+    /// lost per preemption (since the last checkpoint, plus the grace) is
+    /// then a shrinking share of the run, however often a job is chosen,
+    /// and, unlike a fixed [`Self::preemption_budget`], no job becomes
+    /// immune and holds its GPUs for days against jobs that are owed them.
+    pub min_run_grows: bool,
     /// Most victim candidates one preemption search examines, in its order
     /// (least lost work first; lowest priority first for reclaim). A search
     /// that needs more gives up, so a preemptor that no set of cheap victims
@@ -219,6 +227,7 @@ impl Default for SchedulerConfig {
             max_preemptions_per_cycle: 256,
             preemption_budget: None,
             min_run_seconds: 0,
+            min_run_grows: false,
             max_victims_examined: DEFAULT_MAX_VICTIMS_EXAMINED,
             max_pending_examined: DEFAULT_MAX_PENDING_EXAMINED,
         }

@@ -45,10 +45,23 @@ fn related(state: &ClusterState, a: QueueId, b: QueueId) -> bool {
     qs[a as usize].path.contains(&b) || qs[b as usize].path.contains(&a)
 }
 
+/// The seconds `job` must run in its current attempt before it may be a
+/// victim: its queue's minimum (`queue`), else the scheduler's (`cfg`);
+/// with [`crate::SchedulerConfig::min_run_grows`], times one more than the
+/// preemptions it has had.
+pub fn min_run_of(job: &Job, cfg: &crate::SchedulerConfig, queue: &QueueSpec) -> u64 {
+    let base = queue.min_run_seconds.unwrap_or(cfg.min_run_seconds);
+    if cfg.min_run_grows {
+        base.saturating_mul(u64::from(job.preemptions).saturating_add(1))
+    } else {
+        base
+    }
+}
+
 /// Whether a running job may be chosen as a victim at `now`: not evicted
 /// already at this instant (progress: no ping-pong at one instant, whatever the
-/// grace period), within its preemption budget, and past the minimum run time
-/// (its queue's `queue`'s overrides, else the scheduler's `cfg`).
+/// grace period), within its preemption budget, and past its minimum run time
+/// ([`min_run_of`]).
 pub fn may_be_victim(
     job: &Job,
     started: Time,
@@ -57,10 +70,9 @@ pub fn may_be_victim(
     queue: &QueueSpec,
 ) -> bool {
     let budget = queue.preemption_budget.or(cfg.preemption_budget);
-    let min_run = queue.min_run_seconds.unwrap_or(cfg.min_run_seconds);
     job.last_preempted != Some(now)
         && budget.is_none_or(|b| job.preemptions < b)
-        && now.saturating_sub(started) >= min_run
+        && now.saturating_sub(started) >= min_run_of(job, cfg, queue)
 }
 
 /// One victim candidate a search examined, flattened for its scans.

@@ -987,6 +987,56 @@ fn a_queues_preemption_rules_override_the_schedulers_either_way() {
     ));
 }
 
+/// Whether a low job, preempted once at 600 s of its first run and
+/// restarted, is preempted again `after` seconds into its second run, with
+/// a 600 s minimum run that grows with preemptions (`grows`) or not.
+fn preempted_again_after(grows: bool, after: u64) -> bool {
+    let mut s = cluster(1, 8, 1);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    d.cfg = SchedulerConfig {
+        min_run_seconds: 600,
+        min_run_grows: grows,
+        ..SchedulerConfig::default()
+    };
+    let prod = |d: &mut Driver| {
+        let mut p = job("q", 1, 8, Some(100));
+        p.priority = PriorityClass::Production;
+        d.submit(p, Some(100))
+    };
+    let mut low = job("q", 1, 8, None);
+    low.priority = PriorityClass::Low;
+    let low = d.submit(low, Some(100_000));
+    d.cycle();
+    d.advance(599);
+    prod(&mut d);
+    assert!(d.cycle().preemptions.is_empty(), "599 s < 600 s minimum");
+    d.advance(600);
+    assert!(d.cycle().preemptions.iter().any(|p| p.job == low));
+    // The victim leaves after its grace, the production job runs and ends,
+    // and the low job starts again.
+    d.advance(700);
+    d.cycle();
+    d.advance(900);
+    d.cycle();
+    assert!(d.is_running(low), "{}", d.reason(low));
+    let restarted = d.started_attempt(low);
+    d.advance(restarted + after);
+    prod(&mut d);
+    d.cycle().preemptions.iter().any(|p| p.job == low)
+}
+
+#[test]
+fn a_growing_minimum_run_protects_a_victim_longer_after_each_preemption() {
+    // A fixed minimum: 600 s into the second run, it is a victim again.
+    assert!(!preempted_again_after(false, 599));
+    assert!(preempted_again_after(false, 600));
+    // Growing: once preempted, it must run (1 + 1) × 600 s first.
+    assert!(!preempted_again_after(true, 600));
+    assert!(!preempted_again_after(true, 1199));
+    assert!(preempted_again_after(true, 1200));
+}
+
 #[test]
 fn a_refused_node_changes_nothing_and_the_check_agrees_with_adding() {
     // The server checks a registration, stores it, then adds it: every

@@ -674,12 +674,18 @@ impl Engine {
             let attained = j.attained;
             let gpus = u64::from(j.trace.gpus).max(1);
             self.push(now + left.max(1), Ev::Finish(i, a));
-            // Its queue's minimum run time, else the scheduler's.
+            // Its minimum run time (its queue's, else the scheduler's; grown
+            // with its preemptions where the policy says so).
             let min_run = self
                 .state
                 .job(b.job)
-                .and_then(|job| self.state.queues()[job.queue as usize].spec.min_run_seconds)
-                .unwrap_or(self.cfg.min_run_seconds);
+                .map_or(self.cfg.min_run_seconds, |job| {
+                    gangway_sched::preempt::min_run_of(
+                        job,
+                        &self.cfg,
+                        &self.state.queues()[job.queue as usize].spec,
+                    )
+                });
             if min_run > 0 && self.cfg.preemption && min_run < left {
                 // It becomes a possible victim then: the core must look again.
                 self.push(now + min_run, Ev::Cross(i, a));

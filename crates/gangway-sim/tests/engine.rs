@@ -131,12 +131,13 @@ fn tiresias_demotes_a_long_job_and_runs_the_short_one() {
 
 #[test]
 fn urgent_job_preempts_and_the_victim_resumes_from_its_checkpoint() {
-    // A best-effort 8-GPU job runs 0→; a high-priority one arrives at 700 and preempts it
-    // (A has run Gangway's minimum of 600 s): exit at 720, B runs 720→820; A saved 600 s
-    // (checkpoint every 150 s), loses 120 s × 8 GPUs, and runs its remaining 400 s 820→1220.
+    // A best-effort 8-GPU job runs 0→; a high-priority one arrives at 1300 and preempts it
+    // (A has run Gangway's minimum of 1200 s): exit at 1320, B runs 1320→1420; A saved
+    // 1200 s (checkpoint every 150 s), loses 120 s × 8 GPUs, and runs its remaining 800 s
+    // 1420→2220.
     let t = trace(vec![
-        job("A", 0, 8, 1000, PriorityClass::BestEffort),
-        job("B", 700, 8, 100, PriorityClass::High),
+        job("A", 0, 8, 2000, PriorityClass::BestEffort),
+        job("B", 1300, 8, 100, PriorityClass::High),
     ]);
     let o = SimOptions {
         checkpoint_interval: 150,
@@ -144,18 +145,31 @@ fn urgent_job_preempts_and_the_victim_resumes_from_its_checkpoint() {
         ..SimOptions::default()
     };
     let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o.clone());
-    assert_eq!(jcts, vec![1220, 120]);
+    assert_eq!(jcts, vec![2220, 120]);
     assert_eq!(r.preemptions, 1);
     assert!((r.gpu_hours_lost - 960.0 / 3600.0).abs() < 1e-9);
-    // Arriving at 200, B waits until A has run 600 s: signal at 600, A keeps all
-    // 600 s of work (a checkpoint just then), B runs 620→720, A 720→1120.
+    // Arriving at 200, B waits until A has run 1200 s: signal at 1200, A keeps all
+    // 1200 s of work (a checkpoint just then), B runs 1220→1320, A 1320→2120.
     let t = trace(vec![
-        job("A", 0, 8, 1000, PriorityClass::BestEffort),
+        job("A", 0, 8, 2000, PriorityClass::BestEffort),
         job("B", 200, 8, 100, PriorityClass::High),
     ]);
-    let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o);
-    assert_eq!(jcts, vec![1120, 520]);
+    let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o.clone());
+    assert_eq!(jcts, vec![2120, 1120]);
     assert!((r.gpu_hours_lost - 160.0 / 3600.0).abs() < 1e-9);
+    // Preempted once, A must then run 2 × 1200 s before it is a victim
+    // again. A 4000 s job: preempted at 1300 by B as above, it restarts at
+    // 1420 with 1200 s saved; C arrives at 1500 and waits until A has run
+    // 2400 s more (a fixed minimum would signal A at 2620): signal at 3820,
+    // A saves all 2400 s, C runs 3840→3940, A its last 400 s 3940→4340.
+    let t = trace(vec![
+        job("A", 0, 8, 4000, PriorityClass::BestEffort),
+        job("B", 1300, 8, 100, PriorityClass::High),
+        job("C", 1500, 8, 100, PriorityClass::High),
+    ]);
+    let (r, jcts) = run(&t, &one_node(8), Policy::Gangway, o);
+    assert_eq!(r.preemptions, 2);
+    assert_eq!(jcts, vec![4340, 120, 2440]);
 }
 
 #[test]

@@ -129,6 +129,14 @@ impl Driver {
         }
     }
 
+    /// When the current attempt of running job `id` started.
+    pub fn started_attempt(&self, id: JobId) -> Time {
+        match self.state.job(id).map(|j| &j.status) {
+            Some(JobStatus::Running(r)) => r.started,
+            other => panic!("{id:?} is not running: {other:?}"),
+        }
+    }
+
     pub fn is_running(&self, id: JobId) -> bool {
         matches!(
             self.state.job(id).map(|j| &j.status),

@@ -67,6 +67,10 @@ pub struct SchedulerKnobs {
     /// A job that has run less than this in its attempt is not a victim
     /// (seconds, at most 7 days).
     pub min_run_seconds: u64,
+    /// The minimum run time grows with each preemption: a job preempted
+    /// `k` times is a victim only after `(k + 1) × min_run_seconds`
+    /// ([`gangway_sched::SchedulerConfig::min_run_grows`]).
+    pub min_run_grows: bool,
     /// Most pending jobs a cycle examines (100 to 10,000,000): the head of
     /// the order, then a rotating share of the rest, so a deep queue does
     /// not lengthen every cycle.
@@ -85,6 +89,7 @@ impl Default for SchedulerKnobs {
             max_preemptions_per_cycle: d.max_preemptions_per_cycle,
             preemption_budget: d.preemption_budget,
             min_run_seconds: d.min_run_seconds,
+            min_run_grows: d.min_run_grows,
             max_pending_examined: d.max_pending_examined,
         }
     }
@@ -102,6 +107,7 @@ impl SchedulerKnobs {
             max_preemptions_per_cycle: self.max_preemptions_per_cycle,
             preemption_budget: self.preemption_budget,
             min_run_seconds: self.min_run_seconds,
+            min_run_grows: self.min_run_grows,
             max_pending_examined: self.max_pending_examined,
             ..SchedulerConfig::default()
         }
@@ -1112,6 +1118,22 @@ mod tests {
             e.contains("scheduler.plan_depth: 1000000 is out of range"),
             "{e}"
         );
+        // The growing minimum run reaches the installed configuration.
+        let grows = Policy::from_yaml(
+            "queues: [{ name: lab, quota: { nominal: { gpus: 16 } } }, { name: a, parent: lab, quota: { nominal: { gpus: 8 } }, node: { allow_root: true } }]\nscheduler: { min_run_seconds: 1200, min_run_grows: true }\ngates: { max_p95_wait_worse_pct: 10 }\n",
+        )
+        .expect("policy");
+        assert_eq!(
+            diff(&base, &grows),
+            vec![
+                "scheduler.min_run_grows: false -> true",
+                "scheduler.min_run_seconds: 0 -> 1200"
+            ]
+        );
+        install(&mut c, &grows).expect("install");
+        assert!(c.sched.min_run_grows && c.sched.min_run_seconds == 1200);
+        install(&mut c, &base).expect("back");
+        assert!(!c.sched.min_run_grows);
         let e = Policy::from_yaml("scheduler: { backfill: sometimes }").expect_err("mode");
         assert!(
             e.to_string().contains("backfill: expected off, easy"),
