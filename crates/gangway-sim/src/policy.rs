@@ -6,7 +6,7 @@
 //!
 //! | policy | what it models | source |
 //! |---|---|---|
-//! | `gangway` | priority classes, then bands of attained GPU-time (as Tiresias); quotas and DRF between queues as guarantees; inside a queue, least predicted remaining work first with aging; preemption only in the job's own queue or a borrowing one, with a minimum run time and a per-job budget | this project |
+//! | `gangway` | priority classes, then bands of attained GPU-time (as Tiresias); quotas and DRF between queues as guarantees; inside a queue, least predicted remaining work first with aging; preemption only in the job's own queue or a borrowing one, with a minimum run time that grows with each preemption | this project |
 //! | `fifo` | first come first served, head-of-line blocking per queue | Philly's YARN scheduler as simulated by Helios (`HeliosArtifact/simulator`, policy `fifo`) |
 //! | `priority` | strict priority classes with preemption, FIFO within a class | Kubernetes `PriorityClass` preemption |
 //! | `slurm` | multifactor priority (age + fair share + job size, PriorityWeight* 1000 each, PriorityMaxAge 7 days, PriorityFavorSmall) with EASY backfill on time limits (else the run-time prediction) | Slurm `priority/multifactor` and `sched/backfill` documentation |
