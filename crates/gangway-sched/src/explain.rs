@@ -1,7 +1,7 @@
 //! Why a job waits, as data (for the API and dashboard) and as a sentence (for people).
 
 use crate::capacity::NodeIdx;
-use crate::placement::FitFailure;
+use crate::placement::{FitFailure, Shortage};
 use crate::quota::{QuotaBlock, QuotaLimit};
 use crate::state::ClusterState;
 use gangway_core::{JobId, ReasonCode, Resource, Time};
@@ -115,6 +115,24 @@ fn unit(r: Resource) -> &'static str {
     r.unit()
 }
 
+/// Millicores as CPUs: `12`, `0.5`.
+fn cpus(millis: u64) -> String {
+    if millis % 1000 == 0 {
+        (millis / 1000).to_string()
+    } else {
+        format!("{:.1}", millis as f64 / 1000.0)
+    }
+}
+
+/// MiB as `512 MiB` or `720 GiB`.
+fn mib(m: u64) -> String {
+    if m >= 1024 {
+        format!("{} GiB", m / 1024)
+    } else {
+        format!("{m} MiB")
+    }
+}
+
 fn duration(secs: u64) -> String {
     if secs < 120 {
         format!("{secs}s")
@@ -200,13 +218,31 @@ impl Explanation {
                 need,
                 largest_free,
                 node,
-            }) => match node {
-                Some(n) => format!(
+                short,
+            }) => match (node, short) {
+                (Some(n), Some(s)) => {
+                    let (what, free, needed) = match s {
+                        Shortage::Cpu {
+                            free_millis,
+                            need_millis,
+                        } => ("CPUs", cpus(*free_millis), cpus(*need_millis)),
+                        Shortage::Memory { free_mib, need_mib } => {
+                            ("memory", mib(*free_mib), mib(*need_mib))
+                        }
+                    };
+                    format!(
+                        "needs {} and {needed} {what} on one node; node {} has {} free but only {free} {what}",
+                        plural(*need, "GPU"),
+                        node_name(state, *n),
+                        plural(*largest_free, "GPU")
+                    )
+                }
+                (Some(n), None) => format!(
                     "needs {} on one node; largest free block is {largest_free} on node {}",
                     plural(*need, "GPU"),
                     node_name(state, *n)
                 ),
-                None => format!(
+                (None, _) => format!(
                     "needs {} on one node; no matching node has a free GPU",
                     plural(*need, "GPU")
                 ),

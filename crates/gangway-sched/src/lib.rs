@@ -33,7 +33,7 @@ mod victims;
 
 pub use capacity::{Capacity, NodeIdx, QueueId};
 pub use explain::{plural, Explanation, WaitReason};
-pub use placement::FitFailure;
+pub use placement::{FitFailure, Shortage};
 pub use quota::{QuotaBlock, QuotaLimit};
 pub use state::{
     ClusterState, Gang, Job, JobStatus, Maintenance, Placement, Rejection, ReplicaPlacement,

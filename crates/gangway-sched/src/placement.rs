@@ -42,6 +42,10 @@ pub enum FitFailure {
         largest_free: u64,
         /// Where that block is.
         node: Option<NodeIdx>,
+        /// When that block has GPUs enough: the CPU or memory its node
+        /// lacks (else the reason would read as if GPUs were missing).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        short: Option<Shortage>,
     },
     /// Not enough room across nodes.
     Spread {
@@ -54,6 +58,46 @@ pub enum FitFailure {
         /// Whether the gang must stay under one leaf switch.
         one_leaf: bool,
     },
+}
+
+/// What a node with GPUs enough lacks for a gang: CPU or memory, free
+/// against needed for the whole gang on that node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "resource", rename_all = "snake_case")]
+pub enum Shortage {
+    /// Too few free CPUs (millicores).
+    Cpu {
+        /// Free on the node.
+        free_millis: u64,
+        /// Needed.
+        need_millis: u64,
+    },
+    /// Too little free memory (MiB).
+    Memory {
+        /// Free on the node.
+        free_mib: u64,
+        /// Needed.
+        need_mib: u64,
+    },
+}
+
+/// What node `n` lacks besides GPUs to host `replicas` of `per`, if anything.
+fn shortage(cap: &Capacity, n: usize, per: &Resources, replicas: u64) -> Option<Shortage> {
+    let need_cpu = per.cpu_millis.saturating_mul(replicas);
+    let need_mem = per.memory_mib.saturating_mul(replicas);
+    if cap.free_cpu[n] < need_cpu {
+        Some(Shortage::Cpu {
+            free_millis: cap.free_cpu[n],
+            need_millis: need_cpu,
+        })
+    } else if cap.free_mem[n] < need_mem {
+        Some(Shortage::Memory {
+            free_mib: cap.free_mem[n],
+            need_mib: need_mem,
+        })
+    } else {
+        None
+    }
 }
 
 /// Places a gang on `cap`, or says why it cannot.
@@ -81,10 +125,14 @@ pub fn place(
         }
         if single_only {
             let (largest_free, node) = largest_block(state, cap, req);
+            let short = node
+                .filter(|_| largest_free >= need)
+                .and_then(|n| shortage(cap, n as usize, &req.per, u64::from(req.replicas)));
             return Err(FitFailure::OneNode {
                 need,
                 largest_free,
                 node,
+                short,
             });
         }
     }

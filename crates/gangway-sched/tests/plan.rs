@@ -204,6 +204,7 @@ fn codes_cover_every_wait_reason() {
         need: 8,
         largest_free: 0,
         node: None,
+        short: None,
     };
     let cases = [
         (WaitReason::NoFit(fit), ReasonCode::Resources),
@@ -270,7 +271,8 @@ fn sentences_use_singular_for_one() {
         say(WaitReason::NoFit(FitFailure::OneNode {
             need: 1,
             largest_free: 0,
-            node: None
+            node: None,
+            short: None,
         })),
         "needs 1 GPU on one node; no matching node has a free GPU"
     );
@@ -510,5 +512,44 @@ proptest! {
             b.advance(next);
         }
         prop_assert_eq!(a.state.pending_count(), 0, "every job ran");
+    }
+}
+
+#[test]
+fn a_gang_short_of_cpu_or_memory_is_told_so_not_that_gpus_are_missing() {
+    // One node: 8 GPUs, 128 CPUs, 1 TiB. A CPU-only job takes most of one
+    // resource; an 8-GPU job then finds its GPUs free but not the rest.
+    for (cpu_only, gpu_job, said) in [
+        (
+            (120_000, 1024),
+            (16_000, 1024),
+            "needs 8 GPUs and 16 CPUs on one node; node n00 has 8 GPUs free but only 8 CPUs",
+        ),
+        (
+            (1_000, 1_000 * 1024),
+            (1_000, 64 * 1024),
+            "needs 8 GPUs and 64 GiB memory on one node; node n00 has 8 GPUs free but only 24 GiB memory",
+        ),
+    ] {
+        let mut d = driver(1, 8, Backfill::Off);
+        let mut prep = job("q", 1, 0, Some(1000));
+        prep.resources.cpu_millis = cpu_only.0;
+        prep.resources.memory_mib = cpu_only.1;
+        d.submit(prep, None);
+        d.cycle();
+        let mut train = job("q", 1, 8, Some(100));
+        train.resources.cpu_millis = gpu_job.0;
+        train.resources.memory_mib = gpu_job.1;
+        let id = d.submit(train, None);
+        d.advance(1);
+        d.cycle();
+        assert_eq!(d.reason(id), said);
+        assert!(matches!(
+            explanation(&d, id).reason,
+            WaitReason::NoFit(gangway_sched::FitFailure::OneNode {
+                short: Some(_),
+                ..
+            })
+        ));
     }
 }

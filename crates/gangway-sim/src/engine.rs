@@ -46,6 +46,11 @@ pub struct SimOptions {
     pub backfill: Option<gangway_sched::Backfill>,
     /// Pending jobs planned per cycle (default: the core's default).
     pub plan_depth: Option<usize>,
+    /// Every job preemptible, under every policy of the run (the assumption
+    /// of Tiresias' and SRTF's published simulators). Off: a job's priority
+    /// class decides, as in the live server (best-effort, low and normal
+    /// preemptible; high and above not), for every policy alike.
+    pub all_preemptible: bool,
 }
 
 impl Default for SimOptions {
@@ -64,6 +69,7 @@ impl Default for SimOptions {
             limit: None,
             backfill: None,
             plan_depth: None,
+            all_preemptible: false,
         }
     }
 }
@@ -340,7 +346,7 @@ impl Engine {
             t.gpu_model.clone()
         };
         s.priority = t.priority;
-        if self.policy.all_preemptible() {
+        if self.opts.all_preemptible {
             s.preemptible = Some(true);
         }
         s.checkpoint.grace_seconds = self.opts.grace_seconds;

@@ -204,11 +204,6 @@ impl Policy {
         }
     }
 
-    /// Whether every job is preemptible under this policy.
-    pub fn all_preemptible(self) -> bool {
-        matches!(self, Policy::Tiresias | Policy::Srtf)
-    }
-
     /// Whether this policy knows every job's run time (not deployable).
     pub fn is_oracle(self) -> bool {
         self == Policy::Srtf

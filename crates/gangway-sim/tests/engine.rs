@@ -130,6 +130,36 @@ fn tiresias_demotes_a_long_job_and_runs_the_short_one() {
 }
 
 #[test]
+fn preemptibility_is_the_same_rule_for_every_policy() {
+    // The same two jobs as above, but A is of the high class, which is not
+    // preemptible by default: Tiresias may not demote it away from its GPU,
+    // just as Gangway may not, and B waits for it. With `all_preemptible`
+    // (the published simulators' assumption) Tiresias preempts it again.
+    let t = trace(vec![
+        job("A", 0, 1, 300, PriorityClass::High),
+        job("B", 50, 1, 20, PriorityClass::High),
+    ]);
+    let o = SimOptions {
+        las_thresholds: vec![100],
+        checkpoint_interval: 60,
+        grace_seconds: 10,
+        ..SimOptions::default()
+    };
+    for p in [Policy::Tiresias, Policy::Srtf, Policy::Gangway] {
+        let (r, jcts) = run(&t, &one_node(1), p, o.clone());
+        assert_eq!(r.preemptions, 0, "{p:?}");
+        assert_eq!(jcts, vec![300, 270], "{p:?}");
+    }
+    let all = SimOptions {
+        all_preemptible: true,
+        ..o
+    };
+    let (r, jcts) = run(&t, &one_node(1), Policy::Tiresias, all);
+    assert_eq!(r.preemptions, 1);
+    assert_eq!(jcts, vec![370, 80]);
+}
+
+#[test]
 fn urgent_job_preempts_and_the_victim_resumes_from_its_checkpoint() {
     // A best-effort 8-GPU job runs 0→; a high-priority one arrives at 1300 and preempts it
     // (A has run Gangway's minimum of 1200 s): exit at 1320, B runs 1320→1420; A saved

@@ -97,6 +97,11 @@ pub struct SimArgs {
     /// Pending jobs given a planned start per cycle (default 200).
     #[arg(long)]
     plan_depth: Option<usize>,
+    /// Every job preemptible under every policy (Tiresias' and SRTF's
+    /// published assumption). Default: each job's priority class decides,
+    /// for every policy alike (high and above are not preemptible).
+    #[arg(long)]
+    all_preemptible: bool,
 }
 
 fn options(a: &SimArgs) -> SimOptions {
@@ -111,6 +116,7 @@ fn options(a: &SimArgs) -> SimOptions {
         limit: a.limit,
         backfill: a.backfill,
         plan_depth: a.plan_depth,
+        all_preemptible: a.all_preemptible,
         ..SimOptions::default()
     }
 }
@@ -184,7 +190,12 @@ fn scorecard(a: &SimArgs) -> Result<()> {
     }
     let s = Scorecard {
         settings: format!(
-            "every policy on the same cluster and quotas (idle quota lent to all) and honouring the jobs' priority classes; checkpoint every {} s, {} s grace, {} s restart overhead per preemption; Tiresias thresholds {:?} GPU-s, Gangway's {:?}; run times unknown to the scheduler (predicted from completed jobs) except for srtf (oracle){}{}",
+            "every policy on the same cluster and quotas (idle quota lent to all) and honouring the jobs' priority classes ({}); checkpoint every {} s, {} s grace, {} s restart overhead per preemption; Tiresias thresholds {:?} GPU-s, Gangway's {:?}; run times unknown to the scheduler (predicted from completed jobs) except for srtf (oracle){}{}",
+            if opts.all_preemptible {
+                "every job preemptible"
+            } else {
+                "high and above not preemptible, by every policy"
+            },
             opts.checkpoint_interval,
             opts.grace_seconds,
             opts.restart_overhead_seconds,
