@@ -117,7 +117,7 @@ fn unit(r: Resource) -> &'static str {
 
 /// Millicores as CPUs: `12`, `0.5`.
 fn cpus(millis: u64) -> String {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         (millis / 1000).to_string()
     } else {
         format!("{:.1}", millis as f64 / 1000.0)
