@@ -1399,20 +1399,22 @@ impl<S: Store> Control<S> {
     /// The nodes the lifecycle check acts on at `now`, in node order: those
     /// silent for `node_lost_seconds` and not yet lost, and those silent for
     /// `node_not_ready_seconds` and still Ready. Read from the heartbeat
-    /// index: only the nodes silent for the smaller of the two are looked
-    /// at (issue 16: a walk of every node was O(nodes) each cycle).
-    pub(crate) fn silent_nodes(&self, now: Time) -> Vec<SilentNode> {
+    /// index: only the nodes it holds at or before the smaller of the two
+    /// are looked at (the silent ones, and those heard from since they were
+    /// last looked at, about once per threshold each; issue 16: a walk of
+    /// every node was O(nodes) each cycle).
+    pub(crate) fn silent_nodes(&mut self, now: Time) -> Vec<SilentNode> {
         let lc = self.lifecycle;
         let least = lc.node_not_ready_seconds.min(lc.node_lost_seconds);
         let mut out = Vec::new();
         for (since, name) in self.heartbeats.silent_for(least, now) {
             // A node waiting for approval is not the scheduler's.
-            let Some(n) = self.cluster.node_index(name) else {
+            let Some(n) = self.cluster.node_index(&name) else {
                 continue;
             };
             let info = &self.cluster.nodes()[n as usize];
             let silent = now.saturating_sub(since);
-            let ready = if silent >= lc.node_lost_seconds && !self.lost.contains(name) {
+            let ready = if silent >= lc.node_lost_seconds && !self.lost.contains(&name) {
                 info.ready
             } else if silent >= lc.node_not_ready_seconds && info.ready {
                 true
@@ -1421,7 +1423,7 @@ impl<S: Store> Control<S> {
             };
             out.push(SilentNode {
                 node: n,
-                name: name.to_string(),
+                name,
                 silent,
                 ready,
             });
@@ -1967,6 +1969,8 @@ mod tests {
         /// Time passes (a long wait is the server's own stall if cycles
         /// did not run in it).
         Advance(u64),
+        /// The clock goes back (a wall-clock correction).
+        Back(u64),
         /// A scheduling cycle.
         Cycle,
         /// The server restarts on the same store: its nodes count their
@@ -1984,6 +1988,7 @@ mod tests {
             2 => (0u8..4).prop_map(Life::Delete),
             2 => (1u32..=3, 1u32..=4).prop_map(|(r, g)| Life::Submit(r, g)),
             4 => prop_oneof![8 => 0u64..4, 1 => 4u64..80].prop_map(Life::Advance),
+            1 => (1u64..6).prop_map(Life::Back),
             5 => Just(Life::Cycle),
             1 => Just(Life::Reopen),
         ]
@@ -2079,6 +2084,7 @@ mod tests {
                         let _ = cc.submit("alice", JobSpec::new(&format!("j{i}"), "q", *r, *g), now);
                     }
                     Life::Advance(dt) => now += dt,
+                    Life::Back(dt) => now -= dt,
                     Life::Reopen => {
                         drop(c.take());
                         c = Some(open(now));
