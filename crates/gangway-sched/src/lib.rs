@@ -36,8 +36,8 @@ pub use explain::{plural, Explanation, WaitReason};
 pub use placement::{FitFailure, Shortage};
 pub use quota::{QuotaBlock, QuotaLimit};
 pub use state::{
-    ClusterState, Gang, Job, JobStatus, Maintenance, Placement, Rejection, ReplicaPlacement,
-    RunInfo, StateConfig, StateError,
+    ClusterState, Gang, Job, JobStatus, Maintenance, NamesVersion, Placement, Rejection,
+    ReplicaPlacement, RunInfo, StateConfig, StateError,
 };
 
 use bitset::Bitset;

@@ -23,6 +23,30 @@ pub const MAX_GPUS_PER_NODE: usize = 64;
 /// Most distinct (model, memory) GPU classes in one cluster.
 pub const MAX_GPU_CLASSES: usize = 64;
 
+/// Identifies the queue and node names (and their indices) of a
+/// [`ClusterState`]: a new value is drawn, from a counter shared by every
+/// state in the process, whenever a queue or node is added, the queues are
+/// replaced, or a state is created. Two states with equal versions therefore
+/// have the same names under the same indices (one is a copy of the other
+/// with no name changed since), so a view of the names only needs rebuilding
+/// when the version moved: an O(1) test instead of a walk of every name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NamesVersion(u64);
+
+impl NamesVersion {
+    /// A version no state had before.
+    fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NamesVersion(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Default for NamesVersion {
+    fn default() -> Self {
+        Self::fresh()
+    }
+}
+
 /// A GPU model and memory size; nodes are grouped by it in the free index.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuClass {
@@ -611,6 +635,8 @@ pub struct ClusterState {
     pub(crate) rotation: u64,
     /// Node spec versions handed out ([`NodeInfo::spec_version`]).
     spec_versions: u64,
+    /// The version of the queue and node names ([`NamesVersion`]).
+    names_version: NamesVersion,
 }
 
 /// A maintenance window: from `start` to `end` its nodes run nothing, and no
@@ -702,6 +728,11 @@ impl ClusterState {
     /// All nodes, by index.
     pub fn nodes(&self) -> &[NodeInfo] {
         &self.nodes
+    }
+    /// The version of the queue and node names: it moves whenever a queue
+    /// or node is added or the queues are replaced (see [`NamesVersion`]).
+    pub fn names_version(&self) -> NamesVersion {
+        self.names_version
     }
     /// Node index by name.
     pub fn node_index(&self, name: &str) -> Option<NodeIdx> {
@@ -838,6 +869,7 @@ impl ClusterState {
         };
         self.queue_by_name.insert(info.spec.name.clone(), id);
         self.queues.push(info);
+        self.names_version = NamesVersion::fresh();
         if let Some(p) = parent {
             self.queues[p as usize].children.push(id);
         }
@@ -1049,6 +1081,7 @@ impl ClusterState {
         }
         self.total += Self::contribution(&info);
         self.nodes.push(info);
+        self.names_version = NamesVersion::fresh();
         self.node_jobs.push(Vec::new());
         self.capacity.refresh_node(&self.nodes, idx);
         Ok(idx)

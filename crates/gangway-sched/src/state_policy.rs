@@ -68,6 +68,7 @@ impl ClusterState {
         self.victims = crate::victims::VictimClasses::of(self.jobs.values());
         self.queues = fresh.queues;
         self.queue_by_name = fresh.queue_by_name;
+        self.names_version = super::NamesVersion::fresh();
         self.capacity.usage = vec![Resources::ZERO; n];
         self.capacity.fixed = vec![Resources::ZERO; n];
         self.capacity.demand = vec![Resources::ZERO; n];
@@ -184,6 +185,43 @@ mod tests {
         assert_eq!(
             s.job(JobId(7)).expect("kept").queue,
             s.queue_index("a").expect("a")
+        );
+    }
+
+    /// The names version moves with every change of the queue or node
+    /// names (and only then), and no two states share one unless one is a
+    /// copy of the other: a state rebuilt with as many names as before
+    /// still has a new version.
+    #[test]
+    fn the_names_version_moves_exactly_when_names_change() {
+        let mut s = state();
+        let v = s.names_version();
+        assert_eq!(s.clone().names_version(), v, "a copy has the same names");
+        s.set_ready("n0", false).expect("ready");
+        s.set_cordoned("n1", true).expect("cordon");
+        s.submit(JobId(1), JobSpec::new("p", "a", 1, 2), 1)
+            .expect("submit");
+        assert_eq!(s.names_version(), v, "no name changed");
+        s.add_node(NodeSpec::uniform("n2", "l0", "s0", 8, "H100", 80))
+            .expect("node");
+        let v2 = s.names_version();
+        assert_ne!(v2, v, "a node added");
+        s.add_queue(QueueSpec::gpus("c", None, 0)).expect("q");
+        let v3 = s.names_version();
+        assert_ne!(v3, v2, "a queue added");
+        let _ = s.replace_queues(&[QueueSpec::gpus("x", Some("nope"), 8)]);
+        assert_eq!(
+            s.names_version(),
+            v3,
+            "a refused replacement changes nothing"
+        );
+        let specs: Vec<QueueSpec> = s.queues().iter().map(|q| q.spec.clone()).collect();
+        s.replace_queues(&specs).expect("replace");
+        assert_ne!(s.names_version(), v3, "the queues replaced");
+        assert_ne!(
+            state().names_version(),
+            state().names_version(),
+            "two states built alike are told apart"
         );
     }
 }

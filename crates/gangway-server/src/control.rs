@@ -249,6 +249,19 @@ impl Default for NodeLifecycle {
     }
 }
 
+/// A node the lifecycle check acts on (see [`Control::silent_nodes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SilentNode {
+    /// Its index in the scheduler's state.
+    pub(crate) node: gangway_sched::NodeIdx,
+    /// Its name.
+    pub(crate) name: String,
+    /// Seconds since its last heartbeat (or since the state was loaded).
+    pub(crate) silent: u64,
+    /// Whether it is Ready (it becomes NotReady).
+    pub(crate) ready: bool,
+}
+
 /// Everything the server keeps in memory.
 pub struct Control<S: Store> {
     pub(crate) store: S,
@@ -266,7 +279,7 @@ pub struct Control<S: Store> {
     pub planned_nodes: crate::view::PlannedNodes,
     /// The queues and nodes, without jobs, that the last cycle's
     /// explanations refer to (see [`crate::view::ReadView::names`]).
-    pub(crate) names: std::sync::Arc<ClusterState>,
+    pub(crate) names: crate::view::Names,
     /// When they were computed.
     pub why_at: Time,
     /// Scheduler knobs.
@@ -288,11 +301,10 @@ pub struct Control<S: Store> {
     pub(crate) last_cycle_at: Option<Time>,
     /// Node lifecycle knobs.
     pub lifecycle: NodeLifecycle,
-    /// Last heartbeat per node (in memory: a restarted server gives every
-    /// node a fresh grace period from `opened_at`).
-    pub last_seen: crate::view::LastSeen,
-    /// When this state was loaded.
-    pub opened_at: Time,
+    /// Last heartbeat per node, indexed by time (in memory: a restarted
+    /// server gives every node a fresh grace period from when it loaded
+    /// the state, [`crate::heartbeats::Heartbeats::opened_at`]).
+    pub heartbeats: crate::heartbeats::Heartbeats,
     /// Nodes whose gangs were already treated as lost.
     pub lost: HashSet<String>,
     /// Per node, the distinct jobs whose gangs failed there in a row (no
@@ -394,6 +406,17 @@ impl<S: Store + Clone> Control<S> {
 impl<S: Store> Control<S> {
     /// Loads the state from the store: queues from the config, then nodes, then jobs.
     pub fn open(store: S, queues: &[gangway_core::QueueSpec]) -> Result<Self, ControlError> {
+        Self::open_at(store, queues, crate::clock::now())
+    }
+
+    /// [`Control::open`] at `now`: nodes not heard from count their silence
+    /// from it.
+    pub(crate) fn open_at(
+        store: S,
+        queues: &[gangway_core::QueueSpec],
+        now: Time,
+    ) -> Result<Self, ControlError> {
+        let mut heartbeats = crate::heartbeats::Heartbeats::new(now);
         let mut cluster = ClusterState::new(StateConfig::default());
         for q in queues {
             cluster
@@ -402,6 +425,7 @@ impl<S: Store> Control<S> {
         }
         for kv in store.range("/nodes/")? {
             let spec: NodeSpec = decode(&kv.key, &kv.value)?;
+            heartbeats.never_heard(&spec.name);
             cluster
                 .add_node(spec)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
@@ -448,8 +472,7 @@ impl<S: Store> Control<S> {
             last_cycle_at: None,
             cycle_seconds: 1,
             lifecycle: NodeLifecycle::default(),
-            last_seen: Default::default(),
-            opened_at: crate::clock::now(),
+            heartbeats,
             lost: HashSet::new(),
             node_failures: HashMap::new(),
             cordon_reasons: HashMap::new(),
@@ -1160,12 +1183,7 @@ impl<S: Store> Control<S> {
             .cluster
             .node_index(node)
             .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
-        match self.last_seen.get_mut(node) {
-            Some(t) => *t = now,
-            None => {
-                self.last_seen.insert(node.to_string(), now);
-            }
-        }
+        self.heartbeats.heard(node, now);
         self.lost.remove(node);
         let mut changed = false;
         if !self.cluster.nodes()[n as usize].ready {
@@ -1378,25 +1396,59 @@ impl<S: Store> Control<S> {
         out
     }
 
+    /// The nodes the lifecycle check acts on at `now`, in node order: those
+    /// silent for `node_lost_seconds` and not yet lost, and those silent for
+    /// `node_not_ready_seconds` and still Ready. Read from the heartbeat
+    /// index: only the nodes it holds at or before the smaller of the two
+    /// are looked at (the silent ones, and those heard from since they were
+    /// last looked at, about once per threshold each; issue 16: a walk of
+    /// every node was O(nodes) each cycle).
+    pub(crate) fn silent_nodes(&mut self, now: Time) -> Vec<SilentNode> {
+        let lc = self.lifecycle;
+        let least = lc.node_not_ready_seconds.min(lc.node_lost_seconds);
+        let mut out = Vec::new();
+        for (since, name) in self.heartbeats.silent_for(least, now) {
+            // A node waiting for approval is not the scheduler's.
+            let Some(n) = self.cluster.node_index(&name) else {
+                continue;
+            };
+            let info = &self.cluster.nodes()[n as usize];
+            let silent = now.saturating_sub(since);
+            let ready = if silent >= lc.node_lost_seconds && !self.lost.contains(&name) {
+                info.ready
+            } else if silent >= lc.node_not_ready_seconds && info.ready {
+                true
+            } else {
+                continue;
+            };
+            out.push(SilentNode {
+                node: n,
+                name,
+                silent,
+                ready,
+            });
+        }
+        // The order a walk of the nodes had: the first lost node of a job
+        // names it in the job's ending.
+        out.sort_unstable_by_key(|s| s.node);
+        out
+    }
+
     /// Node lifecycle, run each cycle: a node silent for
     /// `node_not_ready_seconds` is NotReady (no new work); silent for
     /// `node_lost_seconds`, its gangs are lost: preempted ones are requeued,
     /// the others restart elsewhere per their restart policy.
     fn check_nodes(&mut self, now: Time) -> Result<(), ControlError> {
         let lc = self.lifecycle;
-        let mut silent_nodes = Vec::new();
-        for info in self.cluster.nodes() {
-            let name = &info.spec.name;
-            let seen = *self.last_seen.get(name).unwrap_or(&self.opened_at);
-            let silent = now.saturating_sub(seen);
-            if silent >= lc.node_lost_seconds && !self.lost.contains(name) {
-                silent_nodes.push((name.clone(), silent, info.ready));
-            } else if silent >= lc.node_not_ready_seconds && info.ready {
-                silent_nodes.push((name.clone(), silent, true));
-            }
-        }
+        let silent_nodes = self.silent_nodes(now);
         let mut lost_jobs: BTreeMap<JobId, String> = BTreeMap::new();
-        for (name, silent, ready) in silent_nodes {
+        for SilentNode {
+            name,
+            silent,
+            ready,
+            ..
+        } in silent_nodes
+        {
             if ready {
                 tracing::warn!("node {name} is NotReady: no heartbeat for {silent}s");
                 self.cluster
@@ -1619,7 +1671,7 @@ impl<S: Store> Control<S> {
         self.why_at = now;
         self.planned_nodes =
             std::sync::Arc::new(d.plan.iter().map(|r| (r.job, r.nodes.clone())).collect());
-        self.names = crate::view::names_of(&self.cluster, &self.names);
+        self.names.refresh(&self.cluster);
         Ok(d)
     }
 }
@@ -1628,6 +1680,7 @@ impl<S: Store> Control<S> {
 mod tests {
     use super::*;
     use gangway_store::RedbStore;
+    use std::collections::BTreeSet;
 
     /// A control on `store` with queue `q` and node `n` (4 GPUs) registered at `at`.
     fn one_node<S: Store>(store: S, at: Time) -> Control<S> {
@@ -1897,5 +1950,227 @@ mod tests {
             .iter()
             .any(|e| e.kind == "restarting" && e.message.starts_with("exited with code 1 on n")));
         assert_eq!(free_gpus(&c), 4);
+    }
+
+    /// One step of the lifecycle property test below; nodes are `n0`..`n3`.
+    #[derive(Clone, Debug)]
+    enum Life {
+        /// Node `n` registers (approved at once or left waiting); a known
+        /// node re-registers (a heartbeat).
+        Register(u8, bool),
+        /// Node `n` is approved.
+        Approve(u8),
+        /// Node `n`'s agent syncs (or heartbeats while waiting).
+        Sync(u8),
+        /// Node `n` is deleted.
+        Delete(u8),
+        /// A job of `replicas` replicas of `gpus` GPUs.
+        Submit(u32, u32),
+        /// Time passes (a long wait is the server's own stall if cycles
+        /// did not run in it).
+        Advance(u64),
+        /// The clock goes back (a wall-clock correction).
+        Back(u64),
+        /// A scheduling cycle.
+        Cycle,
+        /// The server restarts on the same store: its nodes count their
+        /// silence from then.
+        Reopen,
+    }
+
+    fn life() -> impl proptest::strategy::Strategy<Value = Life> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0u8..4, prop_oneof![4 => Just(true), 1 => Just(false)])
+                .prop_map(|(n, a)| Life::Register(n, a)),
+            1 => (0u8..4).prop_map(Life::Approve),
+            3 => (0u8..4).prop_map(Life::Sync),
+            2 => (0u8..4).prop_map(Life::Delete),
+            2 => (1u32..=3, 1u32..=4).prop_map(|(r, g)| Life::Submit(r, g)),
+            4 => prop_oneof![8 => 0u64..4, 1 => 4u64..80].prop_map(Life::Advance),
+            1 => (1u64..6).prop_map(Life::Back),
+            5 => Just(Life::Cycle),
+            1 => Just(Life::Reopen),
+        ]
+    }
+
+    /// The check as it was before the heartbeat index (issue 16): a walk of
+    /// every node of the scheduler.
+    fn silent_nodes_by_walk<S: Store>(c: &Control<S>, now: Time) -> Vec<SilentNode> {
+        let lc = c.lifecycle;
+        let mut out = Vec::new();
+        for (n, info) in c.cluster.nodes().iter().enumerate() {
+            let name = &info.spec.name;
+            let seen = c.heartbeats.since(name);
+            let silent = now.saturating_sub(seen);
+            let node = n as gangway_sched::NodeIdx;
+            if silent >= lc.node_lost_seconds && !c.lost.contains(name) {
+                out.push(SilentNode {
+                    node,
+                    name: name.clone(),
+                    silent,
+                    ready: info.ready,
+                });
+            } else if silent >= lc.node_not_ready_seconds && info.ready {
+                out.push(SilentNode {
+                    node,
+                    name: name.clone(),
+                    silent,
+                    ready: true,
+                });
+            }
+        }
+        out
+    }
+
+    fn life_queues() -> Vec<gangway_core::QueueSpec> {
+        vec![gangway_core::QueueSpec::unlimited("q", None)]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever happens between cycles (nodes registering, waiting for
+        /// approval, approved, syncing, deleted, the server restarting or
+        /// stalling, jobs placed on nodes), the lifecycle check read from
+        /// the heartbeat index finds the nodes a walk of every node would,
+        /// in the same order, and each cycle leaves the NotReady and lost
+        /// nodes and ends the jobs (with the same reasons) that the walk
+        /// says it should.
+        #[test]
+        fn the_lifecycle_check_reads_what_a_walk_of_every_node_would(
+            not_ready in 0u64..12,
+            lost in 0u64..24,
+            period in 1u64..4,
+            steps in proptest::collection::vec(life(), 1..80)
+        ) {
+            let dir = tempfile::tempdir().expect("tmp");
+            let path = dir.path().join("s.redb");
+            let mut now: Time = 1_000;
+            let open = |now: Time| {
+                let store = RedbStore::open(&path).expect("store");
+                let mut c = Control::open_at(store, &life_queues(), now).expect("control");
+                c.lifecycle.node_not_ready_seconds = not_ready;
+                c.lifecycle.node_lost_seconds = lost;
+                c.cycle_seconds = period;
+                c
+            };
+            let mut c = Some(open(now));
+            for (i, s) in steps.iter().enumerate() {
+                let name = |n: &u8| format!("n{n}");
+                let Some(cc) = c.as_mut() else { break };
+                match s {
+                    Life::Register(n, auto) => {
+                        let spec = NodeSpec::uniform(&name(n), "leaf0", "spine0", 4, "H100", 80);
+                        let _ = cc.register_node(
+                            spec,
+                            &crate::nodes::Registrant::Join,
+                            *auto,
+                            "join",
+                            now,
+                        );
+                    }
+                    Life::Approve(n) => {
+                        let _ = cc.approve_node(&name(n), now);
+                    }
+                    Life::Sync(n) => {
+                        if !cc.pending_heartbeat(&name(n), now) {
+                            let _ = cc.sync(&name(n), &gangway_core::agent::SyncRequest::default(), now);
+                        }
+                    }
+                    Life::Delete(n) => {
+                        let _ = cc.delete_node(&name(n), now);
+                    }
+                    Life::Submit(r, g) => {
+                        let _ = cc.submit("alice", JobSpec::new(&format!("j{i}"), "q", *r, *g), now);
+                    }
+                    Life::Advance(dt) => now += dt,
+                    Life::Back(dt) => now -= dt,
+                    Life::Reopen => {
+                        drop(c.take());
+                        c = Some(open(now));
+                    }
+                    Life::Cycle => {
+                        // The cycle credits the server's own stall first;
+                        // done here so the walk sees the same heartbeats
+                        // (the cycle's own credit then finds no gap).
+                        cc.credit_own_stall(now);
+                        let nodes: Vec<String> =
+                            cc.cluster.nodes().iter().map(|n| n.spec.name.clone()).collect();
+                        proptest::prop_assert!(
+                            cc.heartbeats.index_matches(nodes.iter().map(String::as_str)),
+                            "step {i}: the index is not the heartbeats"
+                        );
+                        let walk = silent_nodes_by_walk(cc, now);
+                        proptest::prop_assert_eq!(&cc.silent_nodes(now), &walk, "step {}", i);
+                        // What the cycle must leave, by the walk.
+                        let mut want_not_ready: BTreeSet<String> = cc
+                            .cluster
+                            .nodes()
+                            .iter()
+                            .filter(|n| !n.ready)
+                            .map(|n| n.spec.name.clone())
+                            .collect();
+                        let mut want_lost: BTreeSet<String> = cc.lost.iter().cloned().collect();
+                        let mut ended: BTreeMap<JobId, String> = BTreeMap::new();
+                        for sn in &walk {
+                            want_not_ready.insert(sn.name.clone());
+                            if sn.silent < lost {
+                                continue;
+                            }
+                            want_lost.insert(sn.name.clone());
+                            for id in cc.cluster.jobs_on(sn.node) {
+                                ended.entry(*id).or_insert_with(|| {
+                                    format!("node {} lost (no heartbeat for {}s)", sn.name, sn.silent)
+                                });
+                            }
+                        }
+                        ended.retain(|id, _| {
+                            cc.jobs.get(id).is_some_and(|(r, _)| {
+                                matches!(
+                                    r.state,
+                                    JobState::Scheduled | JobState::Running | JobState::Preempting
+                                )
+                            })
+                        });
+                        let events: BTreeMap<JobId, usize> = cc
+                            .jobs
+                            .iter()
+                            .map(|(id, (r, _))| (*id, r.events.len()))
+                            .collect();
+                        cc.cycle(now).expect("cycle");
+                        let now_not_ready: BTreeSet<String> = cc
+                            .cluster
+                            .nodes()
+                            .iter()
+                            .filter(|n| !n.ready)
+                            .map(|n| n.spec.name.clone())
+                            .collect();
+                        proptest::prop_assert_eq!(now_not_ready, want_not_ready, "step {}", i);
+                        let now_lost: BTreeSet<String> = cc.lost.iter().cloned().collect();
+                        proptest::prop_assert_eq!(now_lost, want_lost, "step {}", i);
+                        let mut got: BTreeMap<JobId, String> = BTreeMap::new();
+                        for (id, (r, _)) in cc.jobs.iter() {
+                            let from = events.get(id).copied().unwrap_or(0);
+                            for e in r.events.iter().skip(from) {
+                                if e.message.contains("(no heartbeat for") {
+                                    got.insert(*id, e.message.clone());
+                                }
+                            }
+                        }
+                        proptest::prop_assert_eq!(
+                            got.keys().collect::<Vec<_>>(),
+                            ended.keys().collect::<Vec<_>>(),
+                            "step {}", i
+                        );
+                        for (id, msg) in &ended {
+                            proptest::prop_assert!(
+                                got[id].contains(msg.as_str()),
+                                "step {}: job {} ended with {:?}, not {:?}", i, id, got[id], msg
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

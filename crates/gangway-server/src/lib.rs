@@ -14,6 +14,7 @@ pub mod counted_store;
 pub mod dashboard;
 pub mod errors;
 pub mod ha;
+pub mod heartbeats;
 pub mod history;
 pub mod history_api;
 pub mod limits;

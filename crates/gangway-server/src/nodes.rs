@@ -265,7 +265,7 @@ impl<S: Store> Control<S> {
         } else {
             self.pending_nodes.insert(name.clone(), spec);
         }
-        self.last_seen.insert(name.clone(), now);
+        self.heartbeats.heard(&name, now);
         self.node_by_token.insert(cred.digest(), name.clone());
         let log_token = log_token(secret, &name, &cred.log_nonce);
         self.node_tokens.insert(name.clone(), cred);
@@ -307,7 +307,7 @@ impl<S: Store> Control<S> {
                 tracing::info!("node {name} re-registered");
             }
         }
-        self.last_seen.insert(name.clone(), now);
+        self.heartbeats.heard(name, now);
         Ok(())
     }
 
@@ -337,7 +337,7 @@ impl<S: Store> Control<S> {
             .add_node(spec)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
         self.pending_nodes.remove(name);
-        self.last_seen.entry(name.to_string()).or_insert(now);
+        self.heartbeats.heard_unless_known(name, now);
         tracing::info!("node {name} approved");
         Ok(())
     }
@@ -409,7 +409,7 @@ impl<S: Store> Control<S> {
         if let Some(c) = self.node_tokens.remove(name) {
             self.node_by_token.remove(&c.digest());
         }
-        self.last_seen.remove(name);
+        self.heartbeats.forget(name);
         self.lost.remove(name);
         self.node_failures.remove(name);
         self.cordon_reasons.remove(name);
@@ -424,7 +424,7 @@ impl<S: Store> Control<S> {
     /// A heartbeat from a node that waits for approval: recorded, nothing to run.
     pub fn pending_heartbeat(&mut self, name: &str, now: Time) -> bool {
         if self.pending_nodes.contains_key(name) {
-            self.last_seen.insert(name.to_string(), now);
+            self.heartbeats.heard(name, now);
             return true;
         }
         false
@@ -442,10 +442,7 @@ impl<S: Store> Control<S> {
                 tracing::warn!(
                     "the control loop stalled for {stall}s; node silence in that time is not counted"
                 );
-                for (_, v) in self.last_seen.iter_mut() {
-                    *v = v.saturating_add(stall).min(now);
-                }
-                self.opened_at = self.opened_at.saturating_add(stall).min(now);
+                self.heartbeats.credit_stall(stall, now);
             }
         }
         self.last_cycle_at = Some(now);

@@ -24,7 +24,7 @@
 use crate::control::Control;
 use crate::records::{JobCounts, JobMap, JobRecord};
 use gangway_core::{JobId, NodeSpec, QueueSpec, ReasonCode, Resources, Time};
-use gangway_sched::{ClusterState, Explanation, NodeIdx};
+use gangway_sched::{ClusterState, Explanation, NamesVersion, NodeIdx};
 use gangway_store::Store;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -364,29 +364,36 @@ impl ReadView {
     }
 }
 
-/// Whether `names` has `cluster`'s queues and nodes under the same indices.
-fn same_names(names: &ClusterState, cluster: &ClusterState) -> bool {
-    names.nodes().len() == cluster.nodes().len()
-        && names.queues().len() == cluster.queues().len()
-        && names
-            .nodes()
-            .iter()
-            .zip(cluster.nodes())
-            .all(|(a, b)| a.spec.name == b.spec.name)
-        && names
-            .queues()
-            .iter()
-            .zip(cluster.queues())
-            .all(|(a, b)| a.spec.name == b.spec.name)
+/// The queues and nodes of the scheduler's state without its jobs (what
+/// explanations are rendered against), with the names version
+/// ([`NamesVersion`]) of the state they were copied from.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Names {
+    /// The copy.
+    pub(crate) state: Arc<ClusterState>,
+    /// The names version of the state it was copied from (`None`: never
+    /// copied).
+    from: Option<NamesVersion>,
 }
 
-/// `cluster`'s queues and nodes without its jobs (what explanations are
-/// rendered against): `old` when its names still match, else rebuilt, so a
-/// cycle only pays for it when the nodes or queues changed.
-pub(crate) fn names_of(cluster: &ClusterState, old: &Arc<ClusterState>) -> Arc<ClusterState> {
-    if same_names(old, cluster) {
-        return old.clone();
+impl Names {
+    /// Brings the copy up to `cluster`'s names: kept when `cluster`'s names
+    /// version is the one it was copied from (an O(1) test: a queue or node
+    /// added, the queues replaced, or the state rebuilt all move the
+    /// version), else copied again, so a cycle only pays for it when the
+    /// nodes or queues changed.
+    pub(crate) fn refresh(&mut self, cluster: &ClusterState) {
+        let version = cluster.names_version();
+        if self.from == Some(version) {
+            return;
+        }
+        self.state = Arc::new(names_only(cluster));
+        self.from = Some(version);
     }
+}
+
+/// `cluster`'s queues and nodes without its jobs.
+fn names_only(cluster: &ClusterState) -> ClusterState {
     let mut s = ClusterState::new(cluster.config().clone());
     for q in cluster.queues() {
         if let Err(e) = s.add_queue(q.spec.clone()) {
@@ -398,7 +405,7 @@ pub(crate) fn names_of(cluster: &ClusterState, old: &Arc<ClusterState>) -> Arc<C
             tracing::warn!("read view: node {}: {e}", n.spec.name);
         }
     }
-    Arc::new(s)
+    s
 }
 
 impl<S: Store> Control<S> {
@@ -412,11 +419,11 @@ impl<S: Store> Control<S> {
             why: self.why.clone(),
             why_at: self.why_at,
             planned_nodes: self.planned_nodes.clone(),
-            names: self.names.clone(),
+            names: self.names.state.clone(),
             node_by_token: self.node_by_token.clone(),
             job_counts: self.jobs.counts_shared(),
             cluster: self.cluster_view.snapshot.clone(),
-            last_seen: self.last_seen.clone(),
+            last_seen: self.heartbeats.seen().clone(),
             reservations: self.reservations.0.clone(),
             node_credentials: self.node_tokens.clone(),
         }
@@ -686,6 +693,76 @@ mod tests {
             .set_gpu_health("c", 0, false)
             .expect("health");
         check("a GPU marked unhealthy after the deletion");
+    }
+
+    /// The queue and node names of a names-only copy, in index order.
+    fn names_in(s: &ClusterState) -> (Vec<String>, Vec<String>) {
+        (
+            s.queues().iter().map(|q| q.spec.name.clone()).collect(),
+            s.nodes().iter().map(|n| n.spec.name.clone()).collect(),
+        )
+    }
+
+    /// The names copy is reused by names version, not by comparing names:
+    /// after every kind of node or queue change the published names are
+    /// what a copy from nothing gives (a node registered, one waiting for
+    /// approval then approved, one deleted and another registered so that
+    /// the counts are as before, the queues replaced), and it
+    /// is shared, not copied, across cycles that changed no name.
+    #[test]
+    fn reused_names_always_equal_a_fresh_copy() {
+        let (_dir, c) = two_nodes();
+        let lock = StateLock::new(c);
+        let mut now = 1;
+        let mut check = |what: &str, change: &dyn Fn(&mut Control<RedbStore>, Time)| {
+            let before = lock.view().names.clone();
+            let mut c = lock.lock().expect("lock");
+            change(&mut c, now);
+            c.cycle(now + 1).expect("cycle");
+            now += 2;
+            let kept = Arc::ptr_eq(&c.names.state, &before);
+            let fresh = names_only(&c.cluster);
+            assert_eq!(names_in(&c.names.state), names_in(&fresh), "after {what}");
+            kept
+        };
+        assert!(!check("the first cycle", &|_, _| {}), "copied once");
+        assert!(check("a cycle with no change", &|_, _| {}), "shared");
+        let node =
+            |name: &str| gangway_core::NodeSpec::uniform(name, "leaf0", "spine0", 4, "H100", 80);
+        let join = |c: &mut Control<RedbStore>, name: &str, auto: bool, now: Time| {
+            c.register_node(
+                node(name),
+                &crate::nodes::Registrant::Join,
+                auto,
+                "join",
+                now,
+            )
+            .expect("node");
+        };
+        assert!(!check("a node registered", &|c, t| join(c, "c", true, t)));
+        assert!(
+            check("a node waiting for approval", &|c, t| join(
+                c, "d", false, t
+            )),
+            "a waiting node is not the scheduler's"
+        );
+        assert!(!check("a node approved", &|c, t| {
+            c.approve_node("d", t).expect("approve")
+        }));
+        assert!(check("a cordon, a job", &|c, t| {
+            c.cordon("a", true).expect("cordon");
+            c.submit("alice", JobSpec::new("j", "q", 1, 2), t)
+                .expect("submit");
+        }));
+        assert!(!check("a node deleted and another registered", &|c, t| {
+            c.delete_node("b", t).expect("delete");
+            join(c, "e", true, t);
+        }));
+        assert!(!check("the queues replaced", &|c, _| {
+            c.cluster
+                .replace_queues(&[QueueSpec::unlimited("q", None)])
+                .expect("replace");
+        }));
     }
 
     fn cordoned(v: &ReadView, i: usize) -> bool {

@@ -16,6 +16,7 @@ const STATE: &[&str] = &[
     "control.rs",
     "control/",
     "counted_store.rs",
+    "heartbeats.rs",
     "history.rs",
     "limits.rs",
     "nodes.rs",

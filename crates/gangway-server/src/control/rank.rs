@@ -565,7 +565,7 @@ mod tests {
         // The node's heartbeat, but in a silence: jobs run for long enough
         // to move through the bands unless the node is lost.
         if !matches!(s, Step::Silence(_)) {
-            c.last_seen.insert("n".into(), *now);
+            c.heartbeats.heard("n", *now);
         }
         match *s {
             Step::Submit {
@@ -583,7 +583,7 @@ mod tests {
             }
             Step::Wait(dt) => {
                 *now += dt;
-                c.last_seen.insert("n".into(), *now);
+                c.heartbeats.heard("n", *now);
             }
             Step::Silence(dt) => *now += dt,
             Step::Cycle => return Some(c.cycle(*now).expect("cycle")),
