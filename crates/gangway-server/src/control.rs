@@ -249,6 +249,23 @@ impl Default for NodeLifecycle {
     }
 }
 
+impl NodeLifecycle {
+    /// Whether the check acts on a node silent for `silent` seconds, Ready
+    /// or not (`ready`), already treated as lost or not (`lost`): `None`
+    /// when it does not; else whether the node is Ready (it becomes
+    /// NotReady). Silent for `node_lost_seconds` and not yet lost, or for
+    /// `node_not_ready_seconds` and still Ready.
+    fn acts_on(&self, silent: u64, ready: bool, lost: bool) -> Option<bool> {
+        if silent >= self.node_lost_seconds && !lost {
+            Some(ready)
+        } else if silent >= self.node_not_ready_seconds && ready {
+            Some(true)
+        } else {
+            None
+        }
+    }
+}
+
 /// A node the lifecycle check acts on (see [`Control::silent_nodes`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SilentNode {
@@ -1414,11 +1431,7 @@ impl<S: Store> Control<S> {
             };
             let info = &self.cluster.nodes()[n as usize];
             let silent = now.saturating_sub(since);
-            let ready = if silent >= lc.node_lost_seconds && !self.lost.contains(&name) {
-                info.ready
-            } else if silent >= lc.node_not_ready_seconds && info.ready {
-                true
-            } else {
+            let Some(ready) = lc.acts_on(silent, info.ready, self.lost.contains(&name)) else {
                 continue;
             };
             out.push(SilentNode {
@@ -2003,24 +2016,26 @@ mod tests {
             let name = &info.spec.name;
             let seen = c.heartbeats.since(name);
             let silent = now.saturating_sub(seen);
-            let node = n as gangway_sched::NodeIdx;
-            if silent >= lc.node_lost_seconds && !c.lost.contains(name) {
+            if let Some(ready) = lc.acts_on(silent, info.ready, c.lost.contains(name)) {
                 out.push(SilentNode {
-                    node,
+                    node: n as gangway_sched::NodeIdx,
                     name: name.clone(),
                     silent,
-                    ready: info.ready,
-                });
-            } else if silent >= lc.node_not_ready_seconds && info.ready {
-                out.push(SilentNode {
-                    node,
-                    name: name.clone(),
-                    silent,
-                    ready: true,
+                    ready,
                 });
             }
         }
         out
+    }
+
+    /// The scheduler's nodes that are not Ready.
+    fn not_ready_names<S: Store>(c: &Control<S>) -> BTreeSet<String> {
+        c.cluster
+            .nodes()
+            .iter()
+            .filter(|n| !n.ready)
+            .map(|n| n.spec.name.clone())
+            .collect()
     }
 
     fn life_queues() -> Vec<gangway_core::QueueSpec> {
@@ -2103,13 +2118,7 @@ mod tests {
                         let walk = silent_nodes_by_walk(cc, now);
                         proptest::prop_assert_eq!(&cc.silent_nodes(now), &walk, "step {}", i);
                         // What the cycle must leave, by the walk.
-                        let mut want_not_ready: BTreeSet<String> = cc
-                            .cluster
-                            .nodes()
-                            .iter()
-                            .filter(|n| !n.ready)
-                            .map(|n| n.spec.name.clone())
-                            .collect();
+                        let mut want_not_ready = not_ready_names(cc);
                         let mut want_lost: BTreeSet<String> = cc.lost.iter().cloned().collect();
                         let mut ended: BTreeMap<JobId, String> = BTreeMap::new();
                         for sn in &walk {
@@ -2138,14 +2147,7 @@ mod tests {
                             .map(|(id, (r, _))| (*id, r.events.len()))
                             .collect();
                         cc.cycle(now).expect("cycle");
-                        let now_not_ready: BTreeSet<String> = cc
-                            .cluster
-                            .nodes()
-                            .iter()
-                            .filter(|n| !n.ready)
-                            .map(|n| n.spec.name.clone())
-                            .collect();
-                        proptest::prop_assert_eq!(now_not_ready, want_not_ready, "step {}", i);
+                        proptest::prop_assert_eq!(not_ready_names(cc), want_not_ready, "step {}", i);
                         let now_lost: BTreeSet<String> = cc.lost.iter().cloned().collect();
                         proptest::prop_assert_eq!(now_lost, want_lost, "step {}", i);
                         let mut got: BTreeMap<JobId, String> = BTreeMap::new();

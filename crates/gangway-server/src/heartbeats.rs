@@ -160,31 +160,24 @@ impl Heartbeats {
                 None => return Vec::new(),
             }
         };
-        let mut silent = Vec::new();
-        let mut heard = Vec::new();
-        while let Some((t, name)) = self.by_time.pop_first() {
-            if t > last {
-                self.by_time.insert((t, name));
-                break;
-            }
-            let since = self.since(&name);
-            if since <= last {
-                silent.push((since, name));
-            } else {
-                heard.push((since, name));
+        // Popped first, held again after: a silent name is held again at or
+        // before the cutoff and would be popped once more.
+        let mut popped = Vec::new();
+        while self.by_time.first().is_some_and(|(t, _)| *t <= last) {
+            if let Some((_, name)) = self.by_time.pop_first() {
+                popped.push(name);
             }
         }
-        for (since, name) in heard {
+        let mut silent = Vec::new();
+        for name in popped {
+            let since = self.since(&name);
             if let Some(at) = self.held_at.get_mut(&name) {
                 *at = since;
             }
-            self.by_time.insert((since, name));
-        }
-        for (since, name) in &silent {
-            if let Some(at) = self.held_at.get_mut(name) {
-                *at = *since;
+            self.by_time.insert((since, name.clone()));
+            if since <= last {
+                silent.push((since, name));
             }
-            self.by_time.insert((*since, name.clone()));
         }
         silent.sort();
         silent

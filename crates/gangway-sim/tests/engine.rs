@@ -105,21 +105,26 @@ fn gangway_runs_least_remaining_work_first() {
     assert!((r.jct.mean - 107.0).abs() < 1e-9, "FIFO's is 117");
 }
 
-#[test]
-fn tiresias_demotes_a_long_job_and_runs_the_short_one() {
-    // One GPU. A (300 s) runs; at t=100 it has 100 GPU-s and drops to the second queue,
-    // so B (arrived at 50) preempts it: signal at 100, exit after a 10 s grace, B runs
-    // 110→130. A kept the checkpoint at 60 s, loses 50 GPU-s, and runs its last 240 s 130→370.
-    let t = trace(vec![
-        job("A", 0, 1, 300, PriorityClass::Normal),
-        job("B", 50, 1, 20, PriorityClass::Normal),
-    ]);
+/// A 300 s job A at 0 and a 20 s job B at 50, both of class `class`, on one
+/// GPU; Tiresias' one threshold at 100 GPU-s, a checkpoint every 60 s and a
+/// 10 s grace.
+fn long_then_short(class: PriorityClass) -> (Trace, SimOptions) {
+    let t = trace(vec![job("A", 0, 1, 300, class), job("B", 50, 1, 20, class)]);
     let o = SimOptions {
         las_thresholds: vec![100],
         checkpoint_interval: 60,
         grace_seconds: 10,
         ..SimOptions::default()
     };
+    (t, o)
+}
+
+#[test]
+fn tiresias_demotes_a_long_job_and_runs_the_short_one() {
+    // One GPU. A (300 s) runs; at t=100 it has 100 GPU-s and drops to the second queue,
+    // so B (arrived at 50) preempts it: signal at 100, exit after a 10 s grace, B runs
+    // 110→130. A kept the checkpoint at 60 s, loses 50 GPU-s, and runs its last 240 s 130→370.
+    let (t, o) = long_then_short(PriorityClass::Normal);
     let (r, jcts) = run(&t, &one_node(1), Policy::Tiresias, o.clone());
     assert_eq!(jcts, vec![370, 80]);
     assert_eq!(r.preemptions, 1);
@@ -135,16 +140,7 @@ fn preemptibility_is_the_same_rule_for_every_policy() {
     // preemptible by default: Tiresias may not demote it away from its GPU,
     // just as Gangway may not, and B waits for it. With `all_preemptible`
     // (the published simulators' assumption) Tiresias preempts it again.
-    let t = trace(vec![
-        job("A", 0, 1, 300, PriorityClass::High),
-        job("B", 50, 1, 20, PriorityClass::High),
-    ]);
-    let o = SimOptions {
-        las_thresholds: vec![100],
-        checkpoint_interval: 60,
-        grace_seconds: 10,
-        ..SimOptions::default()
-    };
+    let (t, o) = long_then_short(PriorityClass::High);
     for p in [Policy::Tiresias, Policy::Srtf, Policy::Gangway] {
         let (r, jcts) = run(&t, &one_node(1), p, o.clone());
         assert_eq!(r.preemptions, 0, "{p:?}");
