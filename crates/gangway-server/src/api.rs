@@ -290,35 +290,26 @@ fn poisoned() -> ApiError {
     )
 }
 
-/// Runs `f` on the control state, under its lock, on the blocking pool, with
-/// its job writes deferred ([`Control::deferred`]); once the lock is
-/// released, waits for them to be durable (one fsync shared with whoever
-/// else is waiting), then returns `f`'s answer. For the agents' syncs and
-/// reports: frequent, each a few writes, acknowledged only once durable,
+/// Runs `f` on the control state with its job writes deferred
+/// ([`Control::deferred`]) and returns its answer once they are durable.
+/// For the agents' syncs and reports: frequent, each a few writes,
+/// acknowledged only once durable. They are combined ([`crate::combine`]):
+/// many per lock hold, one read-view publish and one store sync per batch,
 /// and neither the wait for the lock nor the disk holds an async worker.
 pub async fn with_control<T: Send + 'static>(
     app: &Arc<App>,
     f: impl FnOnce(&mut Control<SharedStore>) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut c = app.control.lock().map_err(|_| poisoned())?;
-        let out = c.deferred(f);
-        let store = c.store_handle();
-        drop(c);
-        // Even a refusal may follow writes made before it.
-        store
-            .sync()
-            .map_err(|e| ApiError::from(ControlError::Store(e)))?;
-        out
-    })
-    .await
-    .map_err(|e| {
-        ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("state task failed: {e}"),
-        )
-    })?
+    use crate::combine::CombineError as E;
+    crate::combine::run(app.clone(), |a: &App| &a.control, f)
+        .await
+        .map_err(|e| match e {
+            E::NotLeader => {
+                ApiError::from(ControlError::Store(gangway_store::StoreError::NotLeader))
+            }
+            E::Sync(m) => ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("store: {m}")),
+            E::Lost => poisoned(),
+        })?
 }
 
 /// Runs `f` on the blocking pool: reads that walk every job (usage,
@@ -411,21 +402,32 @@ pub(crate) async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<By
     })
 }
 
-/// Parses a job spec (JSON or budgeted YAML) on the blocking pool.
+/// Bodies up to this size are parsed on the async worker: a typical spec
+/// (a few hundred bytes) parses in microseconds, less than a hop to the
+/// blocking pool costs (issue 16's submission path).
+const INLINE_PARSE_BYTES: usize = 16 * 1024;
+
+/// Parses a job spec (JSON or budgeted YAML); large bodies on the blocking
+/// pool.
 async fn parse_spec(body: Bytes, json_body: bool) -> ApiResult<JobSpec> {
-    tokio::task::spawn_blocking(move || {
-        if json_body {
-            serde_json::from_slice(&body)
-                .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
-        } else {
-            let text = std::str::from_utf8(&body)
-                .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
-            crate::yaml::from_str(text)
-                .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
-        }
-    })
-    .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    if body.len() <= INLINE_PARSE_BYTES {
+        return parse_spec_now(&body, json_body);
+    }
+    tokio::task::spawn_blocking(move || parse_spec_now(&body, json_body))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
+fn parse_spec_now(body: &[u8], json_body: bool) -> ApiResult<JobSpec> {
+    if json_body {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
+    } else {
+        let text = std::str::from_utf8(body)
+            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
+        crate::yaml::from_str(text)
+            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
+    }
 }
 
 /// A job as the API shows it.

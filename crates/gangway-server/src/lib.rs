@@ -8,6 +8,7 @@ pub mod audit;
 pub mod authz;
 pub mod backup;
 pub mod clock;
+pub mod combine;
 pub mod config;
 pub mod control;
 pub mod counted_store;

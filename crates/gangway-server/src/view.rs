@@ -471,6 +471,9 @@ impl<S: Store> Control<S> {
 pub struct StateLock<S: Store> {
     state: Mutex<Control<S>>,
     view: RwLock<Arc<ReadView>>,
+    /// The agents' changes waiting to be applied in batches
+    /// ([`crate::combine`]).
+    pub(crate) combiner: crate::combine::Combiner<S>,
 }
 
 /// Why the state could not be locked: a panic poisoned it.
@@ -485,6 +488,7 @@ impl<S: Store> StateLock<S> {
         StateLock {
             state: Mutex::new(control),
             view,
+            combiner: crate::combine::Combiner::default(),
         }
     }
 

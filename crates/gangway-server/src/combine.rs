@@ -1,0 +1,148 @@
+//! Flat combining of the agents' frequent state changes (issue 16).
+//!
+//! Every agent sync and rank report is a short change to the control state
+//! followed by a durable commit. Taken one by one, each paid a lock hold,
+//! a read-view publish on release and a store sync: at 10,000 nodes syncing
+//! every second that was most of the server's CPU. Here the first caller to
+//! find no combiner running becomes it, on the blocking pool: it drains
+//! every change queued so far, applies them in arrival order under one
+//! lock hold (one view publish), releases the lock, makes them durable with
+//! one sync, and only then answers each caller. Changes queued meanwhile
+//! form the next batch. Nothing here knows HTTP: the state layer's errors
+//! go back to the caller as they are.
+
+use crate::control::Control;
+use crate::view::StateLock;
+use gangway_store::{Store, StoreError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// At most this many changes per lock hold, so a scheduling cycle or a
+/// group commit waiting for the lock is not held off for long.
+const MAX_BATCH: usize = 256;
+
+/// A queued change: applies itself to the state (writes deferred) and
+/// returns what answers its caller once the batch's sync is known.
+type Task<S> = Box<dyn FnOnce(&mut Control<S>) -> Reply + Send>;
+
+/// Answers one caller with the batch's sync outcome.
+type Reply = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+
+/// The queue of changes waiting for a combiner, and whether one runs.
+pub struct Combiner<S: Store> {
+    queue: Mutex<Vec<Task<S>>>,
+    active: AtomicBool,
+}
+
+impl<S: Store> Default for Combiner<S> {
+    fn default() -> Self {
+        Combiner {
+            queue: Mutex::new(Vec::new()),
+            active: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Why a combined change has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CombineError {
+    /// A panic poisoned the state lock, or lost the change's batch.
+    #[error("state lock poisoned or the change's batch lost to a panic")]
+    Lost,
+    /// The change was applied but its sync failed.
+    #[error("store: {0}")]
+    Sync(String),
+    /// The sync failed because another replica leads.
+    #[error("not the leader")]
+    NotLeader,
+}
+
+/// Queues `f` to run on the state behind `state(&owner)` with its writes
+/// deferred ([`Control::deferred`]), and returns its answer once those
+/// writes are durable. Neither the wait for the lock nor the disk holds an
+/// async worker.
+pub async fn run<O, S, T>(
+    owner: Arc<O>,
+    state: fn(&O) -> &StateLock<S>,
+    f: impl FnOnce(&mut Control<S>) -> T + Send + 'static,
+) -> Result<T, CombineError>
+where
+    O: Send + Sync + 'static,
+    S: Store + Clone + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task: Task<S> = Box::new(move |c: &mut Control<S>| {
+        let out = c.deferred(f);
+        Box::new(move |synced: Result<(), &StoreError>| {
+            let r = match synced {
+                Ok(()) => Ok(out),
+                Err(StoreError::NotLeader) => Err(CombineError::NotLeader),
+                Err(e) => Err(CombineError::Sync(e.to_string())),
+            };
+            let _ = tx.send(r);
+        })
+    });
+    let c = &state(&owner).combiner;
+    c.queue.lock().unwrap_or_else(|p| p.into_inner()).push(task);
+    if !c.active.swap(true, Ordering::SeqCst) {
+        tokio::task::spawn_blocking(move || combine(state(&owner)));
+    }
+    rx.await.unwrap_or(Err(CombineError::Lost))
+}
+
+/// Drains and applies batches until the queue is empty, then steps down.
+fn combine<S: Store + Clone>(lock: &StateLock<S>) {
+    // Steps down even if a change panics, so later callers start a new
+    // combiner (which finds the lock poisoned and says so).
+    struct StepDown<'a>(&'a AtomicBool);
+    impl Drop for StepDown<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+    let c = &lock.combiner;
+    loop {
+        {
+            let _down = StepDown(&c.active);
+            while batch(lock) {}
+        }
+        // A caller may have queued after the last drain but seen the flag
+        // still set: take the role back if so, else leave.
+        let queued = !c.queue.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        if !queued || c.active.swap(true, Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// Applies one batch; whether there was one.
+fn batch<S: Store + Clone>(lock: &StateLock<S>) -> bool {
+    let tasks: Vec<Task<S>> = {
+        let mut q = lock
+            .combiner
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = q.len().min(MAX_BATCH);
+        q.drain(..n).collect()
+    };
+    if tasks.is_empty() {
+        return false;
+    }
+    let Ok(mut c) = lock.lock() else {
+        // Dropping the tasks drops their senders: each caller hears the
+        // change was lost.
+        return true;
+    };
+    let replies: Vec<Reply> = tasks.into_iter().map(|t| t(&mut c)).collect();
+    let store = c.store_handle();
+    // Publishes the read view once for the whole batch.
+    drop(c);
+    // Even a refusal may follow writes made before it.
+    let synced = store.sync();
+    for r in replies {
+        r(synced.as_ref().map(|_| ()));
+    }
+    true
+}
