@@ -1,18 +1,22 @@
 //! The embedded backend: one redb file. Each transaction is one redb write
 //! transaction committed with immediate durability, so an acknowledged write
 //! survives `kill -9`; redb's copy-on-write pages make a torn write impossible.
-//! A deferred transaction ([`Store::txn_deferred`]) is committed without its
-//! fsync (redb's `Durability::None`); the next immediate commit makes it
-//! durable with everything before it, and [`Store::sync`] makes one (an
-//! empty commit) only if no immediate commit has covered it yet, so callers
-//! waiting together share one fsync.
+//!
+//! A deferred transaction ([`Store::txn_deferred`]) is applied to an
+//! in-memory overlay instead: reads, compares and watchers see it at once,
+//! and the next immediate commit or [`Store::sync`] writes the whole overlay
+//! in one redb transaction with one fsync. A busy cluster's agent reports
+//! (thousands a second, each a job record) so cost one write transaction per
+//! batch, not one each (issue 16). Until then the changes live only in
+//! memory: callers acknowledge them only after [`Store::sync`].
 
 use crate::{Compare, Event, KeyValue, Op, Store, StoreError, TxnResult};
 use redb::{Database, ReadableTable, TableDefinition};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 /// key → (mod_revision, value)
 const KV: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("kv");
@@ -26,6 +30,54 @@ type LogEntry<'a> = (&'a str, Option<&'a [u8]>);
 /// "revision" → current revision.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
+/// Past this many logged changes the overlay is written out (without an
+/// fsync) even if nobody syncs: its memory stays bounded.
+const OVERLAY_MAX_CHANGES: usize = 4096;
+
+/// Deferred changes not yet written to the file.
+#[derive(Default)]
+struct Overlay {
+    /// key → its latest (mod_revision, value), or `None` once deleted.
+    kv: BTreeMap<String, Option<(u64, Vec<u8>)>>,
+    /// The changes in revision order, for the file's log and for watchers.
+    log: Vec<(LogKey, String, Option<Vec<u8>>)>,
+    /// The revision of the last deferred change.
+    revision: Option<u64>,
+}
+
+impl Overlay {
+    fn is_empty(&self) -> bool {
+        self.log.is_empty()
+    }
+
+    /// Writes every change into `w` (the caller commits it).
+    fn write_into(&self, w: &redb::WriteTransaction) -> Result<(), StoreError> {
+        let Some(revision) = self.revision else {
+            return Ok(());
+        };
+        let mut kv = w.open_table(KV).map_err(backend)?;
+        let mut log = w.open_table(LOG).map_err(backend)?;
+        let mut meta = w.open_table(META).map_err(backend)?;
+        for (k, v) in &self.kv {
+            match v {
+                Some((rev, val)) => {
+                    kv.insert(k.as_str(), (*rev, val.as_slice()))
+                        .map_err(backend)?;
+                }
+                None => {
+                    kv.remove(k.as_str()).map_err(backend)?;
+                }
+            }
+        }
+        for (at, k, v) in &self.log {
+            log.insert(*at, (k.as_str(), v.as_deref()))
+                .map_err(backend)?;
+        }
+        meta.insert("revision", revision).map_err(backend)?;
+        Ok(())
+    }
+}
+
 fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
@@ -36,6 +88,8 @@ pub struct RedbStore {
     watchers: Mutex<Vec<(String, Sender<Event>)>>,
     /// Serialises writers so watchers see changes in revision order.
     write_lock: Mutex<()>,
+    /// Deferred changes not yet in the file (changed under `write_lock`).
+    overlay: RwLock<Overlay>,
     /// Deferred commits made, and how many of them an immediate commit
     /// has since made durable (both changed under `write_lock`).
     deferred: AtomicU64,
@@ -57,6 +111,7 @@ impl RedbStore {
             db,
             watchers: Mutex::new(Vec::new()),
             write_lock: Mutex::new(()),
+            overlay: RwLock::new(Overlay::default()),
             deferred: AtomicU64::new(0),
             durable: AtomicU64::new(0),
         })
@@ -79,19 +134,131 @@ impl RedbStore {
 }
 
 impl RedbStore {
-    /// One write transaction, committed with an fsync (`durable`) or
-    /// without ([`Store::txn_deferred`]).
-    fn commit(
-        &self,
-        compares: &[Compare],
-        ops: &[Op],
-        durable: bool,
-    ) -> Result<TxnResult, StoreError> {
-        let _guard = self.write_lock.lock().map_err(backend)?;
+    fn overlay(&self) -> std::sync::RwLockReadGuard<'_, Overlay> {
+        self.overlay.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn overlay_mut(&self) -> std::sync::RwLockWriteGuard<'_, Overlay> {
+        self.overlay.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The file's copy of `key`, ignoring the overlay.
+    fn get_file(&self, key: &str) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let r = self.db.begin_read().map_err(backend)?;
+        let t = r.open_table(KV).map_err(backend)?;
+        Ok(t.get(key).map_err(backend)?.map(|v| {
+            let (rev, val) = v.value();
+            (rev, val.to_vec())
+        }))
+    }
+
+    /// The file's revision, ignoring the overlay.
+    fn revision_file(&self) -> Result<u64, StoreError> {
+        let r = self.db.begin_read().map_err(backend)?;
+        let t = r.open_table(META).map_err(backend)?;
+        Ok(t.get("revision").map_err(backend)?.map_or(0, |v| v.value()))
+    }
+
+    /// A deferred transaction: applied to the overlay (the caller holds
+    /// `write_lock`).
+    fn commit_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        let mut ov = self.overlay_mut();
+        let current = match ov.revision {
+            Some(r) => r,
+            None => self.revision_file()?,
+        };
+        // The latest revision of a key: overlay first, then the file.
+        let rev_of = |ov: &Overlay, k: &str| -> Result<Option<u64>, StoreError> {
+            match ov.kv.get(k) {
+                Some(v) => Ok(v.as_ref().map(|(r, _)| *r)),
+                None => Ok(self.get_file(k)?.map(|(r, _)| r)),
+            }
+        };
+        for c in compares {
+            let holds = match c {
+                Compare::Absent(k) => rev_of(&ov, k)?.is_none(),
+                Compare::Revision(k, r) => rev_of(&ov, k)? == Some(*r),
+            };
+            if !holds {
+                return Ok(TxnResult {
+                    succeeded: false,
+                    revision: current,
+                });
+            }
+        }
+        if ops.is_empty() {
+            return Ok(TxnResult {
+                succeeded: true,
+                revision: current,
+            });
+        }
+        let revision = current + 1;
+        let mut events = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let at = (revision, i as u32);
+            match op {
+                Op::Put(k, v) => {
+                    ov.kv.insert(k.clone(), Some((revision, v.clone())));
+                    ov.log.push((at, k.clone(), Some(v.clone())));
+                    events.push(Event::Put(KeyValue {
+                        key: k.clone(),
+                        value: v.clone(),
+                        mod_revision: revision,
+                    }));
+                }
+                Op::Delete(k) => {
+                    if rev_of(&ov, k)?.is_some() {
+                        ov.kv.insert(k.clone(), None);
+                        ov.log.push((at, k.clone(), None));
+                        events.push(Event::Delete {
+                            key: k.clone(),
+                            revision,
+                        });
+                    }
+                }
+            }
+        }
+        ov.revision = Some(revision);
+        let full = ov.log.len() >= OVERLAY_MAX_CHANGES;
+        drop(ov);
+        self.deferred.fetch_add(1, Ordering::SeqCst);
+        self.notify(&events);
+        if full {
+            // Written out without an fsync: still deferred until a sync.
+            self.flush(false)?;
+        }
+        Ok(TxnResult {
+            succeeded: true,
+            revision,
+        })
+    }
+
+    /// Writes the overlay to the file in one transaction, with an fsync if
+    /// `durable` (the caller holds `write_lock`).
+    fn flush(&self, durable: bool) -> Result<(), StoreError> {
+        let made = self.deferred.load(Ordering::SeqCst);
         let mut w = self.db.begin_write().map_err(backend)?;
         if !durable {
             w.set_durability(redb::Durability::None);
         }
+        self.overlay().write_into(&w)?;
+        w.commit().map_err(backend)?;
+        *self.overlay_mut() = Overlay::default();
+        if durable {
+            self.durable.fetch_max(made, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// One write transaction committed with an fsync, carrying the overlay
+    /// before it.
+    fn commit(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
+        let w = self.db.begin_write().map_err(backend)?;
+        let had_overlay = {
+            let ov = self.overlay();
+            ov.write_into(&w)?;
+            !ov.is_empty()
+        };
         let mut events = Vec::new();
         let revision;
         let succeeded;
@@ -152,15 +319,12 @@ impl RedbStore {
                 meta.insert("revision", revision).map_err(backend)?;
             }
         }
-        if succeeded && !ops.is_empty() {
+        if (succeeded && !ops.is_empty()) || had_overlay {
             let made = self.deferred.load(Ordering::SeqCst);
             w.commit().map_err(backend)?;
-            if durable {
-                // Everything committed before is durable with it.
-                self.durable.fetch_max(made, Ordering::SeqCst);
-            } else {
-                self.deferred.fetch_add(1, Ordering::SeqCst);
-            }
+            // Everything committed before is durable with it.
+            self.durable.fetch_max(made, Ordering::SeqCst);
+            *self.overlay_mut() = Overlay::default();
             self.notify(&events);
         } else {
             w.abort().map_err(backend)?;
@@ -174,22 +338,34 @@ impl RedbStore {
 
 impl Store for RedbStore {
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let r = self.db.begin_read().map_err(backend)?;
-        let t = r.open_table(KV).map_err(backend)?;
-        Ok(t.get(key).map_err(backend)?.map(|v| {
-            let (rev, val) = v.value();
-            KeyValue {
+        // The overlay first: were it written out meanwhile, the file has it.
+        if let Some(v) = self.overlay().kv.get(key) {
+            return Ok(v.as_ref().map(|(rev, val)| KeyValue {
                 key: key.to_string(),
-                value: val.to_vec(),
-                mod_revision: rev,
-            }
+                value: val.clone(),
+                mod_revision: *rev,
+            }));
+        }
+        Ok(self.get_file(key)?.map(|(rev, value)| KeyValue {
+            key: key.to_string(),
+            value,
+            mod_revision: rev,
         }))
     }
 
     fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        // The overlay's part before the file's: were it written out
+        // between the two reads, the file holds the same values.
+        let pending: Vec<(String, Option<(u64, Vec<u8>)>)> = self
+            .overlay()
+            .kv
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let r = self.db.begin_read().map_err(backend)?;
         let t = r.open_table(KV).map_err(backend)?;
-        let mut out = Vec::new();
+        let mut out = BTreeMap::new();
         for item in t.range(prefix..).map_err(backend)? {
             let (k, v) = item.map_err(backend)?;
             let key = k.value();
@@ -197,21 +373,32 @@ impl Store for RedbStore {
                 break;
             }
             let (rev, val) = v.value();
-            out.push(KeyValue {
-                key: key.to_string(),
-                value: val.to_vec(),
-                mod_revision: rev,
-            });
+            out.insert(key.to_string(), (rev, val.to_vec()));
         }
-        Ok(out)
+        for (k, v) in pending {
+            match v {
+                Some(v) => out.insert(k, v),
+                None => out.remove(&k),
+            };
+        }
+        Ok(out
+            .into_iter()
+            .map(|(key, (mod_revision, value))| KeyValue {
+                key,
+                value,
+                mod_revision,
+            })
+            .collect())
     }
 
     fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
-        self.commit(compares, ops, true)
+        let _guard = self.write_lock.lock().map_err(backend)?;
+        self.commit(compares, ops)
     }
 
     fn txn_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
-        self.commit(compares, ops, false)
+        let _guard = self.write_lock.lock().map_err(backend)?;
+        self.commit_deferred(compares, ops)
     }
 
     fn sync(&self) -> Result<(), StoreError> {
@@ -224,17 +411,14 @@ impl Store for RedbStore {
         if self.durable.load(Ordering::SeqCst) >= target {
             return Ok(());
         }
-        let made = self.deferred.load(Ordering::SeqCst);
-        let w = self.db.begin_write().map_err(backend)?;
-        w.commit().map_err(backend)?;
-        self.durable.fetch_max(made, Ordering::SeqCst);
-        Ok(())
+        self.flush(true)
     }
 
     fn revision(&self) -> Result<u64, StoreError> {
-        let r = self.db.begin_read().map_err(backend)?;
-        let t = r.open_table(META).map_err(backend)?;
-        Ok(t.get("revision").map_err(backend)?.map_or(0, |v| v.value()))
+        if let Some(r) = self.overlay().revision {
+            return Ok(r);
+        }
+        self.revision_file()
     }
 
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
@@ -263,10 +447,58 @@ impl Store for RedbStore {
             };
             let _ = tx.send(e);
         }
+        // Then the deferred changes not yet in the file's log.
+        for ((rev, _), key, val) in self.overlay().log.iter() {
+            if *rev < from || !key.starts_with(prefix) {
+                continue;
+            }
+            let e = match val {
+                Some(v) => Event::Put(KeyValue {
+                    key: key.clone(),
+                    value: v.clone(),
+                    mod_revision: *rev,
+                }),
+                None => Event::Delete {
+                    key: key.clone(),
+                    revision: *rev,
+                },
+            };
+            let _ = tx.send(e);
+        }
         self.watchers
             .lock()
             .map_err(backend)?
             .push((prefix.to_string(), tx));
         Ok(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_run_of_deferred_writes_is_written_out_before_the_overlay_grows_past_its_bound() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = RedbStore::open(&dir.path().join("s.redb")).expect("open");
+        let n = OVERLAY_MAX_CHANGES * 2 + 10;
+        for i in 0..n {
+            let key = format!("/k/{i:06}");
+            s.txn_deferred(&[], &[Op::Put(key, vec![1])]).expect("txn");
+            assert!(s.overlay().log.len() < OVERLAY_MAX_CHANGES);
+        }
+        // Written out but not yet durable: a sync still has work to do.
+        assert!(s.durable.load(Ordering::SeqCst) < s.deferred.load(Ordering::SeqCst));
+        assert_eq!(s.range("/k/").expect("range").len(), n);
+        assert_eq!(s.revision().expect("rev"), n as u64);
+        s.sync().expect("sync");
+        assert!(s.overlay().is_empty());
+        assert_eq!(
+            s.durable.load(Ordering::SeqCst),
+            s.deferred.load(Ordering::SeqCst)
+        );
+        drop(s);
+        let s = RedbStore::open(&dir.path().join("s.redb")).expect("reopen");
+        assert_eq!(s.range("/k/").expect("range").len(), n);
     }
 }

@@ -260,18 +260,23 @@ fn writes_lost_to_kill_9(mode: &str) -> Vec<u64> {
         .collect()
 }
 
+/// A model step; the `bool` says whether the write is deferred
+/// ([`Store::txn_deferred`]: in redb's overlay until a sync).
 #[derive(Clone, Debug)]
 enum ModelOp {
-    Put(u8, u8),
-    Delete(u8),
-    Cas(u8, bool, u8),
+    Put(u8, u8, bool),
+    Delete(u8, bool),
+    Cas(u8, bool, u8, bool),
+    Sync,
 }
 
 fn model_op() -> impl Strategy<Value = ModelOp> {
     prop_oneof![
-        (0u8..6, any::<u8>()).prop_map(|(k, v)| ModelOp::Put(k, v)),
-        (0u8..6).prop_map(ModelOp::Delete),
-        (0u8..6, any::<bool>(), any::<u8>()).prop_map(|(k, absent, v)| ModelOp::Cas(k, absent, v)),
+        (0u8..6, any::<u8>(), any::<bool>()).prop_map(|(k, v, d)| ModelOp::Put(k, v, d)),
+        (0u8..6, any::<bool>()).prop_map(|(k, d)| ModelOp::Delete(k, d)),
+        (0u8..6, any::<bool>(), any::<u8>(), any::<bool>())
+            .prop_map(|(k, absent, v, d)| ModelOp::Cas(k, absent, v, d)),
+        Just(ModelOp::Sync),
     ]
 }
 
@@ -282,7 +287,13 @@ proptest! {
     fn store_matches_a_map_model(ops in prop::collection::vec(model_op(), 1..40)) {
         let dir = tempfile::tempdir().expect("tmp");
         let s = open(&dir);
-        check_model(&s, &ops)?;
+        let model = check_model(&s, &ops)?;
+        // What a sync acknowledged is in the file: reopened, the store
+        // holds the model.
+        s.sync().expect("sync");
+        drop(s);
+        let s = open(&dir);
+        prop_assert_eq!(rows(&s), model);
     }
 
     #[test]
@@ -305,62 +316,123 @@ thread_local! {
 }
 static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn check_model(s: &dyn Store, ops: &[ModelOp]) -> Result<(), TestCaseError> {
-    {
-        let ops = ops.to_vec();
-        let mut model: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
-        let mut last_rev = 0;
-        for op in ops {
-            match op {
-                ModelOp::Put(k, v) => {
-                    let key = format!("/k/{k}");
-                    let r = s.put(&key, &[v]).expect("put");
-                    prop_assert!(r > last_rev);
-                    last_rev = r;
-                    model.insert(key, (vec![v], r));
-                }
-                ModelOp::Delete(k) => {
-                    let key = format!("/k/{k}");
-                    let existed = s.delete(&key).expect("delete");
-                    prop_assert_eq!(existed, model.remove(&key).is_some());
-                    last_rev = s.revision().expect("rev");
-                }
-                ModelOp::Cas(k, absent, v) => {
-                    let key = format!("/k/{k}");
-                    let cmp = if absent {
-                        Compare::Absent(key.clone())
-                    } else {
-                        Compare::Revision(key.clone(), model.get(&key).map_or(0, |e| e.1))
-                    };
-                    let expect = if absent {
-                        !model.contains_key(&key)
-                    } else {
-                        model.contains_key(&key)
-                    };
-                    let r = s
-                        .txn(&[cmp], &[Op::Put(key.clone(), vec![v])])
-                        .expect("txn");
-                    prop_assert_eq!(r.succeeded, expect);
-                    if r.succeeded {
-                        model.insert(key, (vec![v], r.revision));
-                        last_rev = r.revision;
-                    }
+/// The store's `/k/` keys as (key, value, mod_revision).
+fn rows(s: &dyn Store) -> Vec<(String, Vec<u8>, u64)> {
+    s.range("/k/")
+        .expect("range")
+        .into_iter()
+        .map(|kv| (kv.key, kv.value, kv.mod_revision))
+        .collect()
+}
+
+/// Runs `ops` on `s` and on a map, checking after each step that range,
+/// get and revision agree, and at the end that a watcher replaying from the
+/// first revision, and one that watched live, rebuild the same map. The
+/// final model's rows.
+fn check_model(
+    s: &dyn Store,
+    ops: &[ModelOp],
+) -> Result<Vec<(String, Vec<u8>, u64)>, TestCaseError> {
+    let first = s.revision().expect("rev") + 1;
+    let live = s.watch("/k/", first).expect("watch");
+    let mut model: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
+    let mut last_rev = 0;
+    let write = |cmp: &[Compare], ops: &[Op], deferred: bool| {
+        if deferred {
+            s.txn_deferred(cmp, ops).expect("txn_deferred")
+        } else {
+            s.txn(cmp, ops).expect("txn")
+        }
+    };
+    for op in ops.iter().cloned() {
+        match op {
+            ModelOp::Put(k, v, deferred) => {
+                let key = format!("/k/{k}");
+                let r = write(&[], &[Op::Put(key.clone(), vec![v])], deferred);
+                prop_assert!(r.succeeded && r.revision > last_rev);
+                last_rev = r.revision;
+                model.insert(key, (vec![v], r.revision));
+            }
+            ModelOp::Delete(k, deferred) => {
+                let key = format!("/k/{k}");
+                let existed = s.get(&key).expect("get").is_some();
+                prop_assert_eq!(existed, model.remove(&key).is_some());
+                write(&[], &[Op::Delete(key)], deferred);
+                last_rev = s.revision().expect("rev");
+            }
+            ModelOp::Cas(k, absent, v, deferred) => {
+                let key = format!("/k/{k}");
+                let cmp = if absent {
+                    Compare::Absent(key.clone())
+                } else {
+                    Compare::Revision(key.clone(), model.get(&key).map_or(0, |e| e.1))
+                };
+                let expect = if absent {
+                    !model.contains_key(&key)
+                } else {
+                    model.contains_key(&key)
+                };
+                let r = write(&[cmp], &[Op::Put(key.clone(), vec![v])], deferred);
+                prop_assert_eq!(r.succeeded, expect);
+                if r.succeeded {
+                    model.insert(key, (vec![v], r.revision));
+                    last_rev = r.revision;
                 }
             }
-            let got: Vec<(String, Vec<u8>, u64)> = s
-                .range("/k/")
-                .expect("range")
-                .into_iter()
-                .map(|kv| (kv.key, kv.value, kv.mod_revision))
-                .collect();
-            let want: Vec<(String, Vec<u8>, u64)> = model
-                .iter()
-                .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
-                .collect();
-            prop_assert_eq!(got, want);
+            ModelOp::Sync => s.sync().expect("sync"),
         }
+        let want: Vec<(String, Vec<u8>, u64)> = model
+            .iter()
+            .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
+            .collect();
+        prop_assert_eq!(rows(s), want.clone());
+        for k in 0..6 {
+            let key = format!("/k/{k}");
+            let got = s
+                .get(&key)
+                .expect("get")
+                .map(|kv| (kv.value, kv.mod_revision));
+            prop_assert_eq!(got, model.get(&key).cloned());
+        }
+        prop_assert!(s.revision().expect("rev") >= last_rev);
     }
-    Ok(())
+    let want: Vec<(String, Vec<u8>, u64)> = model
+        .iter()
+        .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
+        .collect();
+    // Replay: everything from the first revision, deferred changes included.
+    let replayed = s.watch("/k/", first).expect("watch");
+    for rx in [replayed, live] {
+        let mut seen: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
+        let apply = |seen: &mut BTreeMap<String, (Vec<u8>, u64)>, e: Event| match e {
+            Event::Put(kv) => {
+                seen.insert(kv.key, (kv.value, kv.mod_revision));
+            }
+            Event::Delete { key, .. } => {
+                seen.remove(&key);
+            }
+        };
+        let flat = |seen: &BTreeMap<String, (Vec<u8>, u64)>| -> Vec<(String, Vec<u8>, u64)> {
+            seen.iter()
+                .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
+                .collect()
+        };
+        // etcd's watch is asynchronous: wait for the model, a while at most.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while flat(&seen) != want {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(e) => apply(&mut seen, e),
+                Err(_) => break,
+            }
+        }
+        // Nothing more than the history.
+        while let Ok(e) = rx.try_recv() {
+            apply(&mut seen, e);
+        }
+        prop_assert_eq!(flat(&seen), want.clone());
+    }
+    Ok(want)
 }
 
 #[test]
