@@ -146,3 +146,80 @@ fn batch<S: Store + Clone>(lock: &StateLock<S>) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::QueueSpec;
+    use gangway_store::RedbStore;
+    use std::time::Duration;
+
+    type S = Arc<RedbStore>;
+
+    fn state() -> (tempfile::TempDir, Arc<StateLock<S>>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = Arc::new(RedbStore::open(&dir.path().join("s.redb")).expect("store"));
+        let c = Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        (dir, Arc::new(StateLock::new(c)))
+    }
+
+    fn me(l: &StateLock<S>) -> &StateLock<S> {
+        l
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_caller_gets_its_own_answer_and_its_writes_are_in_the_store() {
+        let (_dir, lock) = state();
+        // Each change appends to a key the store holds; every caller's
+        // answer is its own index, and its writes are durable (synced)
+        // before it hears back.
+        let calls = (0..400u64).map(|i| {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                run(lock, me, move |c: &mut Control<S>| {
+                    let s = c.store_handle();
+                    s.txn_deferred(&[], &[gangway_store::Op::Put(format!("/t/{i}"), vec![1])])
+                        .expect("write");
+                    i
+                })
+                .await
+            })
+        });
+        let answers = futures_join(calls.collect()).await;
+        for (i, a) in answers.into_iter().enumerate() {
+            assert_eq!(a.expect("answered"), i as u64);
+        }
+        let l = lock.lock().expect("lock");
+        assert_eq!(l.store_handle().range("/t/").expect("range").len(), 400);
+        assert!(
+            !lock.combiner.active.load(Ordering::SeqCst),
+            "the combiner stepped down"
+        );
+    }
+
+    async fn futures_join<T>(hs: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+        let mut out = Vec::new();
+        for h in hs {
+            out.push(h.await.expect("task"));
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_change_loses_its_answer_and_later_callers_hear_so_without_hanging() {
+        let (_dir, lock) = state();
+        let r = run(lock.clone(), me, |_c: &mut Control<S>| -> u32 {
+            panic!("a bug in a change")
+        })
+        .await;
+        assert!(matches!(r, Err(CombineError::Lost)));
+        // The lock is poisoned now: a later change is refused, promptly.
+        let later = tokio::time::timeout(
+            Duration::from_secs(10),
+            run(lock.clone(), me, |_c: &mut Control<S>| 7u32),
+        )
+        .await
+        .expect("answered, not hung");
+        assert!(matches!(later, Err(CombineError::Lost)));
+    }
+}

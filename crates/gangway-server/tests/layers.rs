@@ -12,6 +12,7 @@ const STATE: &[&str] = &[
     "audit.rs",
     "authz.rs",
     "clock.rs",
+    "combine.rs",
     "config.rs",
     "control.rs",
     "control/",
