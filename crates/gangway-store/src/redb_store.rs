@@ -34,11 +34,15 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// fsync) even if nobody syncs: its memory stays bounded.
 const OVERLAY_MAX_CHANGES: usize = 4096;
 
+/// A key's latest (mod_revision, value) in the overlay, or `None` once
+/// deleted.
+type Pending = Option<(u64, Vec<u8>)>;
+
 /// Deferred changes not yet written to the file.
 #[derive(Default)]
 struct Overlay {
-    /// key → its latest (mod_revision, value), or `None` once deleted.
-    kv: BTreeMap<String, Option<(u64, Vec<u8>)>>,
+    /// key → its latest state.
+    kv: BTreeMap<String, Pending>,
     /// The changes in revision order, for the file's log and for watchers.
     log: Vec<(LogKey, String, Option<Vec<u8>>)>,
     /// The revision of the last deferred change.
@@ -356,7 +360,7 @@ impl Store for RedbStore {
     fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
         // The overlay's part before the file's: were it written out
         // between the two reads, the file holds the same values.
-        let pending: Vec<(String, Option<(u64, Vec<u8>)>)> = self
+        let pending: Vec<(String, Pending)> = self
             .overlay()
             .kv
             .range(prefix.to_string()..)
