@@ -82,6 +82,24 @@ impl Overlay {
     }
 }
 
+/// Whether the file, as `r` reads it, already holds an overlay read just
+/// before at `overlay_rev`. The overlay is cleared only after the commit
+/// that wrote it (with, perhaps, newer changes), so a read in between finds
+/// both; then the file alone is the truth, since its revision is at least
+/// the overlay's. Otherwise the file is as it was under the overlay.
+fn file_holds(r: &redb::ReadTransaction, overlay_rev: Option<u64>) -> Result<bool, StoreError> {
+    let Some(o) = overlay_rev else {
+        return Ok(true);
+    };
+    Ok(revision_in(r)? >= o)
+}
+
+/// The revision the file holds, as `r` reads it.
+fn revision_in(r: &redb::ReadTransaction) -> Result<u64, StoreError> {
+    let t = r.open_table(META).map_err(backend)?;
+    Ok(t.get("revision").map_err(backend)?.map_or(0, |v| v.value()))
+}
+
 fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
@@ -158,9 +176,7 @@ impl RedbStore {
 
     /// The file's revision, ignoring the overlay.
     fn revision_file(&self) -> Result<u64, StoreError> {
-        let r = self.db.begin_read().map_err(backend)?;
-        let t = r.open_table(META).map_err(backend)?;
-        Ok(t.get("revision").map_err(backend)?.map_or(0, |v| v.value()))
+        revision_in(&self.db.begin_read().map_err(backend)?)
     }
 
     /// A deferred transaction: applied to the overlay (the caller holds
@@ -342,32 +358,46 @@ impl RedbStore {
 
 impl Store for RedbStore {
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        // The overlay first: were it written out meanwhile, the file has it.
-        if let Some(v) = self.overlay().kv.get(key) {
-            return Ok(v.as_ref().map(|(rev, val)| KeyValue {
-                key: key.to_string(),
-                value: val.clone(),
-                mod_revision: *rev,
-            }));
-        }
-        Ok(self.get_file(key)?.map(|(rev, value)| KeyValue {
+        let (pending, overlay_rev) = {
+            let ov = self.overlay();
+            (ov.kv.get(key).cloned(), ov.revision)
+        };
+        let r = self.db.begin_read().map_err(backend)?;
+        let found = match pending {
+            Some(p) if !file_holds(&r, overlay_rev)? => p,
+            _ => {
+                let t = r.open_table(KV).map_err(backend)?;
+                let v = t.get(key).map_err(backend)?;
+                v.map(|v| {
+                    let (rev, val) = v.value();
+                    (rev, val.to_vec())
+                })
+            }
+        };
+        Ok(found.map(|(mod_revision, value)| KeyValue {
             key: key.to_string(),
             value,
-            mod_revision: rev,
+            mod_revision,
         }))
     }
 
     fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
-        // The overlay's part before the file's: were it written out
-        // between the two reads, the file holds the same values.
-        let pending: Vec<(String, Pending)> = self
-            .overlay()
-            .kv
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let (pending, overlay_rev): (Vec<(String, Pending)>, _) = {
+            let ov = self.overlay();
+            let p = ov
+                .kv
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (p, ov.revision)
+        };
         let r = self.db.begin_read().map_err(backend)?;
+        let pending = if file_holds(&r, overlay_rev)? {
+            Vec::new()
+        } else {
+            pending
+        };
         let t = r.open_table(KV).map_err(backend)?;
         let mut out = BTreeMap::new();
         for item in t.range(prefix..).map_err(backend)? {
@@ -419,10 +449,10 @@ impl Store for RedbStore {
     }
 
     fn revision(&self) -> Result<u64, StoreError> {
-        if let Some(r) = self.overlay().revision {
-            return Ok(r);
-        }
-        self.revision_file()
+        // The overlay's first: a commit carrying it may land in between,
+        // and then the file's is at least as new.
+        let overlay_rev = self.overlay().revision;
+        Ok(self.revision_file()?.max(overlay_rev.unwrap_or(0)))
     }
 
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
@@ -504,5 +534,40 @@ mod tests {
         drop(s);
         let s = RedbStore::open(&dir.path().join("s.redb")).expect("reopen");
         assert_eq!(s.range("/k/").expect("range").len(), n);
+    }
+
+    /// A read that falls between a durable commit carrying the overlay
+    /// (with a newer write of the same key) and the overlay's clearing
+    /// sees the newer write, not the overlay's older one.
+    #[test]
+    fn a_read_between_the_commit_and_the_overlay_clearing_sees_the_newer_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = RedbStore::open(&dir.path().join("s.redb")).expect("open");
+        s.txn_deferred(&[], &[Op::Put("/k".into(), b"old".to_vec())])
+            .expect("deferred");
+        // What `commit` does before it clears the overlay: the overlay and
+        // a newer write of the key in one committed transaction.
+        let w = s.db.begin_write().expect("write");
+        s.overlay().write_into(&w).expect("overlay");
+        {
+            let mut kv = w.open_table(KV).expect("kv");
+            kv.insert("/k", (2, b"new".as_slice())).expect("put");
+            let mut meta = w.open_table(META).expect("meta");
+            meta.insert("revision", 2).expect("rev");
+        }
+        w.commit().expect("commit");
+        assert!(!s.overlay().is_empty(), "the overlay is not cleared yet");
+        let got = s.get("/k").expect("get").expect("present");
+        assert_eq!(
+            (got.value.as_slice(), got.mod_revision),
+            (b"new".as_slice(), 2)
+        );
+        let range = s.range("/").expect("range");
+        assert_eq!(range.len(), 1);
+        assert_eq!(
+            (range[0].value.as_slice(), range[0].mod_revision),
+            (b"new".as_slice(), 2)
+        );
+        assert_eq!(s.revision().expect("revision"), 2);
     }
 }
