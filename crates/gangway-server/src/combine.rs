@@ -93,8 +93,7 @@ where
 
 /// Drains and applies batches until the queue is empty, then steps down.
 fn combine<S: Store + Clone>(lock: &StateLock<S>) {
-    // Steps down even if a change panics, so later callers start a new
-    // combiner (which finds the lock poisoned and says so).
+    // Steps down however it leaves, so a later caller starts a new one.
     struct StepDown<'a>(&'a AtomicBool);
     impl Drop for StepDown<'_> {
         fn drop(&mut self) {
@@ -105,7 +104,13 @@ fn combine<S: Store + Clone>(lock: &StateLock<S>) {
     loop {
         {
             let _down = StepDown(&c.active);
-            while batch(lock) {}
+            // A change that panics poisons the state lock and loses its
+            // batch's answers; the combiner goes on, so changes queued
+            // meanwhile are answered (refused: the lock is poisoned)
+            // instead of waiting for a caller that never comes.
+            while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch(lock)))
+                .unwrap_or(true)
+            {}
         }
         // A caller may have queued after the last drain but seen the flag
         // still set: take the role back if so, else leave.
