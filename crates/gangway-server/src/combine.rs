@@ -11,7 +11,7 @@
 //! form the next batch. Nothing here knows HTTP: the state layer's errors
 //! go back to the caller as they are.
 
-use crate::control::Control;
+use crate::control::{Control, ControlError};
 use crate::view::StateLock;
 use gangway_store::{Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,11 +141,17 @@ fn batch<S: Store + Clone>(lock: &StateLock<S>) -> bool {
         return true;
     };
     let replies: Vec<Reply> = tasks.into_iter().map(|t| t(&mut c)).collect();
+    // The batch's job writes go out together, before anyone else holds
+    // the lock (their records in memory are already the new ones).
+    let flushed = c.flush_deferred().map_err(|e| match e {
+        ControlError::Store(e) => e,
+        other => StoreError::Backend(other.to_string()),
+    });
     let store = c.store_handle();
     // Publishes the read view once for the whole batch.
     drop(c);
     // Even a refusal may follow writes made before it.
-    let synced = store.sync();
+    let synced = flushed.and_then(|()| store.sync());
     for r in replies {
         r(synced.as_ref().map(|_| ()));
     }

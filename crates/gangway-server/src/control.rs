@@ -345,9 +345,13 @@ pub struct Control<S: Store> {
     pub gates: crate::workflow::Gates,
     /// Gangway's ranking: what was applied, when (see `control/rank.rs`).
     pub(crate) ranks: rank::RankMemo,
-    /// Job writes are deferred commits ([`Store::txn_deferred`]) while set:
-    /// see [`Control::deferred`].
+    /// Job writes stay in memory (`unflushed`) while set: see
+    /// [`Control::deferred`].
     defer_writes: bool,
+    /// Jobs changed in memory by deferred writes and not yet in the store
+    /// (their revision in `jobs` is still the stored one): see
+    /// [`Control::flush_deferred`].
+    unflushed: std::collections::BTreeSet<JobId>,
     /// The read view's cluster snapshot and when to rebuild it.
     pub cluster_view: crate::view::ClusterMemo,
 }
@@ -501,6 +505,7 @@ impl<S: Store> Control<S> {
             gates: Default::default(),
             ranks: Default::default(),
             defer_writes: false,
+            unflushed: Default::default(),
             cluster_view: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
@@ -870,27 +875,95 @@ impl<S: Store> Control<S> {
             .get(&id)
             .map(|(_, r)| *r)
             .ok_or(ControlError::NoSuchJob(id))?;
+        if self.defer_writes {
+            // Kept in memory under its stored revision; written out with
+            // the rest of the batch by `flush_deferred`.
+            self.jobs.insert(id, (rec, rev));
+            self.unflushed.insert(id);
+            return Ok(());
+        }
         let cmp = [Compare::Revision(job_key(id), rev)];
         let put = [Op::Put(job_key(id), encode(&rec))];
-        let r = if self.defer_writes {
-            self.store.txn_deferred(&cmp, &put)?
-        } else {
-            self.store.txn(&cmp, &put)?
-        };
+        let r = self.store.txn(&cmp, &put)?;
         if !r.succeeded {
             return Err(ControlError::Conflict(job_key(id)));
         }
         self.jobs.insert(id, (rec, r.revision));
+        self.unflushed.remove(&id);
         Ok(())
     }
 
-    /// Runs `f` with its job writes committed without waiting for the disk
-    /// ([`Store::txn_deferred`]); the caller must call [`Store::sync`] on
-    /// [`Control::store_handle`] before acknowledging what `f` did. For the
-    /// agents' syncs and reports: each report used to be a durable commit
-    /// of its own under the state lock (an fsync, ~4 ms on the development
-    /// machine), so a busy cluster's reports held the lock most of the time;
-    /// now the fsync is shared and happens after the lock is released.
+    /// Writes the records that deferred writes changed since the last
+    /// flush: each once (however often it changed), compared on its stored
+    /// revision, in transactions within the store's limits sent together
+    /// ([`Store::txns_deferred`]). Durable once [`Store::sync`] returns.
+    /// The combiner calls it once per batch of agents' changes, before it
+    /// releases the state lock: on etcd each report used to be a round
+    /// trip and an fsync of its own under the lock. Records whose
+    /// transaction failed stay unflushed, retried by the next flush; the
+    /// error is returned so the batch's callers are not acknowledged.
+    pub fn flush_deferred(&mut self) -> Result<(), ControlError> {
+        if self.unflushed.is_empty() {
+            return Ok(());
+        }
+        let ids = std::mem::take(&mut self.unflushed);
+        let encoded: Vec<(JobId, u64, Vec<u8>)> = ids
+            .iter()
+            .filter_map(|id| {
+                self.jobs
+                    .get(id)
+                    .map(|(r, rev)| (*id, *rev, encode(r.as_ref())))
+            })
+            .collect();
+        let ranges = self.store.txn_limits().split(
+            (0, 0, 0),
+            encoded
+                .iter()
+                .map(|(id, _, v)| (1, 1, 2 * job_key(*id).len() + v.len())),
+        );
+        let mut encoded = encoded.into_iter();
+        let mut chunks: Vec<Vec<(JobId, u64)>> = Vec::new();
+        let mut txns = Vec::new();
+        for range in ranges {
+            let mut compares = Vec::with_capacity(range.len());
+            let mut ops = Vec::with_capacity(range.len());
+            let mut chunk = Vec::with_capacity(range.len());
+            for (id, rev, v) in encoded.by_ref().take(range.len()) {
+                compares.push(Compare::Revision(job_key(id), rev));
+                ops.push(Op::Put(job_key(id), v));
+                chunk.push((id, rev));
+            }
+            chunks.push(chunk);
+            txns.push((compares, ops));
+        }
+        let answers = self.store.txns_deferred(&txns);
+        let mut first_error = None;
+        for (chunk, answer) in chunks.into_iter().zip(answers) {
+            let failed = match answer {
+                Ok(r) if r.succeeded => {
+                    for (id, _) in &chunk {
+                        self.jobs.set_revision(id, r.revision);
+                    }
+                    continue;
+                }
+                Ok(_) => ControlError::Conflict(format!("{} job records", chunk.len())),
+                Err(e) => e.into(),
+            };
+            self.unflushed.extend(chunk.iter().map(|(id, _)| *id));
+            first_error.get_or_insert(failed);
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Runs `f` with its job writes kept in memory (under their stored
+    /// revisions) until [`Control::flush_deferred`] writes them with
+    /// [`Store::txns_deferred`]; the caller must then call [`Store::sync`]
+    /// on [`Control::store_handle`] before acknowledging what `f` did. For
+    /// the agents' syncs and reports: each report used to be a commit of
+    /// its own under the state lock (an fsync on redb, ~4 ms on the
+    /// development machine; a round trip and an fsync on etcd), so a busy
+    /// cluster's reports held the lock most of the time; now a batch of
+    /// them costs one flush and one fsync, after the lock is released.
     /// Until then the change is in memory and in the read view; were the
     /// server to die first, the agent, never acknowledged, reports again.
     pub fn deferred<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
@@ -1722,6 +1795,130 @@ mod tests {
             .expect("running");
         assert_eq!(c.jobs[&id].0.state, JobState::Running);
         (dir, c, id)
+    }
+
+    /// A redb store with etcd's default limits whose deferred
+    /// transactions are counted and can be made to fail.
+    struct Flaky {
+        inner: RedbStore,
+        fail: std::sync::atomic::AtomicBool,
+        sent: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Store for Flaky {
+        fn get(&self, key: &str) -> Result<Option<gangway_store::KeyValue>, StoreError> {
+            self.inner.get(key)
+        }
+        fn range(&self, prefix: &str) -> Result<Vec<gangway_store::KeyValue>, StoreError> {
+            self.inner.range(prefix)
+        }
+        fn txn(
+            &self,
+            compares: &[Compare],
+            ops: &[Op],
+        ) -> Result<gangway_store::TxnResult, StoreError> {
+            self.inner.txn(compares, ops)
+        }
+        fn txns_deferred(
+            &self,
+            txns: &[(Vec<Compare>, Vec<Op>)],
+        ) -> Vec<Result<gangway_store::TxnResult, StoreError>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.fail.load(SeqCst) {
+                return txns
+                    .iter()
+                    .map(|_| Err(StoreError::Backend("down".into())))
+                    .collect();
+            }
+            let limits = gangway_store::TxnLimits::ETCD_DEFAULT;
+            assert!(txns
+                .iter()
+                .all(|(c, o)| c.len() <= limits.max_compares && o.len() <= limits.max_ops));
+            self.sent.fetch_add(txns.len(), SeqCst);
+            self.inner.txns_deferred(txns)
+        }
+        fn sync(&self) -> Result<(), StoreError> {
+            self.inner.sync()
+        }
+        fn revision(&self) -> Result<u64, StoreError> {
+            self.inner.revision()
+        }
+        fn watch(
+            &self,
+            prefix: &str,
+            from: u64,
+        ) -> Result<std::sync::mpsc::Receiver<gangway_store::Event>, StoreError> {
+            self.inner.watch(prefix, from)
+        }
+        fn txn_limits(&self) -> gangway_store::TxnLimits {
+            gangway_store::TxnLimits::ETCD_DEFAULT
+        }
+    }
+
+    /// Deferred job writes stay in memory until the flush, which writes
+    /// each changed record once (its latest), in transactions within
+    /// etcd's limits; a failed flush writes nothing, keeps them for the
+    /// next, and the revisions kept in memory stay those the store holds
+    /// (a later compare-and-swap write succeeds).
+    #[test]
+    fn deferred_job_writes_land_once_each_at_the_flush_and_survive_a_failed_one() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = std::sync::Arc::new(Flaky {
+            inner: RedbStore::open(&dir.path().join("s.redb")).expect("store"),
+            fail: false.into(),
+            sent: 0.into(),
+        });
+        let mut c = one_node(store.clone(), 0);
+        let ids: Vec<JobId> = (0..300)
+            .map(|i| {
+                c.submit("alice", JobSpec::new(&format!("j{i}"), "q", 1, 1), 0)
+                    .expect("submit")
+            })
+            .collect();
+        let events_stored = |id: JobId| {
+            let kv = store.get(&job_key(id)).expect("get").expect("stored");
+            let r: JobRecord = decode(&job_key(id), &kv.value).expect("decodes");
+            (r.events.len(), kv.mod_revision)
+        };
+        let before: Vec<_> = ids.iter().map(|id| events_stored(*id)).collect();
+        c.deferred(|c| {
+            for round in 0..2 {
+                for id in &ids {
+                    let mut r = JobRecord::clone(&c.jobs[id].0);
+                    r.events
+                        .push(JobEvent::new(1, "note", format!("change {round}")));
+                    c.write(r).expect("deferred write");
+                }
+            }
+        });
+        let unchanged: Vec<_> = ids.iter().map(|id| events_stored(*id)).collect();
+        assert_eq!(unchanged, before, "nothing written before the flush");
+        assert_eq!(store.sent.load(SeqCst), 0);
+
+        store.fail.store(true, SeqCst);
+        assert!(c.flush_deferred().is_err());
+        let unchanged: Vec<_> = ids.iter().map(|id| events_stored(*id)).collect();
+        assert_eq!(unchanged, before, "a failed flush wrote nothing");
+
+        store.fail.store(false, SeqCst);
+        c.flush_deferred().expect("flush");
+        // 300 records, one compare each, at most 63 compares per
+        // transaction (etcd's 128 less room for the fence): 5 transactions.
+        let chunks = 300usize.div_ceil(gangway_store::TxnLimits::ETCD_DEFAULT.max_compares);
+        assert_eq!(store.sent.load(SeqCst), chunks);
+        for (id, (n, _)) in ids.iter().zip(&before) {
+            let (events, rev) = events_stored(*id);
+            assert_eq!(events, n + 2, "job {id}: its latest record");
+            assert_eq!(rev, c.jobs[id].1, "job {id}: memory knows its revision");
+        }
+        c.flush_deferred().expect("nothing left");
+        assert_eq!(store.sent.load(SeqCst), chunks);
+        // Compare-and-swap on the revisions now in memory succeeds.
+        let mut r = JobRecord::clone(&c.jobs[&ids[0]].0);
+        r.events.push(JobEvent::new(2, "note", "after".to_string()));
+        c.write(r).expect("a durable write after the flush");
+        assert_eq!(events_stored(ids[0]).0, before[0].0 + 3);
     }
 
     /// A redb store with etcd's default transaction limits, refusing (as

@@ -46,6 +46,16 @@ impl<S: Store> Store for CountedStore<S> {
         self.count(&r, ops);
         r
     }
+    fn txns_deferred(
+        &self,
+        txns: &[(Vec<Compare>, Vec<Op>)],
+    ) -> Vec<Result<TxnResult, StoreError>> {
+        let rs = self.inner.txns_deferred(txns);
+        for (r, (_, ops)) in rs.iter().zip(txns) {
+            self.count(r, ops);
+        }
+        rs
+    }
     fn sync(&self) -> Result<(), StoreError> {
         self.inner.sync()
     }

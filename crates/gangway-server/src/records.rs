@@ -334,6 +334,14 @@ impl JobTable {
         old
     }
 
+    /// Sets the stored revision of a record already here (its record and
+    /// every index unchanged): after a deferred write lands.
+    pub fn set_revision(&mut self, id: &JobId, revision: u64) {
+        if let Some(entry) = self.map.get_mut(id) {
+            entry.1 = revision;
+        }
+    }
+
     /// Removes a record; the removed one, if any.
     pub fn remove(&mut self, id: &JobId) -> Option<(Arc<JobRecord>, u64)> {
         let old = self.map.remove(id);

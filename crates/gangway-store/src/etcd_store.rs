@@ -142,6 +142,95 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// The etcd transaction for `compares` and `ops` under this replica's
+    /// fence, and the fence it carries.
+    fn prepare(&self, compares: &[Compare], ops: &[Op]) -> (Txn, Option<(String, i64)>) {
+        let mut when: Vec<ECompare> = Vec::new();
+        for c in compares {
+            match c {
+                Compare::Absent(k) => {
+                    when.push(ECompare::create_revision(self.key(k), CompareOp::Equal, 0))
+                }
+                Compare::Revision(k, r) => {
+                    when.push(ECompare::mod_revision(
+                        self.key(k),
+                        CompareOp::Equal,
+                        *r as i64,
+                    ));
+                    if *r == 0 {
+                        // etcd sees a missing key at revision 0; ours requires the key.
+                        when.push(ECompare::create_revision(
+                            self.key(k),
+                            CompareOp::Greater,
+                            0,
+                        ));
+                    }
+                }
+            }
+        }
+        let fence = self.inner.fence.lock().ok().and_then(|f| f.clone());
+        if let Some((k, r)) = &fence {
+            when.push(ECompare::create_revision(k.clone(), CompareOp::Equal, *r));
+        }
+        let then: Vec<TxnOp> = ops
+            .iter()
+            .map(|o| match o {
+                Op::Put(k, v) => TxnOp::put(self.key(k), v.clone(), None),
+                Op::Delete(k) => TxnOp::delete(self.key(k), None),
+            })
+            .collect();
+        // On failure read the leader key, to tell a lost leadership from a conflict.
+        let mut otherwise = Vec::new();
+        if let Some((k, _)) = &fence {
+            otherwise.push(TxnOp::get(k.clone(), None));
+        }
+        (
+            Txn::new().when(when).and_then(then).or_else(otherwise),
+            fence,
+        )
+    }
+}
+
+/// What etcd's answer to a transaction of `n_ops` operations, sent under
+/// `fence`, means for the caller.
+fn answer(
+    r: Result<etcd_client::TxnResponse, etcd_client::Error>,
+    n_ops: usize,
+    fence: Option<(String, i64)>,
+) -> Result<TxnResult, StoreError> {
+    let r = r.map_err(|e| {
+        let msg = e.to_string();
+        if msg.contains("too many operations") || msg.contains("request is too large") {
+            StoreError::Backend(format!(
+                "etcd refused a transaction of {n_ops} operations ({msg}): Gangway splits \
+                 its batches to fit etcd's default limits (128 operations, 1.5 MiB); \
+                 was --max-txn-ops or --max-request-bytes set below them?"
+            ))
+        } else {
+            backend(msg)
+        }
+    })?;
+    let revision = r.header().map_or(0, |h| h.revision()) as u64;
+    if !r.succeeded() {
+        if let Some((_, want)) = &fence {
+            let now = r.op_responses().into_iter().find_map(|op| match op {
+                etcd_client::TxnOpResponse::Get(g) => {
+                    Some(g.kvs().first().map_or(0, |kv| kv.create_revision()))
+                }
+                _ => None,
+            });
+            if now != Some(*want) {
+                return Err(StoreError::NotLeader);
+            }
+        }
+    }
+    Ok(TxnResult {
+        succeeded: r.succeeded(),
+        revision,
+    })
+}
+
 fn run_on<T: Send + 'static>(
     handle: &tokio::runtime::Handle,
     f: impl Future<Output = T> + Send + 'static,
@@ -201,77 +290,43 @@ impl Store for EtcdStore {
     }
 
     fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
-        let mut when: Vec<ECompare> = Vec::new();
-        for c in compares {
-            match c {
-                Compare::Absent(k) => {
-                    when.push(ECompare::create_revision(self.key(k), CompareOp::Equal, 0))
-                }
-                Compare::Revision(k, r) => {
-                    when.push(ECompare::mod_revision(
-                        self.key(k),
-                        CompareOp::Equal,
-                        *r as i64,
-                    ));
-                    if *r == 0 {
-                        // etcd sees a missing key at revision 0; ours requires the key.
-                        when.push(ECompare::create_revision(
-                            self.key(k),
-                            CompareOp::Greater,
-                            0,
-                        ));
-                    }
-                }
-            }
-        }
-        let fence = self.inner.fence.lock().ok().and_then(|f| f.clone());
-        if let Some((k, r)) = &fence {
-            when.push(ECompare::create_revision(k.clone(), CompareOp::Equal, *r));
-        }
-        let then: Vec<TxnOp> = ops
+        let (txn, fence) = self.prepare(compares, ops);
+        let n_ops = ops.len();
+        let mut c = self.inner.client.clone();
+        let r = run_on(&self.inner.handle, async move { c.txn(txn).await });
+        answer(r, n_ops, fence)
+    }
+
+    /// Sends every transaction at once (etcd commits concurrent requests
+    /// together), then reads each answer in order.
+    fn txns_deferred(
+        &self,
+        txns: &[(Vec<Compare>, Vec<Op>)],
+    ) -> Vec<Result<TxnResult, StoreError>> {
+        let prepared: Vec<_> = txns
             .iter()
-            .map(|o| match o {
-                Op::Put(k, v) => TxnOp::put(self.key(k), v.clone(), None),
-                Op::Delete(k) => TxnOp::delete(self.key(k), None),
+            .map(|(c, o)| {
+                let (txn, fence) = self.prepare(c, o);
+                (txn, fence, o.len())
             })
             .collect();
-        // On failure read the leader key, to tell a lost leadership from a conflict.
-        let mut otherwise = Vec::new();
-        if let Some((k, _)) = &fence {
-            otherwise.push(TxnOp::get(k.clone(), None));
-        }
-        let n_ops = then.len();
-        let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
-        let mut c = self.inner.client.clone();
-        let r = run_on(&self.inner.handle, async move { c.txn(txn).await }).map_err(|e| {
-            let msg = e.to_string();
-            if msg.contains("too many operations") || msg.contains("request is too large") {
-                StoreError::Backend(format!(
-                    "etcd refused a transaction of {n_ops} operations ({msg}): Gangway splits \
-                     its batches to fit etcd's default limits (128 operations, 1.5 MiB); \
-                     was --max-txn-ops or --max-request-bytes set below them?"
-                ))
-            } else {
-                backend(msg)
-            }
-        })?;
-        let revision = r.header().map_or(0, |h| h.revision()) as u64;
-        if !r.succeeded() {
-            if let Some((_, want)) = &fence {
-                let now = r.op_responses().into_iter().find_map(|op| match op {
-                    etcd_client::TxnOpResponse::Get(g) => {
-                        Some(g.kvs().first().map_or(0, |kv| kv.create_revision()))
-                    }
-                    _ => None,
+        let client = self.inner.client.clone();
+        run_on(&self.inner.handle, async move {
+            let sent: Vec<_> = prepared
+                .into_iter()
+                .map(|(txn, fence, n_ops)| {
+                    let mut c = client.clone();
+                    (tokio::spawn(async move { c.txn(txn).await }), fence, n_ops)
+                })
+                .collect();
+            let mut out = Vec::with_capacity(sent.len());
+            for (h, fence, n_ops) in sent {
+                out.push(match h.await {
+                    Ok(r) => answer(r, n_ops, fence),
+                    Err(e) => Err(backend(e)),
                 });
-                if now != Some(*want) {
-                    return Err(StoreError::NotLeader);
-                }
             }
-        }
-        Ok(TxnResult {
-            succeeded: r.succeeded(),
-            revision,
+            out
         })
     }
 

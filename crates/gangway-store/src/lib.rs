@@ -141,6 +141,18 @@ pub trait Store: Send + Sync {
         self.txn(compares, ops)
     }
 
+    /// Several independent [`Store::txn_deferred`]s (their keys disjoint),
+    /// answered in order. Backends that pay a round trip per transaction
+    /// (etcd) send them all at once, so a batch of the agents' reports
+    /// costs one round trip instead of one per chunk; each transaction is
+    /// still atomic and fenced on its own, so some may land and others not.
+    fn txns_deferred(
+        &self,
+        txns: &[(Vec<Compare>, Vec<Op>)],
+    ) -> Vec<Result<TxnResult, StoreError>> {
+        txns.iter().map(|(c, o)| self.txn_deferred(c, o)).collect()
+    }
+
     /// Makes every transaction committed so far durable; callers of
     /// [`Store::txn_deferred`] call it before acknowledging. Concurrent
     /// callers share one flush.
@@ -185,6 +197,12 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn txn_deferred(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError> {
         (**self).txn_deferred(compares, ops)
+    }
+    fn txns_deferred(
+        &self,
+        txns: &[(Vec<Compare>, Vec<Op>)],
+    ) -> Vec<Result<TxnResult, StoreError>> {
+        (**self).txns_deferred(txns)
     }
     fn sync(&self) -> Result<(), StoreError> {
         (**self).sync()

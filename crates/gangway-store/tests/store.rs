@@ -40,7 +40,48 @@ on_both_backends!(
     put_get_delete_and_prefix_range,
     compare_and_swap_applies_a_transition_exactly_once,
     watch_replays_history_then_streams_live_changes,
+    several_deferred_transactions_are_answered_each_on_its_own,
 );
+
+/// `txns_deferred` (etcd sends them all at once): each transaction is
+/// atomic on its own, answered in order; a failed compare fails only its
+/// own, and what landed carries the revision its keys were written at.
+fn several_deferred_transactions_are_answered_each_on_its_own(s: &dyn Store) {
+    let base = s.put("/d/taken", b"0").expect("put");
+    let txn = |k: &str, v: &[u8]| {
+        (
+            vec![Compare::Absent(k.to_string())],
+            vec![
+                Op::Put(k.to_string(), v.to_vec()),
+                Op::Put(format!("{k}/2"), v.to_vec()),
+            ],
+        )
+    };
+    let txns: Vec<_> = (0..40)
+        .map(|i| txn(&format!("/d/{i:02}"), &[i as u8]))
+        .chain([txn("/d/taken", b"x")])
+        .collect();
+    let answers = s.txns_deferred(&txns);
+    assert_eq!(answers.len(), 41);
+    s.sync().expect("sync");
+    for (i, a) in answers.iter().take(40).enumerate() {
+        let a = a.as_ref().expect("answered");
+        assert!(a.succeeded, "transaction {i}");
+        assert!(a.revision > base);
+        for k in [format!("/d/{i:02}"), format!("/d/{i:02}/2")] {
+            let kv = s.get(&k).expect("get").expect("written");
+            assert_eq!(kv.value, vec![i as u8]);
+            assert_eq!(kv.mod_revision, a.revision, "{k}");
+        }
+    }
+    let refused = answers[40].as_ref().expect("answered");
+    assert!(!refused.succeeded, "its compare failed");
+    assert_eq!(s.get("/d/taken").expect("get").expect("kept").value, b"0");
+    assert!(
+        s.get("/d/taken/2").expect("get").is_none(),
+        "all or nothing"
+    );
+}
 
 fn put_get_delete_and_prefix_range(s: &dyn Store) {
     let r1 = s.put("/jobs/1", b"a").expect("put");
@@ -493,6 +534,21 @@ fn a_fenced_writer_that_lost_its_leader_key_writes_nothing() {
     other.put("/leader", b"replica-b").expect("new leader");
     let r = s.put("/jobs/2", b"stale");
     assert!(matches!(r, Err(StoreError::NotLeader)), "{r:?}");
+    // So are deferred ones sent together.
+    let rs = s.txns_deferred(&[
+        (vec![], vec![Op::Put("/jobs/3".into(), b"stale".to_vec())]),
+        (vec![], vec![Op::Put("/jobs/4".into(), b"stale".to_vec())]),
+    ]);
+    assert!(
+        rs.iter().all(|r| matches!(r, Err(StoreError::NotLeader))),
+        "{rs:?}"
+    );
+    for k in ["/jobs/3", "/jobs/4"] {
+        assert!(
+            s.get(k).expect("get").is_none(),
+            "the deposed leader wrote {k}"
+        );
+    }
     assert!(
         s.get("/jobs/2").expect("get").is_none(),
         "the deposed leader wrote nothing"
