@@ -352,6 +352,10 @@ pub struct Control<S: Store> {
     /// (their revision in `jobs` is still the stored one): see
     /// [`Control::flush_deferred`].
     unflushed: std::collections::BTreeSet<JobId>,
+    /// The job sequence counter and its revision as this replica last
+    /// wrote it: a submission's batch then costs one store round trip, not
+    /// two (etcd). Checked by the batch's compare, so never trusted blindly.
+    job_seq: Option<(u64, Compare)>,
     /// The read view's cluster snapshot and when to rebuild it.
     pub cluster_view: crate::view::ClusterMemo,
 }
@@ -506,6 +510,7 @@ impl<S: Store> Control<S> {
             ranks: Default::default(),
             defer_writes: false,
             unflushed: Default::default(),
+            job_seq: None,
             cluster_view: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
@@ -750,13 +755,17 @@ impl<S: Store> Control<S> {
     ) -> Result<Vec<Vec<(JobRecord, u64)>>, ControlError> {
         let limits = self.store.txn_limits();
         loop {
-            let seq = self.store.get(JOB_SEQ)?;
-            let (last, cmp) = match &seq {
-                Some(kv) => {
-                    let n: u64 = decode(&kv.key, &kv.value)?;
-                    (n, Compare::Revision(JOB_SEQ.into(), kv.mod_revision))
-                }
-                None => (0, Compare::Absent(JOB_SEQ.into())),
+            // The counter as this leader last wrote it, else as stored (a
+            // stale copy only fails the compare and is read again).
+            let (last, cmp) = match self.job_seq.take() {
+                Some(known) => known,
+                None => match self.store.get(JOB_SEQ)? {
+                    Some(kv) => {
+                        let n: u64 = decode(&kv.key, &kv.value)?;
+                        (n, Compare::Revision(JOB_SEQ.into(), kv.mod_revision))
+                    }
+                    None => (0, Compare::Absent(JOB_SEQ.into())),
+                },
             };
             let mut compares = vec![cmp];
             let mut ops = Vec::new();
@@ -799,6 +808,7 @@ impl<S: Store> Control<S> {
             ops.push(Op::Put(JOB_SEQ.into(), encode(&(next - 1))));
             let r = self.store.txn(&compares, &ops)?;
             if r.succeeded {
+                self.job_seq = Some((next - 1, Compare::Revision(JOB_SEQ.into(), r.revision)));
                 return Ok(groups
                     .into_iter()
                     .map(|g| g.into_iter().map(|rec| (rec, r.revision)).collect())
@@ -1803,10 +1813,15 @@ mod tests {
         inner: RedbStore,
         fail: std::sync::atomic::AtomicBool,
         sent: std::sync::atomic::AtomicUsize,
+        seq_reads: std::sync::atomic::AtomicUsize,
     }
 
     impl Store for Flaky {
         fn get(&self, key: &str) -> Result<Option<gangway_store::KeyValue>, StoreError> {
+            if key == JOB_SEQ {
+                self.seq_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             self.inner.get(key)
         }
         fn range(&self, prefix: &str) -> Result<Vec<gangway_store::KeyValue>, StoreError> {
@@ -1855,6 +1870,36 @@ mod tests {
         }
     }
 
+    /// The job sequence counter is read from the store once, then known
+    /// (one round trip per submitted batch on etcd, not two); a counter
+    /// changed behind the leader's back fails the batch's compare, is read
+    /// again, and no id is reused.
+    #[test]
+    fn the_job_sequence_is_read_once_and_again_only_when_it_changed_elsewhere() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = std::sync::Arc::new(Flaky {
+            inner: RedbStore::open(&dir.path().join("s.redb")).expect("store"),
+            fail: false.into(),
+            sent: 0.into(),
+            seq_reads: 0.into(),
+        });
+        let mut c = one_node(store.clone(), 0);
+        let submit = |c: &mut Control<_>, i: u32| {
+            c.submit("alice", JobSpec::new(&format!("j{i}"), "q", 1, 1), 0)
+                .expect("submit")
+        };
+        let ids: Vec<JobId> = (0..5).map(|i| submit(&mut c, i)).collect();
+        assert_eq!(ids, (1..=5).map(JobId).collect::<Vec<_>>());
+        assert!(store.seq_reads.load(SeqCst) <= 1);
+        store.put(JOB_SEQ, &encode(&1000u64)).expect("put");
+        let reads = store.seq_reads.load(SeqCst);
+        assert_eq!(submit(&mut c, 5), JobId(1001));
+        assert_eq!(store.seq_reads.load(SeqCst), reads + 1);
+        assert_eq!(submit(&mut c, 6), JobId(1002));
+        assert_eq!(store.seq_reads.load(SeqCst), reads + 1);
+    }
+
     /// Deferred job writes stay in memory until the flush, which writes
     /// each changed record once (its latest), in transactions within
     /// etcd's limits; a failed flush writes nothing, keeps them for the
@@ -1868,6 +1913,7 @@ mod tests {
             inner: RedbStore::open(&dir.path().join("s.redb")).expect("store"),
             fail: false.into(),
             sent: 0.into(),
+            seq_reads: 0.into(),
         });
         let mut c = one_node(store.clone(), 0);
         let ids: Vec<JobId> = (0..300)

@@ -1065,14 +1065,20 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         let base = base.clone();
         std::thread::spawn(move || {
             let http = ureq::AgentBuilder::new().build();
-            let mut v = Vec::new();
+            // Each scrape is followed by a `/healthz` (no work at all) on
+            // the same connection: the floor any request meets on this
+            // machine at this moment, to read the scrape's p99 against.
+            let (mut v, mut floor) = (Vec::new(), Vec::new());
             while Instant::now() < until {
                 if let Some(t) = get(&http, &format!("{base}/metrics")) {
                     v.push(t);
                 }
-                std::thread::sleep(Duration::from_millis(1000));
+                if let Some(t) = get(&http, &format!("{base}/healthz")) {
+                    floor.push(t);
+                }
+                std::thread::sleep(Duration::from_millis(200));
             }
-            v
+            (v, floor)
         })
     };
     // The probe: one gang at a time, 1, 8 and 64 GPUs in turn.
@@ -1153,11 +1159,10 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         describe.extend(d);
         read_errors += e;
     }
-    let scrapes = sorted(
-        scraper
-            .join()
-            .map_err(|_| anyhow::anyhow!("the scraper panicked"))?,
-    );
+    let (scrapes, floor) = scraper
+        .join()
+        .map_err(|_| anyhow::anyhow!("the scraper panicked"))?;
+    let (scrapes, floor) = (sorted(scrapes), sorted(floor));
     let steady_secs = t_steady.elapsed().as_secs_f64();
     let steady = Phase {
         name: "steady",
@@ -1174,8 +1179,13 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let sync = sorted(std::mem::take(&mut stats.sync_ms));
     let (list, describe) = (sorted(list), sorted(describe));
     // Every request the server answered in the steady state.
-    let steady_requests =
-        steady.syncs as usize + list.len() + describe.len() + read_errors + scrapes.len() + k;
+    let steady_requests = steady.syncs as usize
+        + list.len()
+        + describe.len()
+        + read_errors
+        + scrapes.len()
+        + floor.len()
+        + k;
 
     let store = match a.store {
         StoreKind::Redb => "redb",
@@ -1214,6 +1224,11 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         "metrics_scrape_p99: {:.2} ms ({} scrapes)",
         percentile(&scrapes, 0.99),
         scrapes.len()
+    );
+    println!(
+        "healthz_p99: {:.2} ms ({} requests, each right after a scrape: the floor of any request here then)",
+        percentile(&floor, 0.99),
+        floor.len()
     );
     println!(
         "agent_syncs_per_sec_steady: {:.1} syncs/s ({} nodes every {} ms would be {:.0})",
