@@ -635,6 +635,13 @@ pub struct ClusterState {
     pub(crate) rotation: u64,
     /// Node spec versions handed out ([`NodeInfo::spec_version`]).
     spec_versions: u64,
+    /// Per node, the value of `touches` when anything a reader shows of it
+    /// last changed (spec, readiness, health, allocation, jobs on it): the
+    /// server's read view rebuilds only the rows of nodes touched since its
+    /// last build ([`ClusterState::nodes_touched_since`]).
+    node_touched: Vec<u64>,
+    /// Node changes counted so far.
+    touches: u64,
     /// The version of the queue and node names ([`NamesVersion`]).
     names_version: NamesVersion,
 }
@@ -1083,7 +1090,9 @@ impl ClusterState {
         self.nodes.push(info);
         self.names_version = NamesVersion::fresh();
         self.node_jobs.push(Vec::new());
+        self.node_touched.push(0);
         self.capacity.refresh_node(&self.nodes, idx);
+        self.touch(idx);
         Ok(idx)
     }
 
@@ -1129,6 +1138,7 @@ impl ClusterState {
         let after = Self::contribution(&self.nodes[n as usize]);
         self.total = self.total - before + after;
         self.capacity.refresh_node(&self.nodes, n);
+        self.touch(n);
     }
 
     /// A spec version no node has had ([`NodeInfo::spec_version`]).
@@ -1141,6 +1151,32 @@ impl ClusterState {
     fn touch_spec(&mut self, n: NodeIdx) {
         let version = self.next_spec_version();
         self.nodes[n as usize].spec_version = version;
+        self.touch(n);
+    }
+
+    /// Records that something shown of node `n` changed.
+    fn touch(&mut self, n: NodeIdx) {
+        self.touches += 1;
+        if let Some(t) = self.node_touched.get_mut(n as usize) {
+            *t = self.touches;
+        }
+    }
+
+    /// How many node changes were recorded so far: a mark to pass to
+    /// [`ClusterState::nodes_touched_since`] later.
+    pub fn node_touches(&self) -> u64 {
+        self.touches
+    }
+
+    /// The nodes whose spec, readiness, health, allocation or jobs changed
+    /// after mark `since` ([`ClusterState::node_touches`]), in index order.
+    /// A walk of one integer per node, no node data read.
+    pub fn nodes_touched_since(&self, since: u64) -> impl Iterator<Item = NodeIdx> + '_ {
+        self.node_touched
+            .iter()
+            .enumerate()
+            .filter(move |(_, t)| **t > since)
+            .map(|(i, _)| i as NodeIdx)
     }
 
     fn node_mut(&mut self, node: &str) -> Result<NodeIdx, StateError> {
@@ -1536,6 +1572,7 @@ impl ClusterState {
         for (&n, &(mask, cpu, mem)) in &need {
             self.capacity.take(&self.nodes, n, mask, cpu, mem);
             self.node_jobs[n as usize].push(id);
+            self.touch(n);
         }
         let job = self
             .jobs
@@ -1742,6 +1779,10 @@ impl ClusterState {
             let v = &mut self.node_jobs[rp.node as usize];
             if let Some(p) = v.iter().position(|j| *j == id) {
                 v.swap_remove(p);
+            }
+            self.touches += 1;
+            if let Some(t) = self.node_touched.get_mut(rp.node as usize) {
+                *t = self.touches;
             }
         }
         let fixed = !job.spec.is_preemptible();

@@ -169,6 +169,7 @@ mod tests {
             alloc,
             jobs: jobs.iter().copied().map(JobId).collect(),
             cordon_reason: reason.map(str::to_string),
+            unhealthy: 1,
         })
     }
 
@@ -182,7 +183,8 @@ mod tests {
                     row("a", 0b1000_0101, &[7, 7, 12], None),
                     row("b", 0, &[], Some("GPU 3 failed: Xid 79")),
                     row("c\u{e9}", u64::MAX, &[u64::MAX], None),
-                ],
+                ]
+                .into(),
                 waiting_approval: vec![waiting],
                 ..Default::default()
             }),
