@@ -130,8 +130,9 @@ fn over_pending_limit(
         .collect()
 }
 
-/// Writes queued submissions in batches: one durable commit for everything
-/// that arrived while the previous commit was in flight.
+/// Writes queued submissions in batches: one commit for everything that
+/// arrived while the previous commit was in flight, made durable by one
+/// store sync after the state lock is released and before any answer.
 pub async fn group_commit(
     app: std::sync::Weak<App>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Submission>,
@@ -159,8 +160,8 @@ pub async fn group_commit(
                     .filter(|(_, r)| r.is_none())
                     .map(|((j, _), _)| j)
                     .collect();
-                let mut done = c.submit_batch(accepted, now()).into_iter();
-                refused
+                let mut done = c.submit_batch_deferred(accepted, now()).into_iter();
+                let results: Vec<Result<JobId, ApiError>> = refused
                     .into_iter()
                     .map(|r| match r {
                         Some(e) => Err(e),
@@ -169,7 +170,21 @@ pub async fn group_commit(
                             .unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ_LOST.into())))
                             .map_err(ApiError::from),
                     })
-                    .collect()
+                    .collect();
+                let store = c.store_handle();
+                // Publishes the read view and lets cycles and the agents'
+                // batches in while the disk syncs.
+                drop(c);
+                match store.sync() {
+                    Ok(()) => results,
+                    Err(e) => {
+                        let e = ApiError::from(ControlError::Store(e));
+                        results
+                            .into_iter()
+                            .map(|r| r.and_then(|_| Err(ApiError(e.0, e.1.clone()))))
+                            .collect()
+                    }
+                }
             }
             Err(_) => Vec::new(),
         })

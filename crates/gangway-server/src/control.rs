@@ -356,6 +356,9 @@ pub struct Control<S: Store> {
     /// wrote it: a submission's batch then costs one store round trip, not
     /// two (etcd). Checked by the batch's compare, so never trusted blindly.
     job_seq: Option<(u64, Compare)>,
+    /// New jobs are deferred commits while set: see
+    /// [`Control::submit_batch_deferred`].
+    defer_submissions: bool,
     /// The read view's cluster snapshot and when to rebuild it.
     pub cluster_view: crate::view::ClusterMemo,
 }
@@ -511,6 +514,7 @@ impl<S: Store> Control<S> {
             defer_writes: false,
             unflushed: Default::default(),
             job_seq: None,
+            defer_submissions: false,
             cluster_view: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
@@ -720,6 +724,26 @@ impl<S: Store> Control<S> {
             .collect()
     }
 
+    /// [`Control::submit_batch`] with the new jobs committed as deferred
+    /// transactions ([`Store::txn_deferred`]): the caller must call
+    /// [`Store::sync`] on [`Control::store_handle`] after releasing the
+    /// state lock and before acknowledging any of them. For the group
+    /// commit: on redb the fsync (a few ms) then no longer holds the lock
+    /// that cycles and the agents' batches wait for. Until the sync the
+    /// jobs are in memory and in the store's overlay; any durable commit
+    /// meanwhile (a cycle binding one of them) writes them first, so
+    /// nothing on disk ever refers to a job that is not.
+    pub fn submit_batch_deferred(
+        &mut self,
+        batch: Vec<NewJob>,
+        now: Time,
+    ) -> Vec<Result<JobId, ControlError>> {
+        self.defer_submissions = true;
+        let out = self.submit_batch(batch, now);
+        self.defer_submissions = false;
+        out
+    }
+
     /// Writes new jobs in as few transactions as the store's limits allow,
     /// each of whole jobs (a job with its idempotency key) and its own step
     /// of the job sequence. Returns the records that landed, in order, and
@@ -806,7 +830,11 @@ impl<S: Store> Control<S> {
                 groups.push(group);
             }
             ops.push(Op::Put(JOB_SEQ.into(), encode(&(next - 1))));
-            let r = self.store.txn(&compares, &ops)?;
+            let r = if self.defer_submissions {
+                self.store.txn_deferred(&compares, &ops)?
+            } else {
+                self.store.txn(&compares, &ops)?
+            };
             if r.succeeded {
                 self.job_seq = Some((next - 1, Compare::Revision(JOB_SEQ.into(), r.revision)));
                 return Ok(groups
