@@ -33,6 +33,22 @@ pub struct Heartbeats {
     held_at: HashMap<String, Time>,
     /// When the state was loaded.
     opened_at: Time,
+    /// The copy the last read view was given.
+    published: Published,
+}
+
+/// How long read views go on sharing one copy of the heartbeats.
+const VIEW_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The heartbeats the last read view was given, and when (a clone of the
+/// heartbeats starts without one).
+#[derive(Debug, Default)]
+struct Published(std::sync::Mutex<Option<(std::time::Instant, LastSeen)>>);
+
+impl Clone for Published {
+    fn clone(&self) -> Self {
+        Published::default()
+    }
 }
 
 impl Heartbeats {
@@ -43,12 +59,29 @@ impl Heartbeats {
             by_time: BTreeSet::new(),
             held_at: HashMap::new(),
             opened_at,
+            published: Published::default(),
         }
     }
 
-    /// Last heartbeat per node (a persistent map: copied in O(1)).
-    pub fn seen(&self) -> &LastSeen {
-        &self.seen
+    /// Last heartbeat per node for a read view: the previous view's copy
+    /// while it is younger than [`VIEW_REFRESH`]. A heartbeat written
+    /// while a view shares the map copies its path; with a view published
+    /// after every batch of syncs that was a copy per batch, now it is one
+    /// per second (heartbeats are whole seconds anyway).
+    pub fn for_view(&self) -> LastSeen {
+        let mut p = self
+            .published
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, seen)) = &*p {
+            if at.elapsed() < VIEW_REFRESH {
+                return seen.clone();
+            }
+        }
+        let seen = self.seen.clone();
+        *p = Some((std::time::Instant::now(), seen.clone()));
+        seen
     }
 
     /// The last heartbeat of `name`, if it was heard from.
@@ -80,10 +113,17 @@ impl Heartbeats {
     /// where it is (the check moves it when it gets there), unless `at` is
     /// earlier (a clock that went back).
     pub fn heard(&mut self, name: &str, at: Time) {
-        match self.seen.get_mut(name) {
-            Some(t) => *t = at,
+        // Looked at first: a write copies the map's path if a published
+        // view shares it, and most heartbeats of a second change nothing.
+        match self.seen.get(name) {
+            Some(&t) if t == at => {}
+            Some(_) => {
+                if let Some(t) = self.seen.get_mut(name) {
+                    *t = at;
+                }
+            }
             None => {
-                self.seen.insert(name.to_string(), at);
+                self.seen.insert(name.into(), at);
             }
         }
         match self.held_at.get(name) {
@@ -188,7 +228,7 @@ impl Heartbeats {
     /// (tests).
     #[cfg(test)]
     pub(crate) fn index_matches<'a>(&self, never: impl Iterator<Item = &'a str>) -> bool {
-        let mut want: BTreeSet<String> = self.seen.keys().cloned().collect();
+        let mut want: BTreeSet<String> = self.seen.keys().map(|k| k.to_string()).collect();
         want.extend(never.map(str::to_string));
         let held: BTreeSet<String> = self.by_time.iter().map(|(_, n)| n.clone()).collect();
         held == want
@@ -204,6 +244,24 @@ impl Heartbeats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Read views share one copy of the heartbeats for up to a second, then
+    /// get the latest; a clone of the heartbeats starts with none.
+    #[test]
+    fn read_views_share_a_copy_of_the_heartbeats_for_a_second_then_see_the_latest() {
+        let mut hb = Heartbeats::new(0);
+        hb.heard("a", 5);
+        assert_eq!(hb.for_view().get("a"), Some(&5));
+        hb.heard("a", 6);
+        hb.heard("b", 6);
+        let shared = hb.for_view();
+        assert_eq!((shared.get("a"), shared.get("b")), (Some(&5), None));
+        assert_eq!(hb.get("a"), Some(6), "the state itself is current");
+        assert_eq!(hb.clone().for_view().get("a"), Some(&6));
+        std::thread::sleep(VIEW_REFRESH + std::time::Duration::from_millis(50));
+        let fresh = hb.for_view();
+        assert_eq!((fresh.get("a"), fresh.get("b")), (Some(&6), Some(&6)));
+    }
 
     #[test]
     fn silence_is_read_from_the_index_as_a_walk_would() {

@@ -123,7 +123,7 @@ pub fn as_value(v: &ReadView) -> serde_json::Value {
                 "cordoned": n.spec.cordoned,
                 "cordon_reason": n.cordon_reason,
                 "ready": n.ready,
-                "last_heartbeat": v.last_seen.get(&n.spec.name),
+                "last_heartbeat": v.last_seen.get(n.spec.name.as_str()),
                 "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
                     "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
                     "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
@@ -140,7 +140,7 @@ pub fn as_value(v: &ReadView) -> serde_json::Value {
             "address": n.address,
             "cordoned": n.cordoned,
             "ready": false,
-            "last_heartbeat": v.last_seen.get(&n.name),
+            "last_heartbeat": v.last_seen.get(n.name.as_str()),
             "gpus": n.gpus.iter().map(|g| json!({
                 "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
                 "healthy": g.healthy, "allocated": false,

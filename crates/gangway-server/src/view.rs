@@ -37,8 +37,10 @@ pub type GateMap = imbl::OrdMap<JobId, (ReasonCode, String)>;
 /// Node names by their token's digest (authentication), copied in O(1).
 pub type NodeTokens = imbl::HashMap<crate::authz::TokenHash, String>;
 
-/// Last heartbeat per node, copied in O(1).
-pub type LastSeen = imbl::HashMap<String, Time>;
+/// Last heartbeat per node, copied in O(1). Names are shared, so a
+/// heartbeat after a view was published copies only reference counts
+/// along its path, never strings (10,000 syncs a second).
+pub type LastSeen = imbl::HashMap<std::sync::Arc<str>, Time>;
 
 /// Per-node credentials (token digest, log-key nonce) by node name, copied
 /// in O(1): the log relay derives a node's log key from the view.
@@ -460,7 +462,7 @@ impl<S: Store> Control<S> {
             node_by_token: self.node_by_token.clone(),
             job_counts: self.jobs.counts_shared(),
             cluster: self.cluster_view.snapshot.clone(),
-            last_seen: self.heartbeats.seen().clone(),
+            last_seen: self.heartbeats.for_view(),
             reservations: self.reservations.0.clone(),
             node_credentials: self.node_tokens.clone(),
         }
