@@ -3,16 +3,16 @@
 //! the store (compare-and-swap on the record's revision) before it is applied
 //! in memory and acknowledged.
 
+mod assign;
 mod contract;
 mod rank;
+
+pub use assign::{NodeWork, SyncAnswer};
 
 pub use contract::{ContractConfig, ContractState};
 
 use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, Stopping, JOB_SEQ};
-use gangway_core::agent::{
-    Assignment, GpuHealth, RankAssignment, SyncRequest, SyncResponse, TaskState,
-};
-use gangway_core::signal_number;
+use gangway_core::agent::{GpuHealth, SyncRequest, TaskState};
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
 use gangway_sched::{
     apply, schedule, ClusterState, Decisions, Placement, Rejection, ReplicaPlacement,
@@ -1299,14 +1299,16 @@ impl<S: Store> Control<S> {
 
     /// An agent's sync: records the heartbeat (a NotReady node is Ready
     /// again), applies GPU health changes and task reports, and answers with
-    /// everything that should run on the node, and whether anything the
-    /// scheduler cares about changed (then it should run a cycle).
+    /// everything that should run on the node (built by
+    /// [`SyncAnswer::into_response`], once the lock is released), and
+    /// whether anything the scheduler cares about changed (then it should
+    /// run a cycle).
     pub fn sync(
         &mut self,
         node: &str,
         req: &SyncRequest,
         now: Time,
-    ) -> Result<(SyncResponse, bool), ControlError> {
+    ) -> Result<(SyncAnswer, bool), ControlError> {
         let n = self
             .cluster
             .node_index(node)
@@ -1366,8 +1368,8 @@ impl<S: Store> Control<S> {
                 Err(e) => return Err(e),
             }
         }
-        let answer = SyncResponse {
-            assignments: self.assignments(node),
+        let answer = SyncAnswer {
+            work: self.node_work(node),
             cleanup: self.take_cleanup(node),
         };
         Ok((answer, changed))
@@ -1442,86 +1444,6 @@ impl<S: Store> Control<S> {
         let spec = &self.cluster.nodes()[n as usize].spec;
         self.store.put(&node_key(&spec.name), &encode(spec))?;
         Ok(())
-    }
-
-    /// Everything that should run on `node`: each live job attempt placed
-    /// there whose ranks on it have not exited, with the gang's rendezvous.
-    pub fn assignments(&self, node: &str) -> Vec<Assignment> {
-        let Some(n) = self.cluster.node_index(node) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        // A job is listed once per replica on the node.
-        let mut ids: Vec<JobId> = self.cluster.jobs_on(n).to_vec();
-        ids.sort();
-        ids.dedup();
-        for id in ids {
-            let Some((rec, _)) = self.jobs.get(&id) else {
-                continue;
-            };
-            let live = matches!(
-                rec.state,
-                JobState::Scheduled | JobState::Running | JobState::Preempting
-            );
-            if !live || rec.exited_on.contains_key(node) {
-                continue;
-            }
-            let nodes = rec.nodes();
-            let Some(node_rank) = nodes.iter().position(|x| *x == node) else {
-                continue;
-            };
-            let mut ranks = Vec::new();
-            for (rank, r) in rec.placement.iter().enumerate() {
-                if r.node == node {
-                    ranks.push(RankAssignment {
-                        rank: rank as u32,
-                        local_rank: ranks.len() as u32,
-                        gpus: r.gpus.clone(),
-                    });
-                }
-            }
-            let master = &rec.placement[0].node;
-            let master_addr = self
-                .cluster
-                .node_index(master)
-                .map(|i| self.cluster.nodes()[i as usize].spec.address.clone())
-                .filter(|a| !a.is_empty())
-                .unwrap_or_else(|| master.clone());
-            out.push(Assignment {
-                job: id,
-                attempt: rec.attempt,
-                name: rec.spec.name.clone(),
-                user: rec.user.clone(),
-                run: rec.spec.run.clone(),
-                ranks,
-                world_size: rec.placement.len() as u32,
-                node_rank: node_rank as u32,
-                nnodes: nodes.len() as u32,
-                master_addr,
-                master_port: self.port_of(rec),
-                cpu_millis: rec.spec.resources.cpu_millis,
-                memory_mib: rec.spec.resources.memory_mib,
-                checkpoint_signal: signal_number(&rec.spec.checkpoint.signal).unwrap_or(15),
-                grace_seconds: if rec.state == JobState::Preempting {
-                    rec.spec.checkpoint.grace_seconds
-                } else {
-                    rec.spec.checkpoint.grace_seconds.min(SHORT_GRACE_SECONDS)
-                },
-                stop: rec.state == JobState::Preempting || rec.stopping.is_some(),
-                // Who runs it and the queue's node policy: see `admission::stamp`.
-                rules: gangway_core::agent::RankRules {
-                    queue: rec.spec.queue.clone(),
-                    ..Default::default()
-                },
-                stop_now: Self::stop_now(rec),
-                checkpoint_root: self.contract.checkpoint_root.clone(),
-                checkpoint_subdir: Self::checkpoint_subdir_of(rec),
-                resume_from: rec.checkpoint.as_ref().map(|c| c.path.clone()),
-                max_restarts: rec.spec.restart.max_restarts,
-                array: rec.array.clone(),
-            });
-        }
-        out
     }
 
     /// The nodes the lifecycle check acts on at `now`, in node order: those

@@ -16,9 +16,9 @@
 //!
 //! Phases: register the agents; submit the backlog with `--clients`
 //! concurrent clients (submission rate and latency); then `--seconds` of
-//! steady state with the same clients listing (a page of 100) and
-//! describing jobs, a scraper reading `/metrics`, and the probe. Figures are
-//! printed as `metric: value unit`.
+//! steady state with the same clients listing (a page of 100 from a random
+//! cursor) and describing jobs, a scraper reading `/metrics`, and the
+//! probe. Figures are printed as `metric: value unit`.
 
 use crate::bench::{percentile, philly_gpus, Rng};
 use anyhow::{bail, Context, Result};
@@ -35,7 +35,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -251,18 +251,24 @@ struct Fleet {
     syncs: AtomicU64,
     /// Registrations refused with 429 and retried.
     retries: AtomicUsize,
-    /// Set once every agent has registered: sync latencies and lateness
-    /// are recorded from then on (registrations, slow and many at once,
-    /// would otherwise be measured through the syncs queued behind them).
-    measuring: AtomicBool,
+    /// The phase the bench is in ([`PHASES`]), 0 until every agent has
+    /// registered: sync latencies and lateness are recorded from then on
+    /// (registrations, slow and many at once, would otherwise be measured
+    /// through the syncs queued behind them), each with its phase.
+    phase: AtomicU8,
     stop: AtomicBool,
 }
+
+/// The measured phases, in order (the agents' phase 1, 2, 3): syncs alone,
+/// the backlog's submission, the steady state of reads.
+const PHASES: [&str; 3] = ["idle", "submit", "steady"];
 
 /// What one hollow agent measured.
 #[derive(Default)]
 struct AgentStats {
-    /// Each sync's latency (ms), from asking for a connection to the whole answer.
-    sync_ms: Vec<f64>,
+    /// Each sync's latency (ms), from asking for a connection to the whole
+    /// answer, with the phase it was sent in.
+    sync_ms: Vec<(u8, f64)>,
     sync_errors: usize,
     /// Syncs that started over one and a half periods after the previous one.
     late: usize,
@@ -426,8 +432,9 @@ impl Fleet {
             Ok((status, answer, t)) if status == StatusCode::OK => {
                 match serde_json::from_slice::<SyncResponse>(&answer) {
                     Ok(resp) => {
-                        if self.measuring.load(Ordering::Relaxed) {
-                            stats.sync_ms.push(t);
+                        let phase = self.phase.load(Ordering::Relaxed);
+                        if phase > 0 {
+                            stats.sync_ms.push((phase, t));
                         }
                         resp
                     }
@@ -511,7 +518,7 @@ async fn hollow_agent(fleet: Arc<Fleet>, i: usize) -> Result<AgentStats> {
         }
         let now = Instant::now();
         if last.is_some_and(|l| now - l > period + period / 2)
-            && fleet.measuring.load(Ordering::Relaxed)
+            && fleet.phase.load(Ordering::Relaxed) > 0
         {
             stats.late += 1;
         }
@@ -576,7 +583,7 @@ impl Agents {
             registered: AtomicUsize::new(0),
             syncs: AtomicU64::new(0),
             retries: AtomicUsize::new(0),
-            measuring: AtomicBool::new(false),
+            phase: AtomicU8::new(0),
             stop: AtomicBool::new(false),
         });
         let tasks = (0..a.nodes)
@@ -954,7 +961,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let reg_secs = t_reg.elapsed().as_secs_f64();
-    fleet.measuring.store(true, Ordering::Relaxed);
+    fleet.phase.store(1, Ordering::Relaxed);
     eprintln!("registered {} hollow agents in {reg_secs:.1} s", a.nodes);
 
     // Phase 0: idle: only the agents' syncs (and cycles with nothing to
@@ -976,6 +983,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let m0 = scrape(&http, &base);
     let (from, s0) = (cpu(), syncs());
     let t_sub = Instant::now();
+    fleet.phase.store(2, Ordering::Relaxed);
     let next = Arc::new(AtomicUsize::new(0));
     let submitters: Vec<_> = (0..a.clients)
         .map(|_| {
@@ -1027,6 +1035,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     // Phase 2: steady state: readers, a metrics scraper and the probe.
     let (from, s0) = (cpu(), syncs());
     let t_steady = Instant::now();
+    fleet.phase.store(3, Ordering::Relaxed);
     let until = t_steady + Duration::from_secs(a.seconds);
     let max_id = Arc::new(AtomicUsize::new(a.pending.max(1)));
     let readers: Vec<_> = (0..a.clients)
@@ -1043,8 +1052,15 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
                 while Instant::now() < until {
                     let n = max_id.load(Ordering::Relaxed) as u64;
                     let r = if k.is_multiple_of(2) {
-                        let off = rng.next() % n;
-                        get(&http, &format!("{base}/v1/jobs?limit=100&offset={off}"))
+                        // A page from a random point, reached by its cursor
+                        // as the CLI pages (an `offset` walks every job
+                        // before it: O(offset), as in any keyset-less list).
+                        let after = rng.next() % n;
+                        let cursor = gangway_server::listing::cursor_after(
+                            gangway_core::JobId(after),
+                            false,
+                        );
+                        get(&http, &format!("{base}/v1/jobs?limit=100&cursor={cursor}"))
                             .map(|t| list.push(t))
                     } else {
                         let id = 1 + rng.next() % n;
@@ -1175,8 +1191,20 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     let rss = server.peak_rss_mib();
     let cpu_end = cpu();
     progress.stop();
-    let mut stats = agents.stop()?;
-    let sync = sorted(std::mem::take(&mut stats.sync_ms));
+    let stats = agents.stop()?;
+    let by_phase: Vec<Vec<f64>> = (1..=PHASES.len() as u8)
+        .map(|p| {
+            sorted(
+                stats
+                    .sync_ms
+                    .iter()
+                    .filter(|(q, _)| *q == p)
+                    .map(|(_, t)| *t)
+                    .collect(),
+            )
+        })
+        .collect();
+    let sync = sorted(stats.sync_ms.iter().map(|(_, t)| *t).collect());
     let (list, describe) = (sorted(list), sorted(describe));
     // Every request the server answered in the steady state.
     let steady_requests = steady.syncs as usize
@@ -1211,7 +1239,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
     println!("submit_latency_p50: {:.2} ms", percentile(&sub_lat, 0.5));
     println!("submit_latency_p99: {:.2} ms", percentile(&sub_lat, 0.99));
     println!(
-        "list_latency_p99: {:.2} ms ({} pages of 100, {read_errors} failed reads)",
+        "list_latency_p99: {:.2} ms ({} pages of 100 from random cursors, {read_errors} failed reads)",
         percentile(&list, 0.99),
         list.len()
     );
@@ -1244,6 +1272,15 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         sync.len(),
         stats.sync_errors,
         stats.late
+    );
+    println!(
+        "agent_sync_p99_by_phase: {} ms",
+        PHASES
+            .iter()
+            .zip(&by_phase)
+            .map(|(name, v)| format!("{name} {:.2}", percentile(v, 0.99)))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let probed: usize = probe.values().map(Vec::len).sum();
     for g in sizes {

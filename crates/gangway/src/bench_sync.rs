@@ -90,9 +90,10 @@ pub fn run(a: &SyncArgs) -> Result<()> {
         if c.pending_heartbeat(&names[i], now) {
             bail!("node {} waits for approval", names[i]);
         }
-        let (mut out, _changed) = c.sync(&names[i], &req, now)?;
+        let (answer, _changed) = c.sync(&names[i], &req, now)?;
         drop(c);
         let t2 = Instant::now();
+        let mut out = answer.into_response();
         gangway_server::admission::stamp(&app.cfg, &mut out.assignments);
         bytes += serde_json::to_vec(&out)?.len();
         let t3 = Instant::now();

@@ -115,6 +115,11 @@ pub(super) struct PortsInUse {
     used: HashMap<String, HashSet<u16>>,
 }
 
+/// The job's checkpoint directory under the root.
+pub(super) fn checkpoint_subdir_of(rec: &JobRecord) -> String {
+    checkpoint_subdir(&rec.user, rec.id, rec.spec.checkpoint.dir.as_deref())
+}
+
 impl<S: Store> Control<S> {
     /// Rendezvous ports held by live jobs, per rank-0 node, plus those found
     /// taken by other processes: read from the job table's port index for
@@ -292,11 +297,6 @@ impl<S: Store> Control<S> {
                 .as_ref()
                 .zip(rec.signal_at_ms)
                 .is_some_and(|(c, at)| c.written_ms >= at)
-    }
-
-    /// The job's checkpoint directory under the root.
-    pub(super) fn checkpoint_subdir_of(rec: &JobRecord) -> String {
-        checkpoint_subdir(&rec.user, rec.id, rec.spec.checkpoint.dir.as_deref())
     }
 
     /// Keeps a node's report of its first failed rank until the exit it
@@ -487,7 +487,7 @@ impl<S: Store> Control<S> {
         let item = CheckpointCleanup {
             job: id,
             root: self.contract.checkpoint_root.clone(),
-            subdir: Self::checkpoint_subdir_of(rec),
+            subdir: checkpoint_subdir_of(rec),
         };
         let mut nodes: Vec<String> = Vec::new();
         for n in &rec.ran_on {
