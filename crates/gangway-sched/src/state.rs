@@ -627,7 +627,9 @@ pub struct ClusterState {
     max_node_cpu: u64,
     max_node_mem: u64,
     /// Run times learned from completed jobs.
-    pub(crate) predictor: crate::predict::RuntimePredictor,
+    /// Shared so a copy to persist costs nothing to take (copied on the
+    /// next learning only while that copy is still held).
+    pub(crate) predictor: std::sync::Arc<crate::predict::RuntimePredictor>,
     /// Maintenance windows, by name.
     pub(crate) maintenance: BTreeMap<String, Maintenance>,
     /// Where the next capped cycle's window of pending jobs past the head
@@ -829,14 +831,19 @@ impl ClusterState {
     pub fn predictor(&self) -> &crate::predict::RuntimePredictor {
         &self.predictor
     }
+    /// The predictor as it is now, shared: to persist it without holding
+    /// the state.
+    pub fn predictor_shared(&self) -> std::sync::Arc<crate::predict::RuntimePredictor> {
+        self.predictor.clone()
+    }
     /// Replaces the predictor (e.g. one the server persisted).
     pub fn set_predictor(&mut self, p: crate::predict::RuntimePredictor) {
-        self.predictor = p;
+        self.predictor = std::sync::Arc::new(p);
     }
     /// Learns that a job like `spec` completed after running `seconds`
     /// uninterrupted. Jobs submitted or requeued afterwards use it.
     pub fn learn_runtime(&mut self, spec: &JobSpec, seconds: u64) {
-        self.predictor.observe(&key_of(spec), seconds);
+        std::sync::Arc::make_mut(&mut self.predictor).observe(&key_of(spec), seconds);
     }
 
     // ---------- topology and queues ----------

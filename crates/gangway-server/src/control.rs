@@ -5,9 +5,11 @@
 
 mod assign;
 mod contract;
+mod predictor;
 mod rank;
 
 pub use assign::{NodeWork, SyncAnswer};
+pub use predictor::{PredictorSave, PREDICTOR_MAX_BYTES};
 
 pub use contract::{ContractConfig, ContractState};
 
@@ -369,7 +371,7 @@ pub const PREDICTOR_KEY: &str = "/sched/runtime_predictor";
 
 /// Seconds between two stores of a changed predictor: it only ever feeds
 /// estimates, so losing the last minute of learning costs little.
-const PREDICTOR_SAVE_SECONDS: Time = 60;
+pub const PREDICTOR_SAVE_SECONDS: Time = 60;
 
 /// What an agent reports about a job on its node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1221,38 +1223,6 @@ impl<S: Store> Control<S> {
         }
     }
 
-    /// Stores the predictor when it changed and the last store is old enough.
-    fn save_predictor(&mut self, now: Time) -> Result<(), ControlError> {
-        if !self.predictor_dirty
-            || now
-                < self
-                    .predictor_saved_at
-                    .saturating_add(PREDICTOR_SAVE_SECONDS)
-        {
-            return Ok(());
-        }
-        // One value must fit one transaction of the store (etcd: 1 MiB of
-        // keys and values by default): past that, the groups with the least
-        // history are left out of what is stored, halving until it fits.
-        let budget = self.store.txn_limits().max_bytes.saturating_sub(4096);
-        let p = self.cluster.predictor();
-        let mut value = encode(p);
-        let mut keep = p.widest_basis();
-        while value.len() > budget && keep > 0 {
-            keep /= 2;
-            value = encode(&p.keep_largest(keep));
-        }
-        // The predictor only informs estimates: failing to store it must not
-        // stop the cycle (it is relearned after a restart).
-        if let Err(e) = self.store.txn(&[], &[Op::Put(PREDICTOR_KEY.into(), value)]) {
-            tracing::warn!("run-time predictor not stored: {e}");
-        } else {
-            self.predictor_dirty = false;
-        }
-        self.predictor_saved_at = now;
-        Ok(())
-    }
-
     /// What the scheduler's state does when an attempt ends.
     pub(crate) fn apply_ending(&mut self, id: JobId, after: AfterEnd) {
         if matches!(after, AfterEnd::Finish) {
@@ -1615,7 +1585,6 @@ impl<S: Store> Control<S> {
         self.resume_restarts(now)?;
         self.release_gated(now, true)?;
         self.enforce_time_limits(now)?;
-        self.save_predictor(now)?;
         self.sync_reservations(now)?;
         self.rank_jobs(now);
         let d = schedule(&self.cluster, now, &self.sched);
@@ -1993,7 +1962,8 @@ mod tests {
     /// names the stored predictor outgrew etcd's request limit and every
     /// cycle failed on storing it, so nothing was scheduled again. Now what
     /// is stored fits (the groups with the least history left out), and a
-    /// store that refuses it does not stop the cycle.
+    /// store that refuses it does not stop the cycle (it is stored apart
+    /// from it, after the state lock is released).
     #[test]
     fn a_predictor_larger_than_a_store_value_is_trimmed_and_never_stops_the_cycle() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -2005,10 +1975,11 @@ mod tests {
         let id = c
             .submit("alice", JobSpec::new("often", "q", 1, 1), 0)
             .expect("submit");
-        let d = c
-            .cycle(PREDICTOR_SAVE_SECONDS + 1)
-            .expect("the cycle stores the predictor and goes on");
+        let d = c.cycle(PREDICTOR_SAVE_SECONDS + 1).expect("cycle");
         assert_ne!(c.jobs[&id].0.state, JobState::Pending, "placed: {d:?}");
+        c.predictor_save(PREDICTOR_SAVE_SECONDS + 1)
+            .expect("due")
+            .write(&c.store);
         let stored = c.store.get(PREDICTOR_KEY).expect("get").expect("stored");
         assert!(stored.value.len() <= gangway_store::TxnLimits::ETCD_DEFAULT.max_bytes);
         let p: gangway_sched::predict::RuntimePredictor =
@@ -2024,9 +1995,55 @@ mod tests {
         let id = c
             .submit("alice", JobSpec::new("j", "q", 1, 1), 0)
             .expect("submit");
-        c.cycle(PREDICTOR_SAVE_SECONDS + 1)
-            .expect("a refused predictor does not fail the cycle");
+        c.cycle(PREDICTOR_SAVE_SECONDS + 1).expect("cycle");
         assert_ne!(c.jobs[&id].0.state, JobState::Pending, "placed");
+        // A refused predictor is logged, not fatal.
+        c.predictor_save(PREDICTOR_SAVE_SECONDS + 1)
+            .expect("due")
+            .write(&c.store);
+        assert!(c.store.get(PREDICTOR_KEY).expect("get").is_none());
+    }
+
+    /// Found with `bench cluster` at 100,000 jobs of distinct names: the
+    /// predictor encoded to 10 MB and was stored whole every minute on
+    /// redb. What is stored is bounded on every store, the busiest groups
+    /// kept.
+    #[test]
+    fn the_stored_predictor_is_bounded_on_redb_too_and_keeps_the_busiest_groups() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let mut c = one_node(store, 0);
+        for i in 0..30_000u64 {
+            let name = if i % 10 == 0 {
+                "often".to_string()
+            } else {
+                format!("once-{i}")
+            };
+            c.cluster
+                .learn_runtime(&JobSpec::new(&name, "q", 1, 1), 600 + i % 7);
+        }
+        c.predictor_dirty = true;
+        assert!(encode(c.cluster.predictor()).len() > PREDICTOR_MAX_BYTES);
+        assert!(
+            c.predictor_save(1).is_none(),
+            "not a minute since the start"
+        );
+        c.predictor_save(PREDICTOR_SAVE_SECONDS)
+            .expect("due")
+            .write(&c.store);
+        let stored = c.store.get(PREDICTOR_KEY).expect("get").expect("stored");
+        assert!(stored.value.len() <= PREDICTOR_MAX_BYTES);
+        let p: gangway_sched::predict::RuntimePredictor =
+            serde_json::from_slice(&stored.value).expect("decodes");
+        let often = JobSpec::new("often", "q", 1, 1);
+        assert!(
+            p.predict(&gangway_sched::state::key_of(&often)).is_some(),
+            "the busiest group is kept"
+        );
+        assert!(
+            c.predictor_save(PREDICTOR_SAVE_SECONDS + 1).is_none(),
+            "nothing new"
+        );
     }
 
     #[test]
@@ -2044,7 +2061,11 @@ mod tests {
         assert_eq!(c.jobs[&id].0.state, JobState::Succeeded);
         let p = c.cluster.predictor().predict(&key).expect("learned");
         assert_eq!(p.median(), 300);
-        c.cycle(303).expect("cycle stores the predictor");
+        c.cycle(303).expect("cycle");
+        c.predictor_save(303)
+            .expect("due: learned, never stored")
+            .write(&c.store);
+        assert!(c.predictor_save(304).is_none(), "stored a second ago");
         drop(c);
         let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
         let c =

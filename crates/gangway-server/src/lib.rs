@@ -215,6 +215,8 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 app.cfg.grace_kill_margin_seconds,
             );
             let r = expired.and_then(|_| c.cycle(now));
+            // Taken here, encoded and written once the lock is released.
+            let predictor = c.predictor_save(now).map(|p| (p, c.store_handle()));
             policy::tick(&c, now);
             // The policy figures every 15 s: the policy version and the
             // predictor read under the lock, the jobs walked in the view
@@ -229,6 +231,10 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 }
             }
             drop(c);
+            if let Some((save, store)) = predictor {
+                // Its own thread: the next cycle does not wait for it.
+                std::thread::spawn(move || save.write(&store));
+            }
             if let Some(inputs) = watch {
                 let v = app.control.view();
                 let queues: Vec<&str> = v
