@@ -371,7 +371,7 @@ pub const PREDICTOR_KEY: &str = "/sched/runtime_predictor";
 
 /// Seconds between two stores of a changed predictor: it only ever feeds
 /// estimates, so losing the last minute of learning costs little.
-pub const PREDICTOR_SAVE_SECONDS: Time = 60;
+const PREDICTOR_SAVE_SECONDS: Time = 60;
 
 /// What an agent reports about a job on its node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
