@@ -1943,8 +1943,13 @@ mod tests {
             refuse_predictor,
         };
         let mut c = one_node(store, PREDICTOR_SAVE_SECONDS);
-        // 30,000 distinct job names: several MiB of predictor, one of them
-        // with many samples.
+        learn_many_names(&mut c);
+        c
+    }
+
+    /// Teaches `c` 30,000 distinct job names: several MiB of predictor,
+    /// one of them ("often") with many samples.
+    fn learn_many_names<S: Store>(c: &mut Control<S>) {
         for i in 0..30_000u64 {
             let name = if i % 10 == 0 {
                 "often".to_string()
@@ -1955,7 +1960,20 @@ mod tests {
                 .learn_runtime(&JobSpec::new(&name, "q", 1, 1), 600 + i % 7);
         }
         c.predictor_dirty = true;
-        c
+    }
+
+    /// The predictor stored in `c`: within `bound` bytes, decodable, and
+    /// still holding the group with the most history.
+    fn assert_stored_predictor_keeps_often<S: Store>(c: &Control<S>, bound: usize) {
+        let stored = c.store.get(PREDICTOR_KEY).expect("get").expect("stored");
+        assert!(stored.value.len() <= bound);
+        let p: gangway_sched::predict::RuntimePredictor =
+            serde_json::from_slice(&stored.value).expect("decodes");
+        let often = JobSpec::new("often", "q", 1, 1);
+        assert!(
+            p.predict(&gangway_sched::state::key_of(&often)).is_some(),
+            "the group with the most history is kept"
+        );
     }
 
     /// Defect found with `bench cluster` on etcd: with many distinct job
@@ -1980,15 +1998,7 @@ mod tests {
         c.predictor_save(PREDICTOR_SAVE_SECONDS + 1)
             .expect("due")
             .write(&c.store);
-        let stored = c.store.get(PREDICTOR_KEY).expect("get").expect("stored");
-        assert!(stored.value.len() <= gangway_store::TxnLimits::ETCD_DEFAULT.max_bytes);
-        let p: gangway_sched::predict::RuntimePredictor =
-            serde_json::from_slice(&stored.value).expect("decodes");
-        let often = JobSpec::new("often", "q", 1, 1);
-        assert!(
-            p.predict(&gangway_sched::state::key_of(&often)).is_some(),
-            "the group with the most history is kept"
-        );
+        assert_stored_predictor_keeps_often(&c, gangway_store::TxnLimits::ETCD_DEFAULT.max_bytes);
 
         let dir = tempfile::tempdir().expect("tmp");
         let mut c = etcd_sized(dir.path(), true);
@@ -2013,16 +2023,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
         let mut c = one_node(store, 0);
-        for i in 0..30_000u64 {
-            let name = if i % 10 == 0 {
-                "often".to_string()
-            } else {
-                format!("once-{i}")
-            };
-            c.cluster
-                .learn_runtime(&JobSpec::new(&name, "q", 1, 1), 600 + i % 7);
-        }
-        c.predictor_dirty = true;
+        learn_many_names(&mut c);
         assert!(encode(c.cluster.predictor()).len() > PREDICTOR_MAX_BYTES);
         assert!(
             c.predictor_save(1).is_none(),
@@ -2031,15 +2032,7 @@ mod tests {
         c.predictor_save(PREDICTOR_SAVE_SECONDS)
             .expect("due")
             .write(&c.store);
-        let stored = c.store.get(PREDICTOR_KEY).expect("get").expect("stored");
-        assert!(stored.value.len() <= PREDICTOR_MAX_BYTES);
-        let p: gangway_sched::predict::RuntimePredictor =
-            serde_json::from_slice(&stored.value).expect("decodes");
-        let often = JobSpec::new("often", "q", 1, 1);
-        assert!(
-            p.predict(&gangway_sched::state::key_of(&often)).is_some(),
-            "the busiest group is kept"
-        );
+        assert_stored_predictor_keeps_often(&c, PREDICTOR_MAX_BYTES);
         assert!(
             c.predictor_save(PREDICTOR_SAVE_SECONDS + 1).is_none(),
             "nothing new"

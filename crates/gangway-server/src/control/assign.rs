@@ -22,6 +22,8 @@ struct Placed {
     rec: Arc<JobRecord>,
     /// The node's index among the gang's nodes.
     node_rank: u32,
+    /// How many nodes the gang spans.
+    nnodes: u32,
     /// Where rank 0 listens (its node's advertised address, else its name).
     master_addr: String,
     master_port: u16,
@@ -93,7 +95,7 @@ impl NodeWork {
                     ranks,
                     world_size: rec.placement.len() as u32,
                     node_rank: p.node_rank,
-                    nnodes: rec.nodes().len() as u32,
+                    nnodes: p.nnodes,
                     master_addr: p.master_addr,
                     master_port: p.master_port,
                     cpu_millis: rec.spec.resources.cpu_millis,
@@ -145,7 +147,8 @@ impl<S: Store> Control<S> {
                 if !live || rec.exited_on.contains_key(node) {
                     continue;
                 }
-                let Some(node_rank) = rec.nodes().iter().position(|x| *x == node) else {
+                let nodes = rec.nodes();
+                let Some(node_rank) = nodes.iter().position(|x| *x == node) else {
                     continue;
                 };
                 let master = &rec.placement[0].node;
@@ -158,6 +161,7 @@ impl<S: Store> Control<S> {
                 placed.push(Placed {
                     rec: rec.clone(),
                     node_rank: node_rank as u32,
+                    nnodes: nodes.len() as u32,
                     master_addr,
                     master_port: self.port_of(rec),
                     stop_now: Self::stop_now(rec),
