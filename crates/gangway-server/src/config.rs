@@ -28,7 +28,7 @@
 //! scheduler:                  # seeds policy version 1 (then: gangway policy apply)
 //!   backfill: easy            # or conservative, reservations:N, off (see docs/BACKFILL.md)
 //!   plan_depth: 200           # pending jobs given a start estimate per cycle
-//! retention: { finished_jobs: 7d, idempotency_keys: 24h }   # the defaults
+//! retention: { finished_jobs: 7d, idempotency_keys: 24h, store_history: 1m }   # the defaults
 //! ```
 //!
 //! The file is parsed with the same budgets as job specs (see [`crate::yaml`]).
@@ -327,6 +327,9 @@ impl ServerConfig {
             .check()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         c.retention.seconds().map_err(ConfigError::Invalid)?;
+        c.retention
+            .store_history_seconds()
+            .map_err(ConfigError::Invalid)?;
         if c.max_body_bytes < 1024 {
             return Err(ConfigError::Invalid(
                 "max_body_bytes: must be at least 1024".into(),

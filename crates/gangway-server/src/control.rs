@@ -1784,6 +1784,9 @@ mod tests {
         ) -> Result<std::sync::mpsc::Receiver<gangway_store::Event>, StoreError> {
             self.inner.watch(prefix, from)
         }
+        fn compact(&self, revision: u64) -> Result<(), StoreError> {
+            self.inner.compact(revision)
+        }
         fn txn_limits(&self) -> gangway_store::TxnLimits {
             gangway_store::TxnLimits::ETCD_DEFAULT
         }
@@ -1931,6 +1934,9 @@ mod tests {
             from: u64,
         ) -> Result<std::sync::mpsc::Receiver<gangway_store::Event>, StoreError> {
             self.inner.watch(prefix, from)
+        }
+        fn compact(&self, revision: u64) -> Result<(), StoreError> {
+            self.inner.compact(revision)
         }
         fn txn_limits(&self) -> gangway_store::TxnLimits {
             gangway_store::TxnLimits::ETCD_DEFAULT

@@ -65,6 +65,9 @@ impl<S: Store> Store for CountedStore<S> {
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
         self.inner.watch(prefix, from)
     }
+    fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        self.inner.compact(revision)
+    }
     fn txn_limits(&self) -> gangway_store::TxnLimits {
         self.inner.txn_limits()
     }

@@ -172,6 +172,7 @@ const RETENTION_EVERY: u64 = 60;
 pub async fn scheduler_loop(app: Arc<App>) {
     let period = Duration::from_secs(app.cfg.cycle_seconds.max(1));
     let mut retained_at = clock::now();
+    let mut compactor = retention::Compactor::default();
     loop {
         let _ = tokio::time::timeout(period, app.wake.notified()).await;
         // Let a burst of changes gather (a wake during the gap is kept).
@@ -182,15 +183,38 @@ pub async fn scheduler_loop(app: Arc<App>) {
         if clock::now() >= retained_at.saturating_add(RETENTION_EVERY) {
             retained_at = clock::now();
             let app2 = app.clone();
+            let mut comp = std::mem::take(&mut compactor);
             let r = tokio::task::spawn_blocking(move || {
-                retention::pass(
+                let now = clock::now();
+                let removed = retention::pass(
                     &app2.control,
                     &app2.cfg.retention,
                     app2.export_dir.get().map(|p| p.as_path()),
-                    clock::now(),
-                )
+                    now,
+                );
+                let started = Instant::now();
+                match retention::compact_history(&*app2.store, &app2.cfg.retention, &mut comp, now)
+                {
+                    Ok(Some(rev)) => {
+                        app2.metrics.store_compactions.inc();
+                        app2.metrics
+                            .store_compacted_revision
+                            .set(i64::try_from(rev).unwrap_or(i64::MAX));
+                        tracing::info!(
+                            "store history compacted to revision {rev} in {} ms",
+                            started.elapsed().as_millis()
+                        )
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("store compaction failed: {e}"),
+                }
+                (removed, comp)
             })
             .await;
+            let r = r.map(|(removed, comp)| {
+                compactor = comp;
+                removed
+            });
             match r {
                 Ok(Ok(n)) if n.jobs + n.keys > 0 => tracing::info!(
                     "retention: removed {} finished jobs (exported first) and {} idempotency keys",

@@ -147,6 +147,10 @@ pub struct Metrics {
     pub store_txns: Counter,
     /// Operations in those transactions (puts and deletes).
     pub store_ops: Counter,
+    /// Compactions of the store's history (see `retention`).
+    pub store_compactions: Counter,
+    /// The revision the store's history was last compacted to.
+    pub store_compacted_revision: Gauge,
     /// The (state, queue) pairs the job gauge last showed.
     job_labels: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
 }
@@ -172,6 +176,8 @@ impl Metrics {
             api_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             store_txns: Counter::default(),
             store_ops: Counter::default(),
+            store_compactions: Counter::default(),
+            store_compacted_revision: Gauge::default(),
             job_labels: Default::default(),
             registry: Registry::default(),
         };
@@ -212,6 +218,16 @@ impl Metrics {
             "store_ops",
             "Puts and deletes in committed store transactions",
             m.store_ops.clone(),
+        );
+        registry.register(
+            "store_compactions",
+            "Compactions of the store's change history",
+            m.store_compactions.clone(),
+        );
+        registry.register(
+            "store_compacted_revision",
+            "The revision the store's history was last compacted to",
+            m.store_compacted_revision.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -56,6 +56,9 @@ impl<S: Store> Store for Cut<S> {
     ) -> Result<std::sync::mpsc::Receiver<Event>, StoreError> {
         self.inner.watch(prefix, from)
     }
+    fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        self.inner.compact(revision)
+    }
     fn txn_limits(&self) -> TxnLimits {
         self.limits
     }

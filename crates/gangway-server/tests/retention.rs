@@ -5,7 +5,7 @@
 use gangway_core::{JobId, JobSpec, JobState};
 use gangway_server::control::NewJob;
 use gangway_server::history::HistoryEntry;
-use gangway_server::retention::{pass, year_month, Removed, Retention};
+use gangway_server::retention::{compact_history, pass, year_month, Compactor, Removed, Retention};
 use gangway_server::ServerConfig;
 
 const NOW: u64 = 1_798_000_000;
@@ -14,6 +14,11 @@ const CONFIG: &str = "admin_token: retention-admin\nagent_token: retention-join\
                       queues:\n  - name: q\n";
 
 fn submit(app: &gangway_server::api::App, n: usize) -> Vec<JobId> {
+    submit_named(app, n, "")
+}
+
+/// `n` jobs of alice's, named and keyed `{tag}j{i}` / `alice:{tag}k{i}`.
+fn submit_named(app: &gangway_server::api::App, n: usize, tag: &str) -> Vec<JobId> {
     let mut c = app.control.lock().expect("lock");
     if c.cluster.nodes().is_empty() {
         let node = gangway_core::NodeSpec::uniform("n0", "l0", "s0", 8, "H100", 80);
@@ -23,10 +28,10 @@ fn submit(app: &gangway_server::api::App, n: usize) -> Vec<JobId> {
     }
     let batch = (0..n)
         .map(|i| {
-            let mut spec = JobSpec::new(&format!("j{i}"), "q", 1, 1);
+            let mut spec = JobSpec::new(&format!("{tag}j{i}"), "q", 1, 1);
             spec.user = "alice".into();
             let mut j = NewJob::new("alice", spec);
-            j.key = Some(format!("alice:k{i}"));
+            j.key = Some(format!("alice:{tag}k{i}"));
             j
         })
         .collect();
@@ -115,6 +120,10 @@ fn bad_horizons_are_refused_naming_the_field() {
             "retention: { finished_jobs: 4000d }",
             "retention.finished_jobs",
         ),
+        (
+            "retention: { store_history: 10 }",
+            "retention.store_history",
+        ),
     ] {
         let err = ServerConfig::from_yaml(&format!("{CONFIG}{yaml}\n")).expect_err(yaml);
         assert!(err.to_string().contains(field), "{yaml}: {err}");
@@ -161,4 +170,56 @@ fn a_finished_job_named_by_a_waiting_dependency_is_kept() {
     c.cycle(NOW + 8 * DAY + 1).expect("cycle");
     let rec = &c.jobs[&dependant].0;
     assert_eq!(rec.state, JobState::Pending, "{:?}", rec.events.last());
+}
+
+/// Jobs come and go (submitted, cancelled, exported and removed) round
+/// after round; with the store's history compacted each pass, the redb
+/// file stops growing (without it, every record's every version stays in
+/// the log), the job still pending is intact across a restart, and a watch
+/// from the compacted past is refused.
+#[test]
+fn compacting_the_store_history_keeps_the_file_bounded_under_churn() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
+    let app = gangway_server::open(cfg.clone(), dir.path()).expect("open");
+    let kept = submit_named(&app, 1, "kept")[0];
+    let export_dir = app.export_dir.get().expect("export dir").clone();
+    let file = dir.path().join("gangway.redb");
+    let r = &cfg.retention;
+    let mut compactor = Compactor::default();
+    let mut sizes = Vec::new();
+    let mut compacted = Vec::new();
+    let mut t = NOW;
+    for round in 0..10 {
+        let ids = submit_named(&app, 300, &format!("r{round}"));
+        {
+            let mut c = app.control.lock().expect("lock");
+            for id in ids {
+                c.cancel(id, "alice", t).expect("cancel");
+            }
+        }
+        t += 8 * DAY;
+        let n = pass(&app.control, r, Some(&export_dir), t).expect("pass");
+        assert_eq!(n.jobs, 300);
+        compacted.push(compact_history(&*app.store, r, &mut compactor, t).expect("compact"));
+        sizes.push(std::fs::metadata(&file).expect("file").len());
+    }
+    // The first pass only marks; every later one compacts to the mark
+    // before it.
+    assert_eq!(compacted[0], None);
+    assert!(compacted[1..].iter().all(Option::is_some), "{compacted:?}");
+    let grown = sizes[9] as f64 / sizes[3] as f64;
+    assert!(
+        grown < 1.25,
+        "the file grew {grown:.2}x from round 3 to 9: {sizes:?}"
+    );
+    assert!(matches!(
+        app.store.watch("/", 1),
+        Err(gangway_store::StoreError::Compacted { .. })
+    ));
+    drop(app);
+    let app = gangway_server::open(cfg, dir.path()).expect("reopen");
+    let c = app.control.lock().expect("lock");
+    assert_eq!(c.jobs.keys().copied().collect::<Vec<_>>(), vec![kept]);
+    assert_eq!(c.jobs[&kept].0.state, JobState::Pending);
 }

@@ -12,8 +12,8 @@
 
 use crate::{Compare, Event, KeyValue, Op, Store, StoreError, TxnResult};
 use etcd_client::{
-    Client, Compare as ECompare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp,
-    WatchOptions,
+    Client, CompactionOptions, Compare as ECompare, CompareOp, ConnectOptions, EventType,
+    GetOptions, Txn, TxnOp, WatchOptions,
 };
 use std::future::Future;
 use std::sync::mpsc::{channel, Receiver};
@@ -231,6 +231,12 @@ fn answer(
     })
 }
 
+/// Whether etcd refused because the revision is compacted.
+fn is_compacted(e: &etcd_client::Error) -> bool {
+    e.to_string()
+        .contains("required revision has been compacted")
+}
+
 fn run_on<T: Send + 'static>(
     handle: &tokio::runtime::Handle,
     f: impl Future<Output = T> + Send + 'static,
@@ -338,7 +344,54 @@ impl Store for EtcdStore {
         Ok(r.header().map_or(0, |h| h.revision()) as u64)
     }
 
+    /// etcd's compaction is of the whole etcd (every namespace on it), as
+    /// kube-apiserver's is; it is logical (etcd frees the space in the
+    /// background and reuses it; `etcdctl defrag` returns it to the disk).
+    fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        let current = self.revision()?;
+        let to = revision.min(current);
+        if to == 0 {
+            return Ok(());
+        }
+        let mut c = self.inner.client.clone();
+        let r = run_on(&self.inner.handle, async move {
+            c.compact(to as i64, Some(CompactionOptions::new())).await
+        });
+        match r {
+            Ok(_) => Ok(()),
+            // Already compacted there or later (by another replica, or by
+            // etcd's own --auto-compaction): nothing older is left.
+            Err(e) if is_compacted(&e) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
+        // etcd answers a watch from a compacted revision by cancelling it
+        // later, on the stream; a read at that revision says so now.
+        if from > 0 {
+            let mut c = self.inner.client.clone();
+            let k = self.key(prefix);
+            let opts = GetOptions::new()
+                .with_revision(from as i64)
+                .with_count_only();
+            let r = run_on(
+                &self.inner.handle,
+                async move { c.get(k, Some(opts)).await },
+            );
+            match r {
+                Err(e) if is_compacted(&e) => {
+                    return Err(StoreError::Compacted {
+                        requested: from,
+                        oldest: None,
+                    })
+                }
+                // A revision not yet written is fine for a watch.
+                Err(e) if e.to_string().contains("future revision") => {}
+                Err(e) => return Err(backend(e)),
+                Ok(_) => {}
+            }
+        }
         let (tx, rx) = channel();
         let mut c = self.inner.client.clone();
         let k = self.key(prefix);

@@ -8,7 +8,9 @@
 //!   holds (compare-and-swap on revisions, or "key absent") — the way job
 //!   state transitions are made exactly once;
 //! - a write returns only after it is durably committed;
-//! - [`Store::watch`] streams changes under a prefix, from a revision on.
+//! - [`Store::watch`] streams changes under a prefix, from a revision on;
+//! - [`Store::compact`] forgets the history before a revision (every write
+//!   is otherwise kept forever in the change log).
 
 mod etcd_store;
 mod limits;
@@ -101,12 +103,15 @@ pub enum StoreError {
     #[error("this server is no longer the leader; nothing was written")]
     NotLeader,
     /// Watching from a revision older than the kept history.
-    #[error("revision {requested} is compacted; history starts at {oldest}")]
+    #[error(
+        "revision {requested} is compacted (its history is gone); read the current state and \
+         watch from its revision"
+    )]
     Compacted {
         /// Asked for.
         requested: u64,
-        /// Oldest kept.
-        oldest: u64,
+        /// The oldest revision still watchable, where the backend knows it.
+        oldest: Option<u64>,
     },
 }
 
@@ -122,8 +127,17 @@ pub trait Store: Send + Sync {
     fn txn(&self, compares: &[Compare], ops: &[Op]) -> Result<TxnResult, StoreError>;
     /// Current revision.
     fn revision(&self) -> Result<u64, StoreError>;
-    /// Changes under `prefix` with revision ≥ `from` (history first, then live).
+    /// Changes under `prefix` with revision ≥ `from` (history first, then
+    /// live); [`StoreError::Compacted`] when `from` is older than the kept
+    /// history.
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError>;
+    /// Forgets the change history before `revision` (what [`Store::watch`]
+    /// replays); every key keeps its current value and revision. Without it
+    /// the history grows with every write, forever (etcd then refuses writes
+    /// at its space quota). Compacting to a revision already compacted, or
+    /// beyond what the backend holds, compacts what it can and succeeds.
+    /// Required of every backend and wrapper, so none drops it silently.
+    fn compact(&self, revision: u64) -> Result<(), StoreError>;
 
     /// How large one transaction may be; larger batches of independent
     /// writes are split to fit (see [`TxnLimits::split`]).
@@ -191,6 +205,9 @@ impl<T: Store + ?Sized> Store for std::sync::Arc<T> {
     }
     fn watch(&self, prefix: &str, from: u64) -> Result<Receiver<Event>, StoreError> {
         (**self).watch(prefix, from)
+    }
+    fn compact(&self, revision: u64) -> Result<(), StoreError> {
+        (**self).compact(revision)
     }
     fn txn_limits(&self) -> TxnLimits {
         (**self).txn_limits()

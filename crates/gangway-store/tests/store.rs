@@ -41,7 +41,65 @@ on_both_backends!(
     compare_and_swap_applies_a_transition_exactly_once,
     watch_replays_history_then_streams_live_changes,
     several_deferred_transactions_are_answered_each_on_its_own,
+    compaction_forgets_history_and_keeps_every_value,
 );
+
+/// After `compact(r)`: every key keeps its value and revision, a watch
+/// from `r` on still replays, one from before `r` is refused as compacted
+/// (not silently shortened), compacting again lower or past the head is
+/// harmless, and writes go on.
+fn compaction_forgets_history_and_keeps_every_value(s: &dyn Store) {
+    let mut revs = Vec::new();
+    for i in 0..20 {
+        revs.push(s.put(&format!("/c/{}", i % 5), &[i]).expect("put"));
+    }
+    s.txn_deferred(&[], &[Op::Put("/c/late".into(), b"d".to_vec())])
+        .expect("deferred");
+    s.sync().expect("sync");
+    let before = s.range("/c/").expect("range");
+    let at = revs[12];
+    s.compact(at).expect("compact");
+    assert_eq!(s.range("/c/").expect("range"), before, "values kept");
+    match s.watch("/c/", at - 1) {
+        Err(StoreError::Compacted { requested, .. }) => assert_eq!(requested, at - 1),
+        Err(e) => panic!("a watch before the compacted revision: {e}"),
+        Ok(_) => panic!("a watch before the compacted revision was accepted"),
+    }
+    // From the compacted revision on, the history is whole: 7 puts and
+    // the deferred one.
+    let rx = s
+        .watch("/c/", at)
+        .expect("watch from the compacted revision");
+    let seen: Vec<u64> = (0..8)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(5))
+                .expect("event")
+                .revision()
+        })
+        .collect();
+    assert_eq!(seen[0], at);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]));
+    s.compact(revs[3])
+        .expect("compacting lower again is harmless");
+    s.compact(u64::MAX)
+        .expect("compacting past the head compacts what there is");
+    let r = s.put("/c/after", b"x").expect("writes go on");
+    assert_eq!(
+        s.get("/c/after").expect("get").expect("kept").mod_revision,
+        r
+    );
+    assert!(matches!(
+        s.watch("/c/", at),
+        Err(StoreError::Compacted { .. })
+    ));
+    let rx = s.watch("/c/", r).expect("watch from the head");
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("event")
+            .revision(),
+        r
+    );
+}
 
 /// `txns_deferred` (etcd sends them all at once): each transaction is
 /// atomic on its own, answered in order; a failed compare fails only its

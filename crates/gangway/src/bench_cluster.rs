@@ -96,6 +96,10 @@ pub struct ClusterArgs {
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// The server's `retention.store_history` (the default, 1m, compacts
+    /// about two minutes into a run: its cost is in the figures).
+    #[arg(long, default_value = "1m")]
+    store_history: String,
 }
 
 fn free_port() -> Result<u16> {
@@ -152,6 +156,7 @@ fn config(a: &ClusterArgs) -> String {
     let gpus = a.nodes as u64 * u64::from(a.gpus_per_node);
     let probe = (gpus / 8).max(gpus.min(128));
     let backlog = gpus.saturating_sub(probe);
+    let history = &a.store_history;
     // Hollow agents on a loaded 2-core machine may sync late: generous
     // heartbeat horizons keep the bench measuring latency, not node loss.
     // Thousands of nodes join with one join token: its request rate is
@@ -160,6 +165,7 @@ fn config(a: &ClusterArgs) -> String {
         "admin_token: {ADMIN}\nagent_token: {JOIN}\nnode_approval: auto\n\
          node_not_ready_seconds: 60\nnode_lost_seconds: 300\n\
          limits: {{ requests_per_second: 100000, burst: 100000 }}\n\
+         retention: {{ store_history: {history:?} }}\n\
          queues:\n\
          \x20 - name: backlog\n    quota: {{ nominal: {{ gpus: {backlog} }}, borrowing_limit: {{ gpus: 0 }} }}\n\
          \x20 - name: probe\n    quota: {{ nominal: {{ gpus: {probe} }}, lending_limit: {{ gpus: 0 }} }}\n"
@@ -848,6 +854,35 @@ fn get(http: &ureq::Agent, url: &str) -> Option<f64> {
     Some(ms(t))
 }
 
+/// The store's size on disk and the part of it in use: the redb file (all
+/// of it counted as in use), or etcd's database (its own `/metrics`).
+fn store_bytes(server: &Server, etcd: Option<&str>) -> Option<(u64, u64)> {
+    match etcd {
+        None => {
+            let data = server.log.parent()?.join("data").join("gangway.redb");
+            let n = std::fs::metadata(data).ok()?.len();
+            Some((n, n))
+        }
+        Some(ep) => {
+            let text = ureq::get(&format!("{ep}/metrics"))
+                .timeout(Duration::from_secs(5))
+                .call()
+                .ok()?
+                .into_string()
+                .ok()?;
+            let find = |name: &str| -> Option<u64> {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                    .map(|v| v as u64)
+            };
+            Some((
+                find("etcd_mvcc_db_total_size_in_bytes ")?,
+                find("etcd_mvcc_db_total_size_in_use_in_bytes ")?,
+            ))
+        }
+    }
+}
+
 /// Counters and histogram buckets of a `/metrics` text (name{labels} → value).
 fn scrape(http: &ureq::Agent, base: &str) -> HashMap<String, f64> {
     let text = http
@@ -1318,6 +1353,22 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         "store_ops_per_sec: {:.1} op/s",
         delta(&m0, &m2, "gangway_store_ops_total") / total_secs.max(1e-9)
     );
+    println!(
+        "store_compactions: {:.0} (history kept {}; compacted to revision {:.0})",
+        delta(&m0, &m2, "gangway_store_compactions_total"),
+        a.store_history,
+        m2.get("gangway_store_compacted_revision")
+            .copied()
+            .unwrap_or(0.0)
+    );
+    match store_bytes(server, etcd) {
+        Some((size, in_use)) => println!(
+            "store_size: {:.1} MiB ({:.1} MiB in use)",
+            size as f64 / 1048576.0,
+            in_use as f64 / 1048576.0
+        ),
+        None => println!("store_size: n/a"),
+    }
     // Where the jobs are at the end (the /metrics snapshot, by state).
     let mut states: std::collections::BTreeMap<String, f64> = Default::default();
     for (k, v) in &m2 {
