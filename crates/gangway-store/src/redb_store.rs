@@ -56,6 +56,26 @@ fn meta_get(t: &impl ReadableTable<&'static str, u64>, key: &str) -> Result<u64,
     Ok(t.get(key).map_err(backend)?.map_or(0, |v| v.value()))
 }
 
+/// The oldest and the current generation of the log, as `meta` holds them.
+fn generations(meta: &impl ReadableTable<&'static str, u64>) -> Result<(u64, u64), StoreError> {
+    Ok((meta_get(meta, "log_first")?, meta_get(meta, "log_gen")?))
+}
+
+/// The watch event of a logged change: `value` set, or `None` for a delete.
+fn log_event(key: &str, value: Option<&[u8]>, revision: u64) -> Event {
+    match value {
+        Some(v) => Event::Put(KeyValue {
+            key: key.to_string(),
+            value: v.to_vec(),
+            mod_revision: revision,
+        }),
+        None => Event::Delete {
+            key: key.to_string(),
+            revision,
+        },
+    }
+}
+
 /// Entries in one generation of the change log: deleting one holds the
 /// writer lock for 2-3 ms.
 const LOG_GENERATION: u64 = 4_096;
@@ -250,8 +270,7 @@ impl RedbStore {
             if meta_get(&meta, "compacted")? < below {
                 meta.insert("compacted", below).map_err(backend)?;
             }
-            let current = meta_get(&meta, "log_gen")?;
-            let first = meta_get(&meta, "log_first")?;
+            let (first, current) = generations(&meta)?;
             let name = log_name(first);
             let (oldest, newest) = {
                 let t = w.open_table(log_table(&name)).map_err(backend)?;
@@ -267,15 +286,13 @@ impl RedbStore {
                 // An empty generation goes unless it is the one written to.
                 None => first < current,
             };
-            if !old && first == current && oldest.is_some_and(|r| r < below) {
-                // The one written to, partly compacted: closed now, so that
-                // the next compaction can delete it however few it holds.
+            // The one written to, wholly or partly compacted, is closed: a
+            // wholly old one to be deleted now, a partly old one so that the
+            // next compaction can delete it however few it holds.
+            if first == current && oldest.is_some_and(|r| r < below) {
                 meta.insert("log_gen", current + 1).map_err(backend)?;
             }
             if old {
-                if first == current {
-                    meta.insert("log_gen", current + 1).map_err(backend)?;
-                }
                 w.delete_table(log_table(&name)).map_err(backend)?;
                 meta.insert("log_first", first + 1).map_err(backend)?;
             }
@@ -592,10 +609,7 @@ impl Store for RedbStore {
         }
         let (tx, rx) = channel();
         let r = self.db.begin_read().map_err(backend)?;
-        let (first, current) = {
-            let meta = r.open_table(META).map_err(backend)?;
-            (meta_get(&meta, "log_first")?, meta_get(&meta, "log_gen")?)
-        };
+        let (first, current) = generations(&r.open_table(META).map_err(backend)?)?;
         for generation in first..=current {
             let name = log_name(generation);
             let log = match r.open_table(log_table(&name)) {
@@ -608,40 +622,16 @@ impl Store for RedbStore {
                 let (at, entry) = item.map_err(backend)?;
                 let (rev, _) = at.value();
                 let (key, val) = entry.value();
-                if !key.starts_with(prefix) {
-                    continue;
+                if key.starts_with(prefix) {
+                    let _ = tx.send(log_event(key, val, rev));
                 }
-                let e = match val {
-                    Some(v) => Event::Put(KeyValue {
-                        key: key.to_string(),
-                        value: v.to_vec(),
-                        mod_revision: rev,
-                    }),
-                    None => Event::Delete {
-                        key: key.to_string(),
-                        revision: rev,
-                    },
-                };
-                let _ = tx.send(e);
             }
         }
         // Then the deferred changes not yet in the file's log.
         for ((rev, _), key, val) in self.overlay().log.iter() {
-            if *rev < from || !key.starts_with(prefix) {
-                continue;
+            if *rev >= from && key.starts_with(prefix) {
+                let _ = tx.send(log_event(key, val.as_deref(), *rev));
             }
-            let e = match val {
-                Some(v) => Event::Put(KeyValue {
-                    key: key.clone(),
-                    value: v.clone(),
-                    mod_revision: *rev,
-                }),
-                None => Event::Delete {
-                    key: key.clone(),
-                    revision: *rev,
-                },
-            };
-            let _ = tx.send(e);
         }
         self.watchers
             .lock()
@@ -718,11 +708,8 @@ mod tests {
     /// Entries in every log generation of the file.
     fn log_len(s: &RedbStore) -> u64 {
         let r = s.db.begin_read().expect("read");
-        let meta = r.open_table(META).expect("meta");
-        let (first, current) = (
-            meta_get(&meta, "log_first").expect("first"),
-            meta_get(&meta, "log_gen").expect("gen"),
-        );
+        let (first, current) =
+            generations(&r.open_table(META).expect("meta")).expect("generations");
         (first..=current)
             .filter_map(|g| r.open_table(log_table(&log_name(g))).ok())
             .map(|t| t.len().expect("len"))

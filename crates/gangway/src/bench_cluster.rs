@@ -870,14 +870,11 @@ fn store_bytes(server: &Server, etcd: Option<&str>) -> Option<(u64, u64)> {
                 .ok()?
                 .into_string()
                 .ok()?;
-            let find = |name: &str| -> Option<u64> {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-                    .map(|v| v as u64)
-            };
+            let m = parse_metrics(&text);
+            let find = |name: &str| m.get(name).map(|v| *v as u64);
             Some((
-                find("etcd_mvcc_db_total_size_in_bytes ")?,
-                find("etcd_mvcc_db_total_size_in_use_in_bytes ")?,
+                find("etcd_mvcc_db_total_size_in_bytes")?,
+                find("etcd_mvcc_db_total_size_in_use_in_bytes")?,
             ))
         }
     }
@@ -892,6 +889,11 @@ fn scrape(http: &ureq::Agent, base: &str) -> HashMap<String, f64> {
         .ok()
         .and_then(|r| r.into_string().ok())
         .unwrap_or_default();
+    parse_metrics(&text)
+}
+
+/// The samples of a Prometheus text exposition (name{labels} → value).
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
