@@ -350,6 +350,9 @@ pub struct Control<S: Store> {
     /// Job writes stay in memory (`unflushed`) while set: see
     /// [`Control::deferred`].
     defer_writes: bool,
+    /// A cycle's decisions are committed deferred while set: see
+    /// [`Control::cycle_deferred`].
+    defer_decisions: bool,
     /// Jobs changed in memory by deferred writes and not yet in the store
     /// (their revision in `jobs` is still the stored one): see
     /// [`Control::flush_deferred`].
@@ -514,6 +517,7 @@ impl<S: Store> Control<S> {
             gates: Default::default(),
             ranks: Default::default(),
             defer_writes: false,
+            defer_decisions: false,
             unflushed: Default::default(),
             job_seq: None,
             defer_submissions: false,
@@ -886,7 +890,12 @@ impl<S: Store> Control<S> {
                 compares.push(Compare::Revision(job_key(rec.id), *rev));
                 ops.push(Op::Put(job_key(rec.id), encoded.next().unwrap_or_default()));
             }
-            let r = match self.store.txn(&compares, &ops) {
+            let r = if self.defer_decisions {
+                self.store.txn_deferred(&compares, &ops)
+            } else {
+                self.store.txn(&compares, &ops)
+            };
+            let r = match r {
                 Ok(r) => r,
                 Err(e) => return (landed, Err(e.into())),
             };
@@ -1571,8 +1580,30 @@ impl<S: Store> Control<S> {
         Ok(())
     }
 
-    /// One scheduling cycle: decisions are written to the store first, then applied.
+    /// One scheduling cycle whose decisions are durable when it returns.
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        let d = self.cycle_deferred(now)?;
+        self.store.sync()?;
+        Ok(d)
+    }
+
+    /// One scheduling cycle whose decisions are committed deferred
+    /// ([`Store::txn_deferred`]): the caller calls [`Store::sync`] once it
+    /// has released the state lock, so agents' batches and submissions are
+    /// not held off while redb writes the cycle's records (on a busy
+    /// cluster this was half of a cycle's time under the lock). Nothing
+    /// leaves the server unsynced: an agent hears of a bind only in a
+    /// combined batch's answer, sent after that batch's sync, which makes
+    /// everything committed before it durable. Decisions are written to
+    /// the store first, then applied.
+    pub fn cycle_deferred(&mut self, now: Time) -> Result<Decisions, ControlError> {
+        self.defer_decisions = true;
+        let d = self.cycle_inner(now);
+        self.defer_decisions = false;
+        d
+    }
+
+    fn cycle_inner(&mut self, now: Time) -> Result<Decisions, ControlError> {
         /// One record of the cycle's writes: which decision it carries.
         enum Decided<'a> {
             Bind(&'a gangway_sched::Bind),

@@ -238,7 +238,8 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 app.cfg.max_grace_seconds,
                 app.cfg.grace_kill_margin_seconds,
             );
-            let r = expired.and_then(|_| c.cycle(now));
+            let r = expired.and_then(|_| c.cycle_deferred(now));
+            let decided = c.store_handle();
             // Taken here, encoded and written once the lock is released.
             let predictor = c.predictor_save(now).map(|p| (p, c.store_handle()));
             policy::tick(&c, now);
@@ -255,6 +256,9 @@ pub async fn scheduler_loop(app: Arc<App>) {
                 }
             }
             drop(c);
+            // The cycle's decisions were committed deferred: durable now,
+            // with the lock released (see `Control::cycle_deferred`).
+            let r = r.and_then(|d| decided.sync().map(|()| d).map_err(Into::into));
             if let Some((save, store)) = predictor {
                 // Its own thread: the next cycle does not wait for it.
                 std::thread::spawn(move || save.write(&store));
