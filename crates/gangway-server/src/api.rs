@@ -12,6 +12,7 @@ use crate::control::{Control, ControlError, SyncAnswer};
 use crate::limits::LimitError;
 use crate::metrics::{ApiLabels, Metrics};
 use crate::records::JobRecord;
+use crate::view::Holder;
 use crate::SharedStore;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -151,45 +152,46 @@ pub async fn group_commit(
             .map(|s| ((s.job, s.max_pending), s.reply))
             .unzip();
         let app2 = app.clone();
-        let results = tokio::task::spawn_blocking(move || match app2.control.lock() {
-            Ok(mut c) => {
-                let refused = over_pending_limit(&c, &inputs);
-                let accepted: Vec<_> = inputs
-                    .into_iter()
-                    .zip(&refused)
-                    .filter(|(_, r)| r.is_none())
-                    .map(|((j, _), _)| j)
-                    .collect();
-                let mut done = c.submit_batch_deferred(accepted, now()).into_iter();
-                let results: Vec<Result<JobId, ApiError>> = refused
-                    .into_iter()
-                    .map(|r| match r {
-                        Some(e) => Err(e),
-                        None => done
-                            .next()
-                            .unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ_LOST.into())))
-                            .map_err(ApiError::from),
-                    })
-                    .collect();
-                let store = c.store_handle();
-                // Publishes the read view and lets cycles and the agents'
-                // batches in while the disk syncs.
-                drop(c);
-                match store.sync() {
-                    Ok(()) => results,
-                    Err(e) => {
-                        let e = ApiError::from(ControlError::Store(e));
-                        results
-                            .into_iter()
-                            .map(|r| r.and_then(|_| Err(ApiError(e.0, e.1.clone()))))
-                            .collect()
+        let results =
+            tokio::task::spawn_blocking(move || match app2.control.lock_as(Holder::Submissions) {
+                Ok(mut c) => {
+                    let refused = over_pending_limit(&c, &inputs);
+                    let accepted: Vec<_> = inputs
+                        .into_iter()
+                        .zip(&refused)
+                        .filter(|(_, r)| r.is_none())
+                        .map(|((j, _), _)| j)
+                        .collect();
+                    let mut done = c.submit_batch_deferred(accepted, now()).into_iter();
+                    let results: Vec<Result<JobId, ApiError>> = refused
+                        .into_iter()
+                        .map(|r| match r {
+                            Some(e) => Err(e),
+                            None => done
+                                .next()
+                                .unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ_LOST.into())))
+                                .map_err(ApiError::from),
+                        })
+                        .collect();
+                    let store = c.store_handle();
+                    // Publishes the read view and lets cycles and the agents'
+                    // batches in while the disk syncs.
+                    drop(c);
+                    match store.sync() {
+                        Ok(()) => results,
+                        Err(e) => {
+                            let e = ApiError::from(ControlError::Store(e));
+                            results
+                                .into_iter()
+                                .map(|r| r.and_then(|_| Err(ApiError(e.0, e.1.clone()))))
+                                .collect()
+                        }
                     }
                 }
-            }
-            Err(_) => Vec::new(),
-        })
-        .await
-        .unwrap_or_default();
+                Err(_) => Vec::new(),
+            })
+            .await
+            .unwrap_or_default();
         let mut results = results.into_iter();
         for reply in replies {
             let r = results.next().unwrap_or_else(|| Err(poisoned()));
@@ -286,7 +288,7 @@ type ApiResult<T> = Result<T, ApiError>;
 /// ms on a large cluster, and a few handlers parked on it must not take
 /// every async worker with them, stalling requests that never need the lock.
 pub fn lock(app: &App) -> ApiResult<crate::view::StateGuard<'_, SharedStore>> {
-    let acquire = || app.control.lock();
+    let acquire = || app.control.lock_as(Holder::Requests);
     let on_workers = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     let guard = if on_workers {

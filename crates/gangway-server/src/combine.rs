@@ -135,7 +135,7 @@ fn batch<S: Store + Clone>(lock: &StateLock<S>) -> bool {
     if tasks.is_empty() {
         return false;
     }
-    let Ok(mut c) = lock.lock() else {
+    let Ok(mut c) = lock.lock_as(crate::view::Holder::Combined) else {
         // Dropping the tasks drops their senders: each caller hears the
         // change was lost.
         return true;

@@ -232,7 +232,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
         let app2 = app.clone();
         let result = tokio::task::spawn_blocking(move || {
             let app = app2;
-            let mut c = app.control.lock().ok()?;
+            let mut c = app.control.lock_as(view::Holder::Cycle).ok()?;
             let expired = c.expire_grace(
                 now,
                 app.cfg.max_grace_seconds,

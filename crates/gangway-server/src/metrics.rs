@@ -7,7 +7,7 @@
 //! before it.
 
 use crate::control::Control;
-use crate::view::ReadView;
+use crate::view::{LockUse, ReadView};
 use gangway_store::Store;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -41,6 +41,16 @@ pub struct DecisionLabels {
     /// `bind` or `preempt`.
     pub kind: String,
 }
+
+/// Labels of the state lock's figures.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LockLabels {
+    /// Who held it ([`crate::view::Holder::name`]).
+    pub holder: &'static str,
+}
+
+/// A counter of seconds.
+type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
 
 /// What `/metrics`' gauges show: read from the read view
 /// ([`Snapshot::of_view`]), or from the locked state ([`Snapshot::gather`]),
@@ -153,6 +163,14 @@ pub struct Metrics {
     pub store_compacted_revision: Gauge,
     /// The (state, queue) pairs the job gauge last showed.
     job_labels: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
+    /// Times each holder took the state lock.
+    lock_taken: Family<LockLabels, Counter>,
+    /// Seconds each holder waited for it.
+    lock_waited: Family<LockLabels, Seconds>,
+    /// Seconds each holder held it.
+    lock_held: Family<LockLabels, Seconds>,
+    /// The lock's figures as last published (the counters add the rest).
+    lock_shown: std::sync::Mutex<Vec<LockUse>>,
 }
 
 impl Default for Metrics {
@@ -179,6 +197,10 @@ impl Metrics {
             store_compactions: Counter::default(),
             store_compacted_revision: Gauge::default(),
             job_labels: Default::default(),
+            lock_taken: Family::default(),
+            lock_waited: Family::default(),
+            lock_held: Family::default(),
+            lock_shown: Default::default(),
             registry: Registry::default(),
         };
         registry.register("jobs", "Jobs by state and queue", m.jobs.clone());
@@ -229,7 +251,51 @@ impl Metrics {
             "The revision the store's history was last compacted to",
             m.store_compacted_revision.clone(),
         );
+        registry.register(
+            "state_lock_acquisitions",
+            "Times the control state's lock was taken, by holder",
+            m.lock_taken.clone(),
+        );
+        registry.register(
+            "state_lock_wait_seconds",
+            "Seconds spent waiting for the control state's lock, by holder",
+            m.lock_waited.clone(),
+        );
+        registry.register(
+            "state_lock_held_seconds",
+            "Seconds the control state's lock was held (its read view published), by holder",
+            m.lock_held.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Brings the lock's counters up to `now` ([`StateLock::lock_use`],
+    /// read without the lock): each adds what was used since the last call.
+    ///
+    /// [`StateLock::lock_use`]: crate::view::StateLock::lock_use
+    pub fn publish_lock(&self, now: &[LockUse]) {
+        let mut shown = self
+            .lock_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for u in now {
+            let before = shown.iter().find(|s| s.holder == u.holder);
+            let (taken, waited, held) =
+                before.map_or((0, 0.0, 0.0), |b| (b.taken, b.waited, b.held));
+            let l = LockLabels {
+                holder: u.holder.name(),
+            };
+            self.lock_taken
+                .get_or_create(&l)
+                .inc_by(u.taken.saturating_sub(taken));
+            self.lock_waited
+                .get_or_create(&l)
+                .inc_by((u.waited - waited).max(0.0));
+            self.lock_held
+                .get_or_create(&l)
+                .inc_by((u.held - held).max(0.0));
+        }
+        *shown = now.to_vec();
     }
 
     /// Updates the gauges from the control state: [`Snapshot::gather`] then

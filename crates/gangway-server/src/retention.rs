@@ -352,7 +352,9 @@ pub fn pass(
                 .remove_finished(&ids)?;
         }
     }
-    let mut c = control.lock().map_err(|_| poisoned())?;
+    let mut c = control
+        .lock_as(crate::view::Holder::Retention)
+        .map_err(|_| poisoned())?;
     let keys = c.expired_keys(keys_h, now, PASS_LIMIT)?;
     removed.keys = c.delete_keys(&keys)?;
     Ok(removed)

@@ -27,6 +27,7 @@ use gangway_core::{JobId, NodeSpec, QueueSpec, ReasonCode, Resources, Time};
 use gangway_sched::{ClusterState, Explanation, NamesVersion, NodeIdx};
 use gangway_store::Store;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -513,11 +514,84 @@ impl<S: Store> Control<S> {
     }
 }
 
+/// Who takes the control state's lock. `/metrics` shows, per holder, how
+/// often it took the lock, how long it waited and how long it held it (the
+/// read view's publication included): the first thing to read when agents'
+/// syncs or submissions slow down. Timing the holds by hand is how a 10 MB
+/// predictor store and redb's commit were found under the lock (issue 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Holder {
+    /// The scheduling cycle (with grace expiry and the policy's tick).
+    Cycle,
+    /// Combined batches: agents' syncs and reports, and the API's changes.
+    Combined,
+    /// The submissions' group commit.
+    Submissions,
+    /// Handlers that lock the state directly.
+    Requests,
+    /// Retention: removing finished jobs and idempotency keys.
+    Retention,
+    /// Anything else (taking the lead, tests).
+    Other,
+}
+
+impl Holder {
+    /// Every holder, in the order of [`StateLock::lock_use`].
+    pub const ALL: [Holder; 6] = [
+        Holder::Cycle,
+        Holder::Combined,
+        Holder::Submissions,
+        Holder::Requests,
+        Holder::Retention,
+        Holder::Other,
+    ];
+
+    /// The `holder` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Holder::Cycle => "cycle",
+            Holder::Combined => "combined",
+            Holder::Submissions => "submissions",
+            Holder::Requests => "requests",
+            Holder::Retention => "retention",
+            Holder::Other => "other",
+        }
+    }
+}
+
+/// One holder's use of the lock since the server started.
+#[derive(Default)]
+struct Tally {
+    taken: AtomicU64,
+    wait_ns: AtomicU64,
+    held_ns: AtomicU64,
+}
+
+/// One holder's use of the lock since the server started.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LockUse {
+    /// Who.
+    pub holder: Holder,
+    /// Times taken.
+    pub taken: u64,
+    /// Seconds spent waiting for it.
+    pub waited: f64,
+    /// Seconds held.
+    pub held: f64,
+}
+
+/// Nanoseconds as a counter adds them (saturating: ~584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The control state behind its lock, with the read view its every release
 /// publishes.
 pub struct StateLock<S: Store> {
     state: Mutex<Control<S>>,
     view: RwLock<Arc<ReadView>>,
+    /// Per [`Holder`], in [`Holder::ALL`]'s order.
+    tallies: [Tally; 6],
     /// The agents' changes waiting to be applied in batches
     /// ([`crate::combine`]).
     pub(crate) combiner: crate::combine::Combiner<S>,
@@ -535,17 +609,47 @@ impl<S: Store> StateLock<S> {
         StateLock {
             state: Mutex::new(control),
             view,
+            tallies: Default::default(),
             combiner: crate::combine::Combiner::default(),
         }
     }
 
-    /// Takes the lock; the view is published again when the guard drops.
+    /// Takes the lock as [`Holder::Other`].
     pub fn lock(&self) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
+        self.lock_as(Holder::Other)
+    }
+
+    /// Takes the lock; the view is published again when the guard drops.
+    /// The wait and the hold are counted for `holder`.
+    pub fn lock_as(&self, holder: Holder) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
+        let tally = &self.tallies[Holder::ALL.iter().position(|h| *h == holder).unwrap_or(5)];
+        let asked = Instant::now();
         let guard = self.state.lock()?;
+        let at = Instant::now();
+        tally.taken.fetch_add(1, Ordering::Relaxed);
+        tally
+            .wait_ns
+            .fetch_add(nanos(at - asked), Ordering::Relaxed);
         Ok(StateGuard {
             guard,
             view: &self.view,
+            tally,
+            at,
         })
+    }
+
+    /// Each holder's use of the lock so far (no lock taken).
+    pub fn lock_use(&self) -> Vec<LockUse> {
+        Holder::ALL
+            .iter()
+            .zip(&self.tallies)
+            .map(|(h, t)| LockUse {
+                holder: *h,
+                taken: t.taken.load(Ordering::Relaxed),
+                waited: t.wait_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                held: t.held_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            })
+            .collect()
     }
 
     /// The last published view, without taking the state's lock.
@@ -562,6 +666,9 @@ impl<S: Store> StateLock<S> {
 pub struct StateGuard<'a, S: Store> {
     guard: MutexGuard<'a, Control<S>>,
     view: &'a RwLock<Arc<ReadView>>,
+    /// Where the hold is counted, and since when it is held.
+    tally: &'a Tally,
+    at: Instant,
 }
 
 impl<S: Store> std::ops::Deref for StateGuard<'_, S> {
@@ -587,6 +694,9 @@ impl<S: Store> Drop for StateGuard<'_, S> {
         };
         // The old view's unshared nodes are freed outside the view's lock.
         drop(old);
+        self.tally
+            .held_ns
+            .fetch_add(nanos(self.at.elapsed()), Ordering::Relaxed);
     }
 }
 

@@ -581,6 +581,43 @@ fn metrics_and_openapi_are_served() {
         text.contains("gangway_api_requests_total{route=\"/v1/jobs\",status=\"201\"} 1"),
         "{text}"
     );
+    // The state lock's use, by holder: the submission's group commit and
+    // the cycle that placed it took it, and held it for some time.
+    let lock = |text: &str, family: &str, holder: &str| -> f64 {
+        let series = format!("gangway_state_lock_{family}_total{{holder=\"{holder}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    };
+    assert!(lock(&text, "acquisitions", "submissions") >= 1.0, "{text}");
+    assert!(lock(&text, "acquisitions", "cycle") >= 1.0, "{text}");
+    assert!(lock(&text, "held_seconds", "cycle") > 0.0, "{text}");
+    assert!(lock(&text, "wait_seconds", "cycle") >= 0.0, "{text}");
+    // Counters: a second submission adds to them, nothing goes back.
+    s.submit("alice-token", &job("m2", "research", 1, 1));
+    let again = ureq::get(&format!("{}/metrics", s.base))
+        .set("Authorization", "Bearer admin-secret")
+        .call()
+        .expect("metrics")
+        .into_string()
+        .expect("text");
+    assert!(
+        lock(&again, "acquisitions", "submissions") > lock(&text, "acquisitions", "submissions"),
+        "{again}"
+    );
+    for holder in [
+        "cycle",
+        "combined",
+        "submissions",
+        "requests",
+        "retention",
+        "other",
+    ] {
+        for family in ["acquisitions", "wait_seconds", "held_seconds"] {
+            assert!(lock(&again, family, holder) >= lock(&text, family, holder));
+        }
+    }
     let doc: Value = ureq::get(&format!("{}/openapi.json", s.base))
         .call()
         .expect("openapi")

@@ -1371,6 +1371,38 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         ),
         None => println!("store_size: n/a"),
     }
+    // The state lock: the share of each phase's wall time each holder
+    // held it, and waited for it (waits overlap: several may wait at once).
+    for (phase, from, to, secs) in [
+        ("submit", &m0, &m1, sub_secs),
+        ("steady", &m1, &m2, steady_secs),
+    ] {
+        let share = |family: &str| -> String {
+            [
+                "cycle",
+                "combined",
+                "submissions",
+                "requests",
+                "retention",
+                "other",
+            ]
+            .iter()
+            .map(|h| {
+                let k = format!("gangway_state_lock_{family}_total{{holder=\"{h}\"}}");
+                format!("{h} {:.2}", delta(from, to, &k) / secs.max(1e-9))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+        };
+        println!(
+            "state_lock_held_share_{phase}: {} (of the phase's wall time)",
+            share("held_seconds")
+        );
+        println!(
+            "state_lock_wait_share_{phase}: {} (summed over waiters)",
+            share("wait_seconds")
+        );
+    }
     // Where the jobs are at the end (the /metrics snapshot, by state).
     let mut states: std::collections::BTreeMap<String, f64> = Default::default();
     for (k, v) in &m2 {

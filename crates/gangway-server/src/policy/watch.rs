@@ -239,6 +239,7 @@ impl Watch {
 pub fn render(app: &crate::api::App, format: crate::metrics::Format) -> String {
     app.metrics
         .publish(crate::metrics::Snapshot::of_view(&app.control.view()));
+    app.metrics.publish_lock(&app.control.lock_use());
     let om = format!("{}{}", app.watch.render(), app.metrics.render());
     match format {
         crate::metrics::Format::OpenMetrics => om,
