@@ -367,6 +367,9 @@ enum ModelOp {
     Delete(u8, bool),
     Cas(u8, bool, u8, bool),
     Sync,
+    /// Forgets the history before the current revision less this much
+    /// (at most 3, never before the first revision).
+    Compact(u8),
 }
 
 fn model_op() -> impl Strategy<Value = ModelOp> {
@@ -376,6 +379,7 @@ fn model_op() -> impl Strategy<Value = ModelOp> {
         (0u8..6, any::<bool>(), any::<u8>(), any::<bool>())
             .prop_map(|(k, absent, v, d)| ModelOp::Cas(k, absent, v, d)),
         Just(ModelOp::Sync),
+        (0u8..4).prop_map(ModelOp::Compact),
     ]
 }
 
@@ -415,6 +419,9 @@ thread_local! {
 }
 static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The model: key -> (value, mod_revision).
+type Model = BTreeMap<String, (Vec<u8>, u64)>;
+
 /// The store's `/k/` keys as (key, value, mod_revision).
 fn rows(s: &dyn Store) -> Vec<(String, Vec<u8>, u64)> {
     s.range("/k/")
@@ -426,8 +433,9 @@ fn rows(s: &dyn Store) -> Vec<(String, Vec<u8>, u64)> {
 
 /// Runs `ops` on `s` and on a map, checking after each step that range,
 /// get and revision agree, and at the end that a watcher replaying from the
-/// first revision, and one that watched live, rebuild the same map. The
-/// final model's rows.
+/// first revision (or, after a compaction, from the last compacted one onto
+/// the model as it was then), and one that watched live, rebuild the same
+/// map. The final model's rows.
 fn check_model(
     s: &dyn Store,
     ops: &[ModelOp],
@@ -436,6 +444,10 @@ fn check_model(
     let live = s.watch("/k/", first).expect("watch");
     let mut model: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
     let mut last_rev = 0;
+    // The highest revision a compaction asked for, and the model just
+    // before it; the model after each step, by the revision then.
+    let mut compacted: Option<(u64, Model)> = None;
+    let mut past = vec![(first - 1, model.clone())];
     let write = |cmp: &[Compare], ops: &[Op], deferred: bool| {
         if deferred {
             s.txn_deferred(cmp, ops).expect("txn_deferred")
@@ -479,7 +491,23 @@ fn check_model(
                 }
             }
             ModelOp::Sync => s.sync().expect("sync"),
+            ModelOp::Compact(back) => {
+                let head = s.revision().expect("rev");
+                let to = (head + 1).saturating_sub(u64::from(back)).max(first);
+                s.compact(to).expect("compact");
+                let before = past
+                    .iter()
+                    .rev()
+                    .find(|(r, _)| *r < to)
+                    .map(|(_, m)| m.clone())
+                    .unwrap_or_default();
+                // Compacting lower than before forgets nothing more.
+                if compacted.as_ref().is_none_or(|(c, _)| to > *c) {
+                    compacted = Some((to, before));
+                }
+            }
         }
+        past.push((s.revision().expect("rev"), model.clone()));
         let want: Vec<(String, Vec<u8>, u64)> = model
             .iter()
             .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
@@ -499,10 +527,22 @@ fn check_model(
         .iter()
         .map(|(k, (v, r))| (k.clone(), v.clone(), *r))
         .collect();
-    // Replay: everything from the first revision, deferred changes included.
-    let replayed = s.watch("/k/", first).expect("watch");
-    for rx in [replayed, live] {
-        let mut seen: BTreeMap<String, (Vec<u8>, u64)> = BTreeMap::new();
+    // Replay: everything from the first revision, deferred changes
+    // included; after a compaction, from the revision it asked for onto the
+    // model then (a store may have compacted less, never more). From the
+    // first revision a compacted store refuses, or replays it all.
+    let (from, base) = compacted.clone().unwrap_or((first, BTreeMap::new()));
+    let replayed = s.watch("/k/", from).expect("watch");
+    let mut watchers = vec![(replayed, base), (live, BTreeMap::new())];
+    if compacted.is_some() {
+        match s.watch("/k/", first) {
+            Ok(rx) => watchers.push((rx, BTreeMap::new())),
+            Err(StoreError::Compacted { .. }) => {}
+            Err(e) => prop_assert!(false, "watch from the first revision: {e}"),
+        }
+    }
+    for (rx, base) in watchers {
+        let mut seen: BTreeMap<String, (Vec<u8>, u64)> = base;
         let apply = |seen: &mut BTreeMap<String, (Vec<u8>, u64)>, e: Event| match e {
             Event::Put(kv) => {
                 seen.insert(kv.key, (kv.value, kv.mod_revision));
