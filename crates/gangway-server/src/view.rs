@@ -559,7 +559,7 @@ impl Holder {
     }
 }
 
-/// One holder's use of the lock since the server started.
+/// The counts behind one holder's [`LockUse`].
 #[derive(Default)]
 struct Tally {
     taken: AtomicU64,
@@ -591,7 +591,7 @@ pub struct StateLock<S: Store> {
     state: Mutex<Control<S>>,
     view: RwLock<Arc<ReadView>>,
     /// Per [`Holder`], in [`Holder::ALL`]'s order.
-    tallies: [Tally; 6],
+    tallies: [Tally; Holder::ALL.len()],
     /// The agents' changes waiting to be applied in batches
     /// ([`crate::combine`]).
     pub(crate) combiner: crate::combine::Combiner<S>,
@@ -622,7 +622,8 @@ impl<S: Store> StateLock<S> {
     /// Takes the lock; the view is published again when the guard drops.
     /// The wait and the hold are counted for `holder`.
     pub fn lock_as(&self, holder: Holder) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
-        let tally = &self.tallies[Holder::ALL.iter().position(|h| *h == holder).unwrap_or(5)];
+        // `ALL` lists the holders in their declared order.
+        let tally = &self.tallies[holder as usize];
         let asked = Instant::now();
         let guard = self.state.lock()?;
         let at = Instant::now();

@@ -1378,21 +1378,15 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         ("steady", &m1, &m2, steady_secs),
     ] {
         let share = |family: &str| -> String {
-            [
-                "cycle",
-                "combined",
-                "submissions",
-                "requests",
-                "retention",
-                "other",
-            ]
-            .iter()
-            .map(|h| {
-                let k = format!("gangway_state_lock_{family}_total{{holder=\"{h}\"}}");
-                format!("{h} {:.2}", delta(from, to, &k) / secs.max(1e-9))
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+            gangway_server::view::Holder::ALL
+                .iter()
+                .map(|h| {
+                    let h = h.name();
+                    let k = format!("gangway_state_lock_{family}_total{{holder=\"{h}\"}}");
+                    format!("{h} {:.2}", delta(from, to, &k) / secs.max(1e-9))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         println!(
             "state_lock_held_share_{phase}: {} (of the phase's wall time)",
