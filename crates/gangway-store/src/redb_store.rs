@@ -236,8 +236,9 @@ pub struct RedbStore {
     /// Deferred changes not yet in the file (the current layer changed
     /// under `write_lock`, the flushing one under `flush_lock`).
     layers: RwLock<Layers>,
-    /// Deferred commits made, and how many of them an immediate commit
-    /// has since made durable (both changed under `write_lock`).
+    /// Deferred commits made (changed under `write_lock`), and how many of
+    /// them a durable commit or flush has since made durable (under
+    /// `flush_lock`).
     deferred: AtomicU64,
     durable: AtomicU64,
     /// Entries per log generation ([`LOG_GENERATION`]; smaller in tests).
@@ -316,7 +317,8 @@ impl RedbStore {
     /// oldest log generation if all of it is older (closing it first if it
     /// is the current one; the current one, if only partly older, is closed
     /// for the next compaction), in one write transaction (the caller holds
-    /// `write_lock`). Whether one was deleted: more may follow.
+    /// `flush_lock` and `write_lock`). Whether one was deleted: more may
+    /// follow.
     fn compact_step(&self, below: u64) -> Result<bool, StoreError> {
         let mut w = self.db.begin_write().map_err(backend)?;
         // Nothing is lost if a crash undoes it: the next pass redoes it.
@@ -461,10 +463,9 @@ impl RedbStore {
         if !durable {
             w.set_durability(redb::Durability::None);
         }
-        let written = match taken.write_into(&w, self.generation) {
-            Ok(()) => w.commit().map_err(backend),
-            Err(e) => Err(e),
-        };
+        let written = taken
+            .write_into(&w, self.generation)
+            .and_then(|()| w.commit().map_err(backend));
         let mut layers = self.layers_mut();
         layers.flushing = None;
         if let Err(e) = written {
@@ -706,13 +707,11 @@ impl Store for RedbStore {
             });
         }
         let (tx, rx) = channel();
-        // The layers before the file: a flush landing in between is then
-        // in the file read next, and replayed from there alone. (The
-        // current layer cannot change: this holds the writer lock.)
-        let (flushing, overlay) = {
-            let l = self.layers();
-            (l.flushing.clone(), l.current.log.clone())
-        };
+        // The flushing layer before the file: one landing in between is
+        // then in the file read next, and replayed from there alone. (The
+        // current layer cannot change, nor be taken by a flush: this holds
+        // the writer lock.)
+        let flushing = self.layers().flushing.clone();
         let r = self.db.begin_read().map_err(backend)?;
         let (first, current) = generations(&r.open_table(META).map_err(backend)?)?;
         for generation in first..=current {
@@ -734,14 +733,17 @@ impl Store for RedbStore {
         }
         // Then the deferred changes not yet in the file's log.
         let flushing = match flushing {
-            Some(f) if !file_holds(&r, f.revision)? => f.log.clone(),
-            _ => Vec::new(),
+            Some(f) if !file_holds(&r, f.revision)? => Some(f),
+            _ => None,
         };
-        for ((rev, _), key, val) in flushing.iter().chain(&overlay) {
+        let layers = self.layers();
+        let logs = flushing.as_deref().into_iter().chain([&layers.current]);
+        for ((rev, _), key, val) in logs.flat_map(|ov| &ov.log) {
             if *rev >= from && key.starts_with(prefix) {
                 let _ = tx.send(log_event(key, val.as_deref(), *rev));
             }
         }
+        drop(layers);
         self.watchers
             .lock()
             .map_err(backend)?
