@@ -1582,8 +1582,11 @@ impl<S: Store> Control<S> {
 
     /// One scheduling cycle whose decisions are durable when it returns.
     pub fn cycle(&mut self, now: Time) -> Result<Decisions, ControlError> {
-        let d = self.cycle_deferred(now)?;
-        self.store.sync()?;
+        let d = self.cycle_deferred(now);
+        // Synced either way: a failed cycle may follow decisions that landed.
+        let synced = self.store.sync();
+        let d = d?;
+        synced?;
         Ok(d)
     }
 
@@ -1595,7 +1598,8 @@ impl<S: Store> Control<S> {
     /// leaves the server unsynced: an agent hears of a bind only in a
     /// combined batch's answer, sent after that batch's sync, which makes
     /// everything committed before it durable. Decisions are written to
-    /// the store first, then applied.
+    /// the store first, then applied; the caller syncs even when this
+    /// fails, since the chunks that landed before the failure are applied.
     pub fn cycle_deferred(&mut self, now: Time) -> Result<Decisions, ControlError> {
         self.defer_decisions = true;
         let d = self.cycle_inner(now);

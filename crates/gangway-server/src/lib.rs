@@ -257,8 +257,10 @@ pub async fn scheduler_loop(app: Arc<App>) {
             }
             drop(c);
             // The cycle's decisions were committed deferred: durable now,
-            // with the lock released (see `Control::cycle_deferred`).
-            let r = r.and_then(|d| decided.sync().map(|()| d).map_err(Into::into));
+            // with the lock released (see `Control::cycle_deferred`), even
+            // after a failure (what landed before it is applied).
+            let synced = decided.sync();
+            let r = r.and_then(|d| synced.map(|()| d).map_err(Into::into));
             if let Some((save, store)) = predictor {
                 // Its own thread: the next cycle does not wait for it.
                 std::thread::spawn(move || save.write(&store));
