@@ -6,8 +6,8 @@
 use crate::bitset::Bitset;
 use crate::capacity::{Capacity, NodeIdx, QueueId};
 use gangway_core::{
-    JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources, SpecError, Time, TopologyConstraint,
-    TopologyLevel,
+    gpu_memory_fits, gpu_model_matches, JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources,
+    SpecError, Time, TopologyConstraint, TopologyLevel,
 };
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
@@ -52,12 +52,14 @@ impl Default for NamesVersion {
 pub struct GpuClass {
     /// Model name.
     pub model: String,
-    /// Memory per GPU in GiB.
-    pub memory_gib: u32,
+    /// Memory per GPU in MiB.
+    pub memory_mib: u64,
     /// Most GPUs any node of this class has.
     pub max_gpus: u32,
     /// GPUs of this class in the cluster (healthy or not).
     pub total_gpus: u64,
+    /// Of those, GPUs with MIG enabled (never handed out whole).
+    pub mig_gpus: u64,
 }
 
 /// A node plus what the scheduler derives from its spec.
@@ -440,12 +442,18 @@ pub enum Rejection {
         need: u32,
     },
     /// No GPU has enough memory.
-    #[error("resources.min_gpu_memory_gib: {need} GiB requested but the largest matching GPU has {max} GiB")]
+    #[error("resources.min_gpu_memory_gib: {need} GiB requested but the largest matching GPU has {max_mib} MiB (a GPU fits N when it reports at least N x 10^9 bytes, its marketed size)")]
     GpuMemory {
-        /// Asked for.
+        /// Asked for (the card's marketed size).
         need: u32,
-        /// Largest available.
-        max: u32,
+        /// Largest available, in MiB.
+        max_mib: u64,
+    },
+    /// Every matching GPU has MIG enabled.
+    #[error("resources.gpus: every matching GPU ({model}) has MIG enabled; MIG GPUs are split into instances and never handed out as whole GPUs")]
+    MigOnly {
+        /// The matching models.
+        model: String,
     },
     /// A replica larger than any node.
     #[error("resources.gpus: {need} GPUs per replica but no matching node has more than {max}")]
@@ -961,7 +969,7 @@ impl ClusterState {
             if spec
                 .gpus
                 .iter()
-                .any(|g| g.model != first.model || g.memory_gib != first.memory_gib)
+                .any(|g| g.model != first.model || g.memory_mib() != first.memory_mib())
             {
                 return Err(bad(
                     "all GPUs of a node must have the same model and memory".into(),
@@ -974,7 +982,7 @@ impl ClusterState {
             let known = self
                 .classes
                 .iter()
-                .any(|c| c.model == first.model && c.memory_gib == first.memory_gib);
+                .any(|c| c.model == first.model && c.memory_mib == first.memory_mib());
             if !known && self.classes.len() == MAX_GPU_CLASSES {
                 return Err(bad("too many distinct GPU models".into()));
             }
@@ -1001,23 +1009,26 @@ impl ClusterState {
         let mut new_class = false;
         if let Some(first) = spec.gpus.first() {
             let n = spec.gpus.len() as u32;
+            let mig = spec.gpus.iter().filter(|g| g.mig).count() as u64;
             let pos = self
                 .classes
                 .iter()
-                .position(|c| c.model == first.model && c.memory_gib == first.memory_gib);
+                .position(|c| c.model == first.model && c.memory_mib == first.memory_mib());
             let c = match pos {
                 Some(c) => {
                     let cl = &mut self.classes[c];
                     cl.max_gpus = cl.max_gpus.max(n);
                     cl.total_gpus += u64::from(n);
+                    cl.mig_gpus += mig;
                     c
                 }
                 None => {
                     self.classes.push(GpuClass {
                         model: first.model.clone(),
-                        memory_gib: first.memory_gib,
+                        memory_mib: first.memory_mib(),
                         max_gpus: n,
                         total_gpus: u64::from(n),
+                        mig_gpus: mig,
                     });
                     self.capacity
                         .index
@@ -1060,7 +1071,7 @@ impl ClusterState {
         let mut healthy = 0u64;
         for (i, g) in spec.gpus.iter().enumerate() {
             *islands.entry(g.island).or_default() |= 1 << i;
-            if g.healthy {
+            if g.assignable() {
                 healthy |= 1 << i;
             }
         }
@@ -1209,7 +1220,7 @@ impl ClusterState {
         self.touch_spec(n);
         self.update_node(n, |info| {
             info.spec.gpus[gpu].healthy = healthy;
-            if healthy {
+            if info.spec.gpus[gpu].assignable() {
                 info.healthy |= 1 << gpu;
             } else {
                 info.healthy &= !(1 << gpu);
@@ -1259,8 +1270,10 @@ impl ClusterState {
             let model_ok = r
                 .gpu_model
                 .as_ref()
-                .is_none_or(|x| x.eq_ignore_ascii_case(&c.model));
-            let mem_ok = r.min_gpu_memory_gib.is_none_or(|x| c.memory_gib >= x);
+                .is_none_or(|x| gpu_model_matches(x, &c.model));
+            let mem_ok = r
+                .min_gpu_memory_gib
+                .is_none_or(|x| gpu_memory_fits(c.memory_mib, x));
             if model_ok && mem_ok {
                 m |= 1 << i;
             }
@@ -1285,7 +1298,7 @@ impl ClusterState {
                 if !self
                     .classes
                     .iter()
-                    .any(|c| c.model.eq_ignore_ascii_case(model))
+                    .any(|c| gpu_model_matches(model, &c.model))
                 {
                     let mut names: Vec<&str> =
                         self.classes.iter().map(|c| c.model.as_str()).collect();
@@ -1309,14 +1322,33 @@ impl ClusterState {
                     .filter(|c| {
                         r.gpu_model
                             .as_ref()
-                            .is_none_or(|x| x.eq_ignore_ascii_case(&c.model))
+                            .is_none_or(|x| gpu_model_matches(x, &c.model))
                     })
-                    .map(|c| c.memory_gib)
+                    .map(|c| c.memory_mib)
                     .max()
                     .unwrap_or(0);
                 return Err(Rejection::GpuMemory {
                     need: r.min_gpu_memory_gib.unwrap_or(0),
-                    max,
+                    max_mib: max,
+                });
+            }
+            let whole = self
+                .classes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .any(|(_, c)| c.mig_gpus < c.total_gpus);
+            if !whole {
+                let mut names: Vec<&str> = self
+                    .classes
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, c)| c.model.as_str())
+                    .collect();
+                names.dedup();
+                return Err(Rejection::MigOnly {
+                    model: names.join(", "),
                 });
             }
             let max_node = self.max_node_gpus(mask);

@@ -9,6 +9,7 @@ mod bench_dashboard;
 mod bench_slurm;
 mod bench_sync;
 mod client;
+mod gpu_check;
 mod human;
 mod local;
 mod policy_cmd;
