@@ -81,6 +81,34 @@ impl Gpu {
     }
 }
 
+/// The class of an unhealthy GPU's reason, as a metric label and for node
+/// blame: `xid_N` (a critical XID other than an application one),
+/// `xid_unknown`, `gpu_lost`, `ecc_uncorrected`, `row_remapping_failed`,
+/// `row_remapping_pending`, or `other` (an operator's mark, a health check).
+/// The agent writes the reasons these prefixes come from.
+pub fn gpu_fault_cause(reason: &str) -> String {
+    if let Some(rest) = reason.strip_prefix("XID ") {
+        let n: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if !n.is_empty() && n.len() <= 5 {
+            return format!("xid_{n}");
+        }
+    }
+    let cause = if reason.starts_with("critical XID") {
+        "xid_unknown"
+    } else if reason.starts_with("GPU lost") {
+        "gpu_lost"
+    } else if reason.contains("uncorrected ECC") {
+        "ecc_uncorrected"
+    } else if reason.starts_with("row remapping failed") {
+        "row_remapping_failed"
+    } else if reason.starts_with("row remapping pending") {
+        "row_remapping_pending"
+    } else {
+        "other"
+    };
+    cause.to_string()
+}
+
 fn yes() -> bool {
     true
 }
@@ -314,6 +342,29 @@ mod tests {
         assert!(gpu_memory_fits(0, 0));
         assert!(!gpu_memory_fits(0, u32::MAX));
         assert!(gpu_memory_fits(u64::MAX, u32::MAX), "no overflow");
+    }
+
+    #[test]
+    fn fault_causes_name_the_class_of_a_reason() {
+        for (reason, cause) in [
+            ("XID 79: GPU has fallen off the bus", "xid_79"),
+            ("XID 48: double-bit ECC error", "xid_48"),
+            ("critical XID error (no number reported)", "xid_unknown"),
+            ("GPU lost: GPU 2 has fallen off the bus", "gpu_lost"),
+            ("3 uncorrected ECC errors", "ecc_uncorrected"),
+            (
+                "row remapping failed: the GPU's memory cannot be repaired",
+                "row_remapping_failed",
+            ),
+            (
+                "row remapping pending: the GPU needs a reset",
+                "row_remapping_pending",
+            ),
+            ("marked unhealthy in the health file", "other"),
+            ("XID 999999999: made up", "other"),
+        ] {
+            assert_eq!(gpu_fault_cause(reason), cause, "{reason}");
+        }
     }
 
     #[test]

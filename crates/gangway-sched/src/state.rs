@@ -1220,12 +1220,35 @@ impl ClusterState {
         self.touch_spec(n);
         self.update_node(n, |info| {
             info.spec.gpus[gpu].healthy = healthy;
+            if healthy {
+                info.spec.gpus[gpu].reason = None;
+            }
             if info.spec.gpus[gpu].assignable() {
                 info.healthy |= 1 << gpu;
             } else {
                 info.healthy &= !(1 << gpu);
             }
         });
+        Ok(())
+    }
+
+    /// Records why a GPU (by position in the node's list) is unhealthy, as
+    /// its agent or an admin said; `None` forgets it.
+    pub fn set_gpu_reason(
+        &mut self,
+        node: &str,
+        gpu: usize,
+        reason: Option<String>,
+    ) -> Result<(), StateError> {
+        let n = self.node_mut(node)?;
+        if gpu >= self.nodes[n as usize].spec.gpus.len() {
+            return Err(StateError::BadNode {
+                node: node.to_string(),
+                problem: format!("has no GPU at position {gpu}"),
+            });
+        }
+        self.touch_spec(n);
+        self.update_node(n, |info| info.spec.gpus[gpu].reason = reason);
         Ok(())
     }
 

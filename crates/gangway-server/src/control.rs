@@ -1302,7 +1302,7 @@ impl<S: Store> Control<S> {
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
             changed = true;
         }
-        changed |= self.apply_gpu_health(node, &req.gpus)?;
+        changed |= self.apply_gpu_health(node, &req.gpus, now)?;
         for t in &req.tasks {
             // The contract's parts of the report first: a busy rendezvous
             // port replaces the report; a checkpoint and a failure go with it.
@@ -1357,11 +1357,21 @@ impl<S: Store> Control<S> {
     /// GPU health as reported by the agent: a change of the agent's verdict
     /// is applied (and stored); an admin's clearing stands until the agent's
     /// verdict changes again. Returns whether any GPU changed.
-    fn apply_gpu_health(&mut self, node: &str, gpus: &[GpuHealth]) -> Result<bool, ControlError> {
+    ///
+    /// A gang using a GPU that turns unhealthy is ended like a gang on a
+    /// lost node (a GPU fallen off the bus takes its ranks with it): it
+    /// restarts elsewhere per its restart policy, away from that GPU.
+    fn apply_gpu_health(
+        &mut self,
+        node: &str,
+        gpus: &[GpuHealth],
+        now: Time,
+    ) -> Result<bool, ControlError> {
         let Some(n) = self.cluster.node_index(node) else {
             return Ok(false);
         };
         let mut changed = false;
+        let mut broken: BTreeMap<JobId, String> = BTreeMap::new();
         // Looked up by name: a heartbeat with no news allocates nothing here.
         let seen = match self.reported_health.get_mut(node) {
             Some(m) => m,
@@ -1386,11 +1396,35 @@ impl<S: Store> Control<S> {
                 self.cluster
                     .set_gpu_health(node, pos, g.healthy)
                     .map_err(|e| ControlError::BadNode(e.to_string()))?;
+                if !g.healthy {
+                    let reason = g
+                        .reason
+                        .clone()
+                        .unwrap_or_else(|| "reported by its agent".into());
+                    for id in self.cluster.jobs_on(n) {
+                        let uses = self.jobs.get(id).is_some_and(|(rec, _)| {
+                            rec.placement
+                                .iter()
+                                .any(|p| p.node == node && p.gpus.contains(&g.index))
+                        });
+                        if uses {
+                            broken.entry(*id).or_insert_with(|| {
+                                format!("GPU {} on node {node} unhealthy: {reason}", g.index)
+                            });
+                        }
+                    }
+                    self.cluster
+                        .set_gpu_reason(node, pos, Some(reason))
+                        .map_err(|e| ControlError::BadNode(e.to_string()))?;
+                }
                 changed = true;
             }
         }
         if changed {
             self.store_node(n)?;
+        }
+        if !broken.is_empty() {
+            self.end_gangs_of_gone_nodes(broken, now)?;
         }
         Ok(changed)
     }
