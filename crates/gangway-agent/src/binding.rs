@@ -223,3 +223,142 @@ impl std::fmt::Debug for CpuSet {
         f.write_str("CpuSet")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Inventory;
+    use crate::discovery::{discover, islands};
+    use std::path::Path;
+
+    fn shipped(name: &str) -> crate::discovery::Discovery {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/machines")
+            .join(name);
+        discover(&Inventory::Machine(p)).expect(name)
+    }
+
+    #[test]
+    fn cpu_lists_round_trip() {
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(cpu_list(&[5]), "5");
+        assert_eq!(cpu_list(&[]), "");
+        let parsed = crate::machine::parse_cpu_list("0-55,112-167").expect("parse");
+        assert_eq!(cpu_list(&parsed), "0-55,112-167");
+    }
+
+    #[test]
+    fn islands_follow_the_peers_links_reach() {
+        let bus: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+        let direct = vec![
+            vec!["b".into()],
+            vec!["a".into()],
+            vec!["D".into()],
+            vec!["c".into()],
+        ];
+        assert_eq!(islands(&bus, &direct), vec![0, 0, 2, 2]);
+        let switched = vec![vec!["sw".into()]; 4];
+        assert_eq!(islands(&bus, &switched), vec![0, 0, 0, 0]);
+        let none: Vec<Vec<String>> = vec![Vec::new(); 4];
+        assert_eq!(islands(&bus, &none), vec![0, 1, 2, 3]);
+        // A chain is one island; "has any link" alone is not.
+        let chain = vec![
+            vec!["b".into()],
+            vec!["c".into()],
+            Vec::new(),
+            vec!["x".into()],
+        ];
+        assert_eq!(islands(&bus, &chain), vec![0, 0, 0, 3]);
+    }
+
+    #[test]
+    fn dgx_h100_ranks_get_their_uuids_numa_cpus_and_own_hcas() {
+        let d = shipped("dgx-h100.yaml");
+        let all: Vec<u32> = (0..224).collect();
+        let b = bind(&d.gpus, &d.topology, &[1], 4000, &all);
+        assert_eq!(b.env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
+        assert_eq!(
+            b.env["CUDA_VISIBLE_DEVICES"],
+            "GPU-h100-0000-4000-8000-000000000001"
+        );
+        assert_eq!(b.env_defaults["NCCL_IB_HCA"], "=mlx5_3");
+        assert_eq!(b.env["GANGWAY_CPUS"], "0-55,112-167");
+        assert_eq!(b.cpus.len(), 112);
+        assert_eq!(b.device_ids, vec!["GPU-h100-0000-4000-8000-000000000001"]);
+        // Across both sockets: both NUMA nodes, each GPU's own HCA, in PCI order.
+        let b = bind(&d.gpus, &d.topology, &[5, 2], 8000, &all);
+        assert_eq!(b.env["GANGWAY_NUMA_NODES"], "0-1");
+        assert_eq!(b.env_defaults["NCCL_IB_HCA"], "=mlx5_4,mlx5_9");
+        assert!(b.env["CUDA_VISIBLE_DEVICES"].starts_with("GPU-h100-0000-4000-8000-000000000002,"));
+        // A CPU request larger than the node: no pinning, with the reason.
+        let b = bind(&d.gpus, &d.topology, &[0], 200_000, &all);
+        assert!(b.cpus.is_empty());
+        assert!(b
+            .no_affinity
+            .as_deref()
+            .is_some_and(|w| w.contains("200 CPUs asked")));
+        // This host lacks the recorded CPUs: no pinning either.
+        let b = bind(&d.gpus, &d.topology, &[0], 1000, &[0, 1]);
+        assert!(b.cpus.is_empty() && !b.env.contains_key("GANGWAY_CPUS"));
+        assert!(b
+            .no_affinity
+            .as_deref()
+            .is_some_and(|w| w.contains("not all this host's")));
+        // No GPUs: nothing to bind.
+        assert_eq!(
+            bind(&d.gpus, &d.topology, &[], 1000, &all),
+            Binding::default()
+        );
+    }
+
+    #[test]
+    fn nics_by_numa_when_paths_are_unknown_and_none_without_hcas() {
+        let d = shipped("a100-pcie-nvlink-pairs.yaml");
+        let b = bind(&d.gpus, &d.topology, &[2, 3], 1000, &[]);
+        assert_eq!(b.env_defaults["NCCL_IB_HCA"], "=mlx5_1");
+        let d = shipped("hgx-a100-80gb.yaml");
+        let b = bind(&d.gpus, &d.topology, &[6, 7], 1000, &[]);
+        assert_eq!(b.env_defaults["NCCL_IB_HCA"], "=mlx5_8,mlx5_9");
+        let d = shipped("l4x8-pcie.yaml");
+        let b = bind(&d.gpus, &d.topology, &[0], 1000, &[]);
+        assert!(!b.env_defaults.contains_key("NCCL_IB_HCA"));
+    }
+
+    #[test]
+    fn declared_gpus_keep_indices_in_order() {
+        let d = discover(&Inventory::Declared {
+            gpus: 4,
+            model: "H100".into(),
+            memory_gib: 80,
+            nvlink_all: true,
+        })
+        .expect("declared");
+        let b = bind(&d.gpus, &d.topology, &[3, 2], 1000, &[0, 1]);
+        assert_eq!(b.env["CUDA_VISIBLE_DEVICES"], "2,3");
+        assert_eq!(b.env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
+        assert!(b.cpus.is_empty());
+    }
+
+    #[test]
+    fn a_cpu_set_pins_a_child() {
+        let host = host_cpus();
+        let Some(&first) = host.first() else {
+            panic!("no CPU to run on");
+        };
+        let set = CpuSet::new(&[first]).expect("set");
+        let mut cmd = std::process::Command::new("grep");
+        cmd.args(["Cpus_allowed_list", "/proc/self/status"]);
+        // SAFETY: apply makes one system call.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || set.apply());
+        }
+        let out = cmd.output().expect("grep");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.split_whitespace().nth(1),
+            Some(first.to_string().as_str()),
+            "{text}"
+        );
+        assert!(CpuSet::new(&[]).is_none());
+    }
+}

@@ -411,3 +411,210 @@ impl GpuSource for RecordedMachine {
         self.spec.gpus.get(index as usize)?.pci_path.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Inventory;
+    use crate::discovery::discover;
+    use std::path::PathBuf;
+
+    fn shipped(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/machines")
+            .join(name)
+    }
+
+    fn with_events(base: &str, events: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let text = std::fs::read_to_string(shipped(base)).expect("machine");
+        let p = dir.path().join(base);
+        std::fs::write(&p, format!("{text}events:\n{events}")).expect("write");
+        (dir, p)
+    }
+
+    #[test]
+    fn every_shipped_machine_reads_as_nvml_would_answer() {
+        // (file, GPUs, NVML name, MiB, islands by GPU, MIG)
+        let cases: [(&str, usize, &str, u64, &[u32], bool); 5] = [
+            (
+                "dgx-h100.yaml",
+                8,
+                "NVIDIA H100 80GB HBM3",
+                81_559,
+                &[0; 8],
+                false,
+            ),
+            (
+                "hgx-a100-80gb.yaml",
+                8,
+                "NVIDIA A100-SXM4-80GB",
+                81_920,
+                &[0; 8],
+                false,
+            ),
+            (
+                "a100-pcie-nvlink-pairs.yaml",
+                4,
+                "NVIDIA A100 80GB PCIe",
+                81_920,
+                &[0, 0, 2, 2],
+                false,
+            ),
+            (
+                "l4x8-pcie.yaml",
+                8,
+                "NVIDIA L4",
+                23_034,
+                &[0, 1, 2, 3, 4, 5, 6, 7],
+                false,
+            ),
+            (
+                "a100-mig.yaml",
+                8,
+                "NVIDIA A100-SXM4-40GB",
+                40_960,
+                &[0; 8],
+                true,
+            ),
+        ];
+        for (file, n, name, mib, islands, mig) in cases {
+            let d = discover(&Inventory::Machine(shipped(file))).expect(file);
+            assert_eq!(d.gpus.len(), n, "{file}");
+            for (i, g) in d.gpus.iter().enumerate() {
+                assert_eq!(g.model, name, "{file}");
+                assert_eq!(g.memory_mib, Some(mib), "{file}");
+                assert_eq!(g.memory_mib(), mib, "{file}");
+                assert_eq!(g.island, islands[i], "{file} GPU {i}");
+                assert_eq!(g.mig, mig, "{file}");
+                assert!(g.uuid.as_deref().is_some_and(|u| u.starts_with("GPU-")));
+                assert!(g.numa_node.is_some(), "{file}");
+            }
+            assert!(d
+                .health(Path::new("/nonexistent"))
+                .iter()
+                .all(|h| h.healthy));
+            assert!(d.source.starts_with("machine "), "{}", d.source);
+        }
+        let d = discover(&Inventory::Machine(shipped("dgx-h100.yaml"))).expect("dgx");
+        assert_eq!(d.topology.numa_cpus.len(), 2);
+        assert_eq!(d.topology.numa_cpus[&0].len(), 112);
+        assert_eq!(d.topology.nics.len(), 8);
+        assert_eq!(d.gpus[4].numa_node, Some(1));
+        let mig = discover(&Inventory::Machine(shipped("a100-mig.yaml"))).expect("mig");
+        assert_eq!(mig.topology.mig_instances[1], vec!["3g.20gb", "4g.20gb"]);
+    }
+
+    /// Waits until `f` holds (the watches run on their own threads).
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn scripted_events_mark_only_their_gpu_and_application_xids_none() {
+        let (dir, p) = with_events(
+            "dgx-h100.yaml",
+            "  - { at_seconds: 0.2, gpu: 0, xid: 13 }
+  - { at_seconds: 0.2, gpu: 0, xid: 31 }
+  - { at_seconds: 0.2, gpu: 0, xid: 43 }
+  - { at_seconds: 0.2, gpu: 0, xid: 45 }
+  - { at_seconds: 0.2, gpu: 0, xid: 68 }
+  - { at_seconds: 0.2, gpu: 1, xid: 79 }
+  - { at_seconds: 0.2, gpu: 2, lost: true }
+  - { at_seconds: 0.2, gpu: 3, ecc_uncorrected: 1 }
+  - { at_seconds: 0.2, gpu: 4, remap_failed: true }
+  - { at_seconds: 0.4, gpu: 6, xid: 94 }
+",
+        );
+        let text = std::fs::read_to_string(&p).expect("read").replacen(
+            "uuid: GPU-h100-0000-4000-8000-000000000005\n",
+            "uuid: GPU-h100-0000-4000-8000-000000000005\n    watch_fails: true\n",
+            1,
+        );
+        std::fs::write(&p, text).expect("write");
+        let d = discover(&Inventory::Machine(p)).expect("machine");
+        let state = dir.path();
+        eventually("every scripted fault", || {
+            d.health(state).iter().filter(|h| !h.healthy).count() == 5
+        });
+        let h = d.health(state);
+        let reason = |i: usize| h[i].reason.clone().unwrap_or_default();
+        assert!(h[0].healthy, "application XIDs: {:?}", h[0].reason);
+        assert_eq!(d.application_xids().get(&0), Some(&68));
+        assert_eq!(reason(1), "XID 79: GPU has fallen off the bus");
+        assert!(reason(2).starts_with("GPU lost"), "{}", reason(2));
+        assert_eq!(reason(3), "1 uncorrected ECC errors");
+        assert!(
+            reason(4).starts_with("row remapping failed"),
+            "{}",
+            reason(4)
+        );
+        // GPU 5's watch failed; GPU 6's XID still arrived.
+        assert!(h[5].healthy);
+        assert!(d.watch_errors().contains_key(&5), "{:?}", d.watch_errors());
+        assert_eq!(reason(6), "XID 94: contained ECC error");
+        assert!(h[7].healthy);
+        // Sticky: the verdicts stay until an admin clears the GPU.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(d.health(state).iter().filter(|h| !h.healthy).count(), 5);
+    }
+
+    #[test]
+    fn a_pending_row_remap_and_a_gpu_lost_at_start_are_reported() {
+        let text = std::fs::read_to_string(shipped("l4x8-pcie.yaml"))
+            .expect("read")
+            .replacen(
+                "numa_node: 0\n",
+                "numa_node: 0\n    remap_pending: true\n",
+                1,
+            );
+        let m = RecordedMachine::parse("pending.yaml", &text).expect("parse");
+        assert_eq!(m.state(0).expect("state").remap_pending, true);
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("m.yaml");
+        std::fs::write(&p, &text).expect("write");
+        let d = discover(&Inventory::Machine(p)).expect("machine");
+        let h = d.health(dir.path());
+        assert_eq!(
+            h[0].reason.as_deref(),
+            Some("row remapping pending: the GPU needs a reset")
+        );
+        assert!(h[1].healthy);
+        // A GPU already gone when the agent starts: discovery says which.
+        let (_d, p) = with_events(
+            "l4x8-pcie.yaml",
+            "  - { at_seconds: 0, gpu: 3, lost: true }\n",
+        );
+        let e = discover(&Inventory::Machine(p)).expect_err("lost at start");
+        assert!(e.to_string().contains("GPU 3: GPU lost"), "{e}");
+    }
+
+    #[test]
+    fn bad_machine_files_are_refused_naming_the_field() {
+        for (text, want) in [
+            ("gpus: []\n", "gpus: a machine needs at least one GPU"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 0 }\n", "gpus[0].memory_bytes"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1 }\n  - { name: x, uuid: v, pci_bus_id: A, memory_bytes: 1 }\n", "gpus[1].pci_bus_id"),
+            ("numa_nodes: [{ id: 0, cpus: \"3-1\" }]\ngpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1 }\n", "numa_nodes[0].cpus"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1, numa_node: 4 }\nnuma_nodes: [{ id: 0, cpus: \"0\" }]\n", "gpus[0].numa_node"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1 }\nevents: [{ at_seconds: 1, gpu: 9, xid: 79 }]\n", "events[0].gpu"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1 }\nevents: [{ at_seconds: -1, gpu: 0, xid: 79 }]\n", "events[0].at_seconds"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1 }\nevents: [{ at_seconds: 1, gpu: 0 }]\n", "events[0]: say what happens"),
+            ("gpus:\n  - { name: x, uuid: u, pci_bus_id: a, memory_bytes: 1, colour: red }\n", "colour"),
+        ] {
+            let e = RecordedMachine::parse("m.yaml", text)
+                .err()
+                .unwrap_or_else(|| panic!("accepted {text}"));
+            assert!(e.to_string().contains(want), "{want:?} in {e}");
+        }
+        let many: String = (0..65)
+            .map(|i| format!("  - {{ name: x, uuid: u{i}, pci_bus_id: b{i}, memory_bytes: 1 }}\n"))
+            .collect();
+        let e = RecordedMachine::parse("m.yaml", &format!("gpus:\n{many}")).err();
+        assert!(e.is_some_and(|e| e.to_string().contains("at most 64")));
+    }
+}
