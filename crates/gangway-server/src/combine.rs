@@ -1,4 +1,4 @@
-//! Flat combining of the agents' frequent state changes (issue 16).
+//! Flat combining of the agents' frequent state changes.
 //!
 //! Every agent sync and rank report is a short change to the control state
 //! followed by a durable commit. Taken one by one, each paid a lock hold,
