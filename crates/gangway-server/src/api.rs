@@ -421,7 +421,7 @@ pub(crate) async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<By
 
 /// Bodies up to this size are parsed on the async worker: a typical spec
 /// (a few hundred bytes) parses in microseconds, less than a hop to the
-/// blocking pool costs (issue 16's submission path).
+/// blocking pool costs (the submission path).
 const INLINE_PARSE_BYTES: usize = 16 * 1024;
 
 /// Parses a job spec (JSON or budgeted YAML); large bodies on the blocking
@@ -735,7 +735,7 @@ async fn queues(
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     authenticate_person(&app, &headers)?;
-    // The read view's snapshot: no state lock (issue 16).
+    // The read view's snapshot: no state lock.
     let v = app.control.view();
     let out: Vec<_> = v
         .cluster
@@ -775,7 +775,7 @@ async fn nodes(
 ) -> ApiResult<Json<crate::node_list::NodeList>> {
     authenticate_person(&app, &headers)?;
     // The read view's snapshot, serialized as it is: no state lock, no
-    // `serde_json::Value` tree (issue 16).
+    // `serde_json::Value` tree.
     Ok(Json(crate::node_list::NodeList(app.control.view())))
 }
 
@@ -1007,7 +1007,7 @@ async fn job_logs(
     let rank = q.rank.unwrap_or(0);
     let (url, token, attempt) = {
         // The read view: the record, the node's registered address and its
-        // log key; no state lock (issue 16).
+        // log key; no state lock.
         let v = app.control.view();
         let rec = v
             .job(JobId(id))
@@ -1225,7 +1225,7 @@ async fn usage(
             "from: must not be after to".into(),
         ));
     }
-    // The read view's jobs: no state lock (issue 16).
+    // The read view's jobs: no state lock.
     let view = app.control.view();
     let (q, u) = blocking(move || Ok(crate::history::usage(&view.jobs, from, to, t))).await?;
     Ok(Json(
