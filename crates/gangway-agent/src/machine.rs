@@ -436,7 +436,8 @@ mod tests {
     #[test]
     fn every_shipped_machine_reads_as_nvml_would_answer() {
         // (file, GPUs, NVML name, MiB, islands by GPU, MIG)
-        let cases: [(&str, usize, &str, u64, &[u32], bool); 5] = [
+        type Case<'a> = (&'a str, usize, &'a str, u64, &'a [u32], bool);
+        let cases: [Case; 5] = [
             (
                 "dgx-h100.yaml",
                 8,
@@ -573,7 +574,7 @@ mod tests {
                 1,
             );
         let m = RecordedMachine::parse("pending.yaml", &text).expect("parse");
-        assert_eq!(m.state(0).expect("state").remap_pending, true);
+        assert!(m.state(0).expect("state").remap_pending);
         let dir = tempfile::tempdir().expect("tmp");
         let p = dir.path().join("m.yaml");
         std::fs::write(&p, &text).expect("write");
