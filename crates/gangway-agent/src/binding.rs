@@ -243,7 +243,7 @@ mod tests {
         assert_eq!(cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
         assert_eq!(cpu_list(&[5]), "5");
         assert_eq!(cpu_list(&[]), "");
-        let parsed = crate::machine::parse_cpu_list("0-55,112-167").expect("parse");
+        let parsed = crate::gpu_source::parse_cpu_list("0-55,112-167").expect("parse");
         assert_eq!(cpu_list(&parsed), "0-55,112-167");
     }
 

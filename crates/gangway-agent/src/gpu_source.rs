@@ -137,6 +137,21 @@ fn read_trim(p: &std::path::Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// Parses a kernel CPU list (`0-3,8,10-11`).
+pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let a: u32 = a.trim().parse().map_err(|_| format!("bad CPU {a:?}"))?;
+        let b: u32 = b.trim().parse().map_err(|_| format!("bad CPU {b:?}"))?;
+        if b < a || b - a > 65_535 {
+            return Err(format!("bad CPU range {part:?}"));
+        }
+        out.extend(a..=b);
+    }
+    Ok(out)
+}
+
 /// The host's NUMA nodes and their CPUs.
 pub fn host_numa_cpus() -> BTreeMap<u32, Vec<u32>> {
     let mut out = BTreeMap::new();
@@ -151,8 +166,8 @@ pub fn host_numa_cpus() -> BTreeMap<u32, Vec<u32>> {
         else {
             continue;
         };
-        if let Some(cpus) = read_trim(&e.path().join("cpulist"))
-            .and_then(|t| crate::machine::parse_cpu_list(&t).ok())
+        if let Some(cpus) =
+            read_trim(&e.path().join("cpulist")).and_then(|t| parse_cpu_list(&t).ok())
         {
             out.insert(id, cpus);
         }

@@ -5,7 +5,7 @@
 //! FILE` run on one; the shipped ones are under `examples/machines/`.
 
 use crate::gpu_source::{
-    DeviceFacts, DeviceState, EventWatch, GpuEvent, GpuSource, Nic, SourceError,
+    parse_cpu_list, DeviceFacts, DeviceState, EventWatch, GpuEvent, GpuSource, Nic, SourceError,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -150,21 +150,6 @@ pub struct RecordedMachine {
     start: Instant,
     /// Events applied so far, per GPU (their effects on `state`).
     applied: Mutex<Vec<DeviceState>>,
-}
-
-/// Parses a kernel CPU list (`0-3,8,10-11`).
-pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
-    let mut out = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        let a: u32 = a.trim().parse().map_err(|_| format!("bad CPU {a:?}"))?;
-        let b: u32 = b.trim().parse().map_err(|_| format!("bad CPU {b:?}"))?;
-        if b < a || b - a > 65_535 {
-            return Err(format!("bad CPU range {part:?}"));
-        }
-        out.extend(a..=b);
-    }
-    Ok(out)
 }
 
 impl MachineSpec {
