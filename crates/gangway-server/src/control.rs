@@ -1321,7 +1321,7 @@ impl<S: Store> Control<S> {
     /// `node_not_ready_seconds` and still Ready. Read from the heartbeat
     /// index: only the nodes it holds at or before the smaller of the two
     /// are looked at (the silent ones, and those heard from since they were
-    /// last looked at, about once per threshold each; issue 16: a walk of
+    /// last looked at, about once per threshold each: a walk of
     /// every node was O(nodes) each cycle).
     pub(crate) fn silent_nodes(&mut self, now: Time) -> Vec<SilentNode> {
         let lc = self.lifecycle;
@@ -2146,7 +2146,7 @@ mod tests {
         ]
     }
 
-    /// The check as it was before the heartbeat index (issue 16): a walk of
+    /// The check as it was before the heartbeat index: a walk of
     /// every node of the scheduler.
     fn silent_nodes_by_walk<S: Store>(c: &Control<S>, now: Time) -> Vec<SilentNode> {
         let lc = c.lifecycle;

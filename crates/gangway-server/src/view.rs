@@ -1,5 +1,5 @@
 //! The read view: what listing and describing jobs read without taking the
-//! control state's lock (issue 16).
+//! control state's lock.
 //!
 //! The control state ([`Control`]) sits behind one mutex that every change
 //! and the scheduling cycle take. Reads of jobs do not: every release of the
@@ -449,7 +449,7 @@ fn names_only(cluster: &ClusterState) -> ClusterState {
 /// often it took the lock, how long it waited and how long it held it (the
 /// read view's publication included): the first thing to read when agents'
 /// syncs or submissions slow down. Timing the holds by hand is how a 10 MB
-/// predictor store and redb's commit were found under the lock (issue 16).
+/// predictor store and redb's commit were found under the lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Holder {
     /// The scheduling cycle (with grace expiry and the policy's tick).

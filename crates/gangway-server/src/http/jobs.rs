@@ -139,7 +139,7 @@ const JOB_SEQ_LOST: &str = "submission lost in its batch; retry";
 
 /// Bodies up to this size are parsed on the async worker: a typical spec
 /// (a few hundred bytes) parses in microseconds, less than a hop to the
-/// blocking pool costs (issue 16's submission path).
+/// blocking pool costs (the submission path).
 const INLINE_PARSE_BYTES: usize = 16 * 1024;
 
 /// Parses a job spec (JSON or budgeted YAML); large bodies on the blocking
@@ -442,7 +442,7 @@ pub async fn job_logs(
     let rank = q.rank.unwrap_or(0);
     let (url, token, attempt) = {
         // The read view: the record, the node's registered address and its
-        // log key; no state lock (issue 16).
+        // log key; no state lock.
         let v = app.control.view();
         let rec = v
             .job(JobId(id))

@@ -29,7 +29,7 @@ pub async fn nodes(
 ) -> ApiResult<Json<crate::http::node_list::NodeList>> {
     authenticate_person(&app, &headers)?;
     // The read view's snapshot, serialized as it is: no state lock, no
-    // `serde_json::Value` tree (issue 16).
+    // `serde_json::Value` tree.
     Ok(Json(crate::http::node_list::NodeList(app.control.view())))
 }
 

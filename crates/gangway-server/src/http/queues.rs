@@ -22,7 +22,7 @@ pub async fn queues(
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     authenticate_person(&app, &headers)?;
-    // The read view's snapshot: no state lock (issue 16).
+    // The read view's snapshot: no state lock.
     let v = app.control.view();
     let out: Vec<_> = v
         .cluster
@@ -75,7 +75,7 @@ pub async fn usage(
             "from: must not be after to".into(),
         ));
     }
-    // The read view's jobs: no state lock (issue 16).
+    // The read view's jobs: no state lock.
     let view = app.control.view();
     let (q, u) = blocking(move || Ok(crate::history::usage(&view.jobs, from, to, t))).await?;
     Ok(Json(
