@@ -53,6 +53,8 @@ struct RankRun {
     /// The kernel's OOM killer killed a process of it (read from its cgroup
     /// before the cgroup is removed).
     oom_killed: bool,
+    /// Its supervisor was lost and its exit code could not be learned.
+    unknown_exit: bool,
 }
 
 /// One job attempt on this node.
@@ -291,6 +293,9 @@ impl Agent {
                 .tasks
                 .entry((k.job, k.attempt))
                 .or_insert_with(|| Task::new(false));
+            if t.ckpt.is_none() {
+                t.ckpt = r.checkpoint_dir.clone();
+            }
             t.ranks.insert(
                 k.rank,
                 RankRun {
@@ -299,6 +304,7 @@ impl Agent {
                     done: None,
                     exit_file,
                     oom_killed: false,
+                    unknown_exit: false,
                 },
             );
         }
@@ -322,6 +328,7 @@ impl Agent {
                     done: exit,
                     exit_file: PathBuf::new(),
                     oom_killed: false,
+                    unknown_exit: false,
                 },
             );
         }
@@ -470,12 +477,13 @@ impl Agent {
 
     /// Marks done every process rank none of whose processes is left: its
     /// code is the one its supervisor wrote (the command's), else its main
-    /// process's, else 137 (killed: a supervisor gets only SIGKILL).
+    /// process's, else (supervisor lost) what [`lost_supervisor_exit`] decides.
     /// Returns whether any rank became done.
     fn poll_ranks(&mut self) -> bool {
         let mut changed = false;
         let mut finished = Vec::new();
         for ((job, attempt), t) in &mut self.tasks {
+            let (ckpt, stop_sent) = (t.ckpt.as_deref(), t.stop_sent);
             for (rank, r) in &mut t.ranks {
                 if r.done.is_some() || !matches!(r.handle, Rank::Process { .. }) {
                     continue;
@@ -483,9 +491,20 @@ impl Agent {
                 if self.executor.alive(&r.handle) {
                     continue;
                 }
-                let code = crate::supervisor::read_exit(&r.exit_file)
-                    .or(r.main_exit)
-                    .unwrap_or(128 + libc::SIGKILL);
+                let k = RankKey {
+                    job: *job,
+                    attempt: *attempt,
+                    rank: *rank,
+                };
+                let code = match crate::supervisor::read_exit(&r.exit_file).or(r.main_exit) {
+                    Some(code) => code,
+                    None => {
+                        let (code, unknown) =
+                            lost_supervisor_exit(&self.cfg.state_dir, k, ckpt, stop_sent);
+                        r.unknown_exit = unknown;
+                        code
+                    }
+                };
                 r.main_exit.get_or_insert(code);
                 r.done = Some(code);
                 r.oom_killed |= self.executor.oom_killed(&r.handle);
@@ -494,11 +513,7 @@ impl Agent {
                     t.first_failure.get_or_insert(*rank);
                 }
                 self.executor.release(&r.handle);
-                finished.push(RankKey {
-                    job: *job,
-                    attempt: *attempt,
-                    rank: *rank,
-                });
+                finished.push(k);
                 changed = true;
             }
         }
@@ -529,6 +544,7 @@ impl Agent {
             let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
             let mut f = crate::checkpoint::rank_failure(rank, code, &log);
             f.oom_killed = r.oom_killed || self.executor.oom_killed(&r.handle);
+            f.unknown_exit = r.unknown_exit;
             Some(f)
         });
         TaskReport {
@@ -822,6 +838,7 @@ impl Agent {
                         done: Some(125),
                         exit_file: PathBuf::new(),
                         oom_killed: false,
+                        unknown_exit: false,
                     },
                 );
                 task.first_failure.get_or_insert(r.rank);
@@ -893,6 +910,7 @@ impl Agent {
                             done: None,
                             exit_file: PathBuf::new(),
                             oom_killed: false,
+                            unknown_exit: false,
                         },
                     );
                     continue;
@@ -922,6 +940,7 @@ impl Agent {
                     container,
                     a.checkpoint_signal,
                     a.grace_seconds,
+                    &ckpt,
                 );
             }
             task.ranks.insert(
@@ -932,12 +951,51 @@ impl Agent {
                     done: None,
                     exit_file,
                     oom_killed: false,
+                    unknown_exit: false,
                 },
             );
         }
         self.tasks.insert(key, task);
     }
 }
+
+/// The exit code of a rank whose supervisor is gone without writing one
+/// (SIGKILLed with the agent): nobody can wait for the rank any more, so its
+/// code is unknown. It counts as finished (0) when the job said so: its
+/// checkpoint directory's `LATEST` marks a final checkpoint (`"final":
+/// true`) written after this rank started and before any stop was asked.
+/// Otherwise it fails as "exit code unknown: supervisor lost" (code 255).
+/// Returns the code and whether it was unknown; the rank's log says which.
+fn lost_supervisor_exit(
+    state_dir: &std::path::Path,
+    k: RankKey,
+    ckpt: Option<&std::path::Path>,
+    stop_sent: bool,
+) -> (i32, bool) {
+    let started = crate::leftovers::recorded_ms(state_dir, k).unwrap_or(u64::MAX);
+    let done = ckpt
+        .and_then(crate::checkpoint::read_final)
+        .filter(|(_, at)| *at >= started && !stop_sent);
+    let log = log_path(&state_dir.join("logs"), k.job.0, k.attempt, k.rank);
+    let (code, note) = match done {
+        Some((step, _)) => (
+            0,
+            format!("exit code unknown: supervisor lost; counted as finished: the job announced its final checkpoint (step {step})"),
+        ),
+        None => (UNKNOWN_EXIT, "exit code unknown: supervisor lost".to_string()),
+    };
+    tracing::warn!(
+        "job {} attempt {} rank {}: {note}",
+        k.job,
+        k.attempt,
+        k.rank
+    );
+    crate::executor::note(&log, &note);
+    (code, done.is_none())
+}
+
+/// The code reported for a rank whose exit code is unknown.
+const UNKNOWN_EXIT: i32 = 255;
 
 /// When a grace period that starts now ends; a period too long for the
 /// clock (any user number, up to `u64::MAX` seconds) ends in a century.

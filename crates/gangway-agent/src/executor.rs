@@ -99,7 +99,8 @@ pub enum ExecutorError {
     Docker(#[from] bollard::errors::Error),
 }
 
-fn note(log: &Path, msg: &str) {
+/// Appends a `[gangway]` line to a rank's log.
+pub(crate) fn note(log: &Path, msg: &str) {
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -546,7 +547,8 @@ impl Executor {
         if let Some(dir) = exit_file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let Some(sup) = crate::supervisor::Supervisor::new(&exit_file) else {
+        let title = crate::supervisor::title(k.job.0, k.attempt, k.rank);
+        let Some(sup) = crate::supervisor::Supervisor::new(&exit_file, &title) else {
             note(&l.log, "bad exit file path");
             let _ = exits.send((k, 125));
             return Rank::NotStarted;

@@ -207,6 +207,10 @@ pub struct RankFailure {
     /// The last lines of its log.
     #[serde(default)]
     pub log_tail: Vec<String>,
+    /// Its exit code is unknown: its supervisor was lost (killed with the
+    /// agent) before the rank ended, and `exit_code` is a stand-in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_exit: bool,
 }
 
 /// The body of `POST /v1/agent/{node}/sync`: heartbeat, GPU health and task states.
@@ -556,6 +560,7 @@ mod tests {
                     signal: Some(9),
                     oom_killed: false,
                     log_tail: vec!["boom".into()],
+                    unknown_exit: false,
                 }),
                 ..TaskReport::new(JobId(4), 1, TaskState::Exited { exit_code: 137 })
             }],

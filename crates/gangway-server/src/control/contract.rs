@@ -326,6 +326,7 @@ impl<S: Store> Control<S> {
             .contract_state
             .failures
             .remove(&(rec.id, rec.attempt, node.to_string()));
+        let unknown = f.as_ref().is_some_and(|f| f.unknown_exit);
         let record = FailureRecord {
             attempt: rec.attempt,
             node: node.to_string(),
@@ -339,7 +340,11 @@ impl<S: Store> Control<S> {
             log_tail: f.map(|f| f.log_tail).unwrap_or_default(),
             at: now,
         };
-        let mut msg = format!("exited with code {} on {node}", record.exit_code);
+        let mut msg = if unknown {
+            format!("exit code unknown: supervisor lost on {node}")
+        } else {
+            format!("exited with code {} on {node}", record.exit_code)
+        };
         let detail = failure_phrase(&record);
         if !detail.is_empty() {
             msg += &format!(" ({detail})");
