@@ -246,6 +246,7 @@ impl Agent {
             server_index: Default::default(),
         };
         agent.adopt_leftovers().await;
+        agent.sweep_tmp();
         agent.register(stop_rx.clone()).await?;
         let task = tokio::spawn(agent.run(stop_rx));
         Ok(AgentHandle {
@@ -774,11 +775,9 @@ impl Agent {
                         k.1
                     );
                     self.kill_and_reap(k).await;
-                    self.tasks.remove(&k);
+                    self.forget_task(k);
                 }
-                Action::Forget(k) => {
-                    self.tasks.remove(&k);
-                }
+                Action::Forget(k) => self.forget_task(k),
                 Action::Checkpoint {
                     key: k,
                     signal: sig,
@@ -803,6 +802,50 @@ impl Agent {
             }
         }
         acted
+    }
+
+    /// Drops a task none of whose processes is left, with its `TMPDIR`.
+    fn forget_task(&mut self, k: TaskKey) {
+        self.tasks.remove(&k);
+        crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
+    }
+
+    /// Removes the `TMPDIR`s of tasks this agent does not know (left by an
+    /// agent that was killed after they ended).
+    fn sweep_tmp(&self) {
+        let root = self.cfg.state_dir.join("tmp");
+        let keep: std::collections::BTreeSet<PathBuf> = self
+            .tasks
+            .keys()
+            .map(|k| crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1))
+            .collect();
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if !keep.contains(&e.path()) {
+                crate::sandbox::remove_tmp(&e.path());
+            }
+        }
+    }
+
+    /// A process rank's per-job `HOME` (when its account has none) and
+    /// `TMPDIR`, made and added to its base environment.
+    fn with_job_dirs(
+        &self,
+        mut sb: crate::sandbox::RankSandbox,
+        a: &Assignment,
+        ckpt: &std::path::Path,
+    ) -> Result<crate::sandbox::RankSandbox, crate::sandbox::SandboxError> {
+        if a.run.image.is_some() {
+            return Ok(sb);
+        }
+        let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
+        let env = crate::sandbox::job_dirs(&sb.account, ckpt, &tmp).map_err(|e| {
+            crate::sandbox::SandboxError::JobDirs {
+                account: sb.account.name.clone(),
+                msg: e.to_string(),
+            }
+        })?;
+        sb.base_env.extend(env);
+        Ok(sb)
     }
 
     async fn start_task(&mut self, a: Assignment) {
@@ -868,7 +911,8 @@ impl Agent {
             .clone()
             .or_else(|| crate::checkpoint::read_latest(&ckpt).map(|c| c.path));
         let logs = self.cfg.state_dir.join("logs");
-        let sandbox = crate::sandbox::prepare(&self.cfg, &a);
+        let sandbox =
+            crate::sandbox::prepare(&self.cfg, &a).and_then(|sb| self.with_job_dirs(sb, &a, &ckpt));
         if let Err(e) = &sandbox {
             tracing::warn!(
                 "job {} attempt {}: refused on node {}: {e}",

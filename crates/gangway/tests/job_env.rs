@@ -1,0 +1,199 @@
+//! What a PyTorch user meets in the first hour, with a real server, real
+//! agents and real ranks: the environment a rank gets (as docs/JOB_ENV.md
+//! lists it), its own HOME and TMPDIR, loader variables, and clear errors.
+
+mod agents;
+
+use agents::*;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Whether the tests run as root (ranks then run as `nobody`); without
+/// root the test says "skipped", or fails when GANGWAY_REQUIRE_ROOT is set.
+fn skip_unless_root() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        assert!(
+            !required("GANGWAY_REQUIRE_ROOT"),
+            "GANGWAY_REQUIRE_ROOT is set but the tests do not run as root"
+        );
+        eprintln!("skipped: needs root (ranks as nobody)");
+    }
+    !root
+}
+
+/// The log of rank 0 of a job's attempt on `node`, read from the agent's state dir.
+fn rank_log(c: &Cluster, node: &str, id: u64, attempt: u32) -> String {
+    let p = c
+        .dir
+        .path()
+        .join(format!("{node}/logs/job-{id}/attempt-{attempt}/rank-0.log"));
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+fn finished(c: &Cluster, id: u64) -> Value {
+    c.wait_job(id, "finish", 60, |j| {
+        matches!(state(j), "succeeded" | "failed" | "cancelled" | "timeout")
+    })
+}
+
+/// The variables the tables of docs/JOB_ENV.md's "Environment" section
+/// name (up to the array tasks), and those among them set only sometimes
+/// (their value says "only when").
+fn documented_env() -> (BTreeSet<String>, BTreeSet<String>) {
+    let doc = std::fs::read_to_string(repo().join("docs/JOB_ENV.md")).expect("JOB_ENV.md");
+    let start = doc.find("\n## Environment").expect("Environment section");
+    let end = doc[start..]
+        .find("\n### Array tasks")
+        .map_or(doc.len(), |e| start + e);
+    let (mut all, mut sometimes) = (BTreeSet::new(), BTreeSet::new());
+    for line in doc[start..end].lines() {
+        let Some(row) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let mut cells = row.split(" | ");
+        let names = cells.next().unwrap_or("");
+        let value = cells.next().unwrap_or("");
+        for name in names.split('`').filter(|n| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+        }) {
+            all.insert(name.to_string());
+            if value.starts_with("only when") {
+                sometimes.insert(name.to_string());
+            }
+        }
+    }
+    (all, sometimes)
+}
+
+#[test]
+fn the_job_env_document_lists_exactly_what_a_rank_gets() {
+    let mut c = Cluster::start("127.0.0.1");
+    let node = format!("envdoc-{}", std::process::id());
+    c.agent(&node, 1, &[], &[]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "env", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["/usr/bin/env"], "env": { "JOB_OWN": "1" } }
+    }));
+    let j = finished(&c, id);
+    assert_eq!(state(&j), "succeeded", "{j:#}");
+    let log = rank_log(&c, &node, id, 0);
+    let got: BTreeSet<String> = log
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, _)| k.to_string())
+        .filter(|k| k != "JOB_OWN")
+        .collect();
+    assert!(log.contains("JOB_OWN=1"), "the job's run.env: {log}");
+    let (documented, sometimes) = documented_env();
+    let undocumented: Vec<_> = got.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "a rank gets {undocumented:?}, which docs/JOB_ENV.md does not list"
+    );
+    let missing: Vec<_> = documented
+        .difference(&got)
+        .filter(|k| !sometimes.contains(*k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/JOB_ENV.md lists {missing:?}, which a rank does not get"
+    );
+}
+
+/// Ranks as `nobody` (no home): HOME is a per-job directory in the
+/// checkpoint directory, TMPDIR one per attempt, both the account's alone
+/// and writable, both gone once the job succeeded. `LD_LIBRARY_PATH`
+/// reaches a rank that cannot be root; a queue that allows root refuses it.
+#[test]
+fn a_rank_gets_a_home_and_tmpdir_of_its_own_removed_with_the_job() {
+    if skip_unless_root() {
+        return;
+    }
+    let extra = "  - name: ops\n    node: { allow_root: true }\n";
+    let mut c = Cluster::start_with("127.0.0.1", &server_config(extra));
+    let node = format!("envdirs-{}", std::process::id());
+    c.agent(&node, 1, &[], &[]);
+    c.wait_nodes(1);
+    let script = r#"set -e
+id -u > "$OUT/uid"
+echo "$HOME" > "$OUT/home"; echo "$TMPDIR" > "$OUT/tmpdir"; echo "$LD_LIBRARY_PATH" > "$OUT/ldpath"
+mkdir -p "$HOME/.cache/torch"; echo x > "$HOME/.cache/torch/kernel"; echo y > "$TMPDIR/scratch"
+stat -c '%u %a' "$HOME" > "$OUT/home-stat"; stat -c '%u %a' "$TMPDIR" > "$OUT/tmp-stat""#;
+    let spec = |queue: &str| {
+        json!({
+            "name": "dirs", "queue": queue, "replicas": 1,
+            "resources": { "gpus": 1 },
+            "restart": { "max_restarts": 0 },
+            "run": {
+                "command": ["sh", "-c", script],
+                "env": { "OUT": c.out.display().to_string(), "LD_LIBRARY_PATH": "/opt/cuda/lib64" }
+            }
+        })
+    };
+    let id = c.submit(&spec("default"));
+    let j = finished(&c, id);
+    let read = |n: &str| {
+        std::fs::read_to_string(c.out.join(n))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        state(&j),
+        "succeeded",
+        "{j:#}\n{}",
+        rank_log(&c, &node, id, 0)
+    );
+    let uid = read("uid");
+    assert_ne!(uid, "0");
+    let home = PathBuf::from(read("home"));
+    let ckpt = c.dir.path().join(format!("checkpoints/admin/job-{id}"));
+    assert_eq!(
+        home,
+        ckpt.join(".home"),
+        "nobody's HOME is kept with its checkpoints"
+    );
+    let tmp = PathBuf::from(read("tmpdir"));
+    assert_eq!(tmp, c.dir.path().join(format!("{node}/tmp/job-{id}-0")));
+    assert_eq!(read("home-stat"), format!("{uid} 700"));
+    assert_eq!(read("tmp-stat"), format!("{uid} 700"));
+    assert_eq!(
+        read("ldpath"),
+        "/opt/cuda/lib64",
+        "LD_LIBRARY_PATH as a user"
+    );
+    // Both go with the job: TMPDIR when the attempt ends on the node, HOME
+    // with the checkpoint directory of the succeeded job.
+    wait_for("TMPDIR and HOME removed", 20, || {
+        (!tmp.exists() && !home.exists()).then_some(())
+    });
+    // Where root is allowed, loader variables are refused at submission.
+    let r = ureq::post(&format!("{}/v1/jobs", c.addr))
+        .set("Authorization", &format!("Bearer {ADMIN}"))
+        .send_json(spec("ops"));
+    match r {
+        Err(ureq::Error::Status(422, resp)) => {
+            let msg = resp.into_string().unwrap_or_default();
+            assert!(
+                msg.contains("run.env.LD_LIBRARY_PATH: loader variables are not allowed in queue ops: it allows root ranks"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected a 422 refusal, got {other:?}"),
+    }
+}
