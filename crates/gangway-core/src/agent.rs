@@ -295,6 +295,11 @@ pub struct Assignment {
     /// The array task this job is, if it is one (`GANGWAY_ARRAY_TASK_ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<crate::workflow::ArrayTask>,
+    /// Restarts and requeues so far (`TORCHELASTIC_RESTART_COUNT`): the
+    /// attempt less the rendezvous port moves, which start a new attempt
+    /// without anything having run. `None` (an older server): the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<u32>,
 }
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
@@ -378,7 +383,10 @@ pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> 
         ("ROLE_NAME", ROLE_NAME.to_string()),
         ("ROLE_RANK", r.rank.to_string()),
         ("ROLE_WORLD_SIZE", a.world_size.to_string()),
-        ("TORCHELASTIC_RESTART_COUNT", a.attempt.to_string()),
+        (
+            "TORCHELASTIC_RESTART_COUNT",
+            a.restart_count.unwrap_or(a.attempt).to_string(),
+        ),
         ("TORCHELASTIC_MAX_RESTARTS", a.max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", format!("gangway-job-{}", a.job)),
         ("CUDA_VISIBLE_DEVICES", devices),
@@ -660,6 +668,7 @@ mod tests {
             resume_from: None,
             max_restarts: 3,
             array: None,
+            restart_count: None,
         }
     }
 

@@ -85,6 +85,7 @@ fn assignment(full: bool) -> Assignment {
             count: 4,
             limit: Some(2),
         }),
+        restart_count: None,
     }
 }
 

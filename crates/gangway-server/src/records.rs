@@ -101,6 +101,10 @@ pub struct JobRecord {
     /// milliseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal_at_ms: Option<u64>,
+    /// Attempts started because rank 0's rendezvous port was taken, before
+    /// anything ran: not restarts (`TORCHELASTIC_RESTART_COUNT` leaves them out).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub port_moves: u32,
     /// When the time limit was reached: the attempt ends as `timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_hit: Option<Time>,
@@ -128,6 +132,10 @@ pub struct JobRecord {
 }
 
 fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
     *v == 0
 }
 
@@ -198,6 +206,7 @@ impl JobRecord {
             failure: None,
             master_port: None,
             signal_at_ms: None,
+            port_moves: 0,
             time_limit_hit: None,
             stopping: None,
             held: None,

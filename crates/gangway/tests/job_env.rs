@@ -197,3 +197,51 @@ stat -c '%u %a' "$HOME" > "$OUT/home-stat"; stat -c '%u %a' "$TMPDIR" > "$OUT/tm
         other => panic!("expected a 422 refusal, got {other:?}"),
     }
 }
+
+/// Rank 0's rendezvous port is held by a process outside Gangway: the gang
+/// moves to another port, and that is no restart: `restarts` and
+/// `TORCHELASTIC_RESTART_COUNT` stay 0.
+#[test]
+fn a_rendezvous_port_move_is_not_a_restart() {
+    // A port of ours, held on every interface, is the one the range of two
+    // gives the cluster's first job (job 1, attempt 0: the second port).
+    let held = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
+    let port = held.local_addr().expect("addr").port();
+    let config = format!(
+        "{}master_ports: {{ first: {}, last: {port} }}\n",
+        server_config(""),
+        port - 1
+    );
+    let mut c = Cluster::start_with("127.0.0.1", &config);
+    let node = format!("portmove-{}", std::process::id());
+    c.agent(&node, 1, &[], &[]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "moved", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 2, "backoff_seconds": 0 },
+        "run": {
+            "command": ["sh", "-c", "echo \"$TORCHELASTIC_RESTART_COUNT $MASTER_PORT\" > \"$OUT/count\""],
+            "env": { "OUT": c.out.display().to_string() }
+        }
+    }));
+    let j = finished(&c, id);
+    drop(held);
+    assert_eq!(state(&j), "succeeded", "{j:#}");
+    assert!(
+        events(&j)
+            .iter()
+            .any(|(k, m)| k == "rendezvous" && m.contains(&format!("port {port} is in use"))),
+        "{:?}",
+        events(&j)
+    );
+    assert_eq!(j["restarts"], 0, "{j:#}");
+    let count = std::fs::read_to_string(c.out.join("count")).unwrap_or_default();
+    let mut it = count.split_whitespace();
+    assert_eq!(it.next(), Some("0"), "TORCHELASTIC_RESTART_COUNT: {count}");
+    assert_eq!(
+        it.next(),
+        Some((port - 1).to_string().as_str()),
+        "moved off the held port"
+    );
+}

@@ -218,13 +218,13 @@ impl<S: Store> Control<S> {
         // hold the new one back.
         rec.master_port = None;
         rec.attempt += 1;
+        rec.port_moves = rec.port_moves.saturating_add(1);
         rec.ran_attempt = rec.attempt;
         rec.started_on.clear();
         rec.exited_on.clear();
         let msg = match self.assign_port(&mut rec, &mut used) {
             Some(p) => format!(
-                "rendezvous port {port} is in use on {node} by another process; moved to port {p} (attempt {})",
-                rec.attempt
+                "rendezvous port {port} is in use on {node} by another process; moved to port {p} (not a restart: nothing ran)"
             ),
             None => format!(
                 "rendezvous port {port} is in use on {node} and every port of {}-{} is taken there",
