@@ -332,9 +332,13 @@ pub fn submit_id(
         .context("the server's answer has no job id")
 }
 
-/// Waits until every job has ended, printing each one's final state.
+/// Waits until every job has ended, printing each one's final state; the
+/// outcome is that of `submit --wait`: `Ok` only when every job succeeded,
+/// else a [`crate::wait::JobOutcome`] for the first job that did not.
 pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
     let mut left: Vec<u64> = ids.to_vec();
+    // The first job (in submission order) that did not succeed.
+    let mut outcome: Option<crate::wait::JobOutcome> = None;
     while !left.is_empty() {
         let mut still = Vec::new();
         for id in left {
@@ -351,6 +355,10 @@ pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
                     .map(|e| s(e, "message"))
                     .unwrap_or_default();
                 println!("job {id}: {state} ({last})");
+                let code = crate::wait::exit_code(&job);
+                if code != 0 && outcome.as_ref().is_none_or(|o| o.id > id) {
+                    outcome = Some(crate::wait::JobOutcome { id, state, code });
+                }
             } else {
                 still.push(id);
             }
@@ -360,7 +368,10 @@ pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
             std::thread::sleep(std::time::Duration::from_millis(500));
         }
     }
-    Ok(())
+    match outcome {
+        Some(o) => Err(o.into()),
+        None => Ok(()),
+    }
 }
 
 fn post_spec(
@@ -571,7 +582,7 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             at(j, "/spec/name"),
             at(j, "/spec/queue"),
             s(j, "user"),
-            s(j, "state"),
+            crate::human::shown_state(j),
             gpus(j)
         );
         if let Some(t) = j.get("submitted_at").and_then(Value::as_u64) {
@@ -689,9 +700,63 @@ fn contract_lines(j: &Value) -> String {
 }
 
 /// `gangway cancel ID`.
-pub fn cancel(c: &Conn, id: u64) -> Result<()> {
+///
+/// A job whose ranks run is `cancelling` until every node reports none of
+/// its processes left (they get the checkpoint signal and at most 10 s);
+/// with `wait`, returns once it is `cancelled` (or ended otherwise).
+pub fn cancel(c: &Conn, id: u64, wait: bool) -> Result<()> {
     let v = c.post(&format!("/v1/jobs/{id}/cancel"), "application/json", "")?;
-    c.print(&v, |_| format!("job {id} cancelled\n"))
+    // An array's id cancels every task.
+    let ids: Vec<u64> = match v.get("jobs").and_then(Value::as_array) {
+        Some(a) if !a.is_empty() => a.iter().filter_map(Value::as_u64).collect(),
+        _ => vec![id],
+    };
+    let now_state = |id: u64| -> Result<(String, Value)> {
+        let j = c.get(&format!("/v1/jobs/{id}"))?;
+        Ok((crate::human::shown_state(&j), j))
+    };
+    let (state, job) = now_state(id)?;
+    c.print(&v, |_| match state.as_str() {
+        "cancelling" => {
+            let why = job
+                .get("events")
+                .and_then(Value::as_array)
+                .and_then(|e| {
+                    e.iter()
+                        .rev()
+                        .find(|e| e.get("kind").and_then(Value::as_str) == Some("cancelling"))
+                })
+                .map(|e| format!(" ({})", s(e, "message")))
+                .unwrap_or_default();
+            format!("job {id} cancelling{why}\n")
+        }
+        other => format!("job {id} {other}\n"),
+    })?;
+    if !wait {
+        return Ok(());
+    }
+    let mut left = ids;
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for id in left {
+            let (state, _) = now_state(id)?;
+            if matches!(
+                state.as_str(),
+                "cancelled" | "succeeded" | "failed" | "timeout"
+            ) {
+                if c.output != Output::Json {
+                    println!("job {id} {state}");
+                }
+            } else {
+                still.push(id);
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    Ok(())
 }
 
 /// `gangway nodes`.

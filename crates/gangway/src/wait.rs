@@ -54,7 +54,7 @@ pub fn progress(j: &Value) -> String {
                 (None, None) => format!("job {id}: pending"),
             }
         }
-        "scheduled" | "running" => {
+        "scheduled" | "running" | "preempting" => {
             let mut nodes: Vec<&str> = Vec::new();
             for p in j
                 .get("placement")
@@ -68,6 +68,7 @@ pub fn progress(j: &Value) -> String {
                     }
                 }
             }
+            let state = crate::human::shown_state(j);
             if nodes.is_empty() {
                 format!("job {id}: {state}")
             } else {

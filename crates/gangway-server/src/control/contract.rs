@@ -238,7 +238,8 @@ impl<S: Store> Control<S> {
     }
 
     /// A checkpoint announced by a job's ranks: kept as the job's last
-    /// checkpoint (and the scheduler's measure of work a preemption loses).
+    /// checkpoint (and the scheduler's measure of work a preemption loses);
+    /// an event only when it is the job's first or ends a stop.
     /// Returns whether it was new.
     pub(super) fn note_checkpoint(
         &mut self,
@@ -274,15 +275,22 @@ impl<S: Store> Control<S> {
             attempt,
             node: node.to_string(),
         };
-        let mut msg = format!("checkpoint at step {} ({})", c.step, c.path);
-        if rec.state == JobState::Preempting {
-            msg = format!(
+        // Every announcement updates the job's last checkpoint; only the
+        // job's first and the one that ends a stop are events, so periodic
+        // checkpoints do not bury the events that matter.
+        let first = rec.checkpoint.is_none();
+        let event = if rec.state == JobState::Preempting {
+            Some(format!(
                 "{}; stopping the gang now",
                 checkpoint_phrase(Some(&record), rec.signal_at_ms)
-            );
-        }
+            ))
+        } else {
+            first.then(|| format!("checkpoint at step {} ({})", c.step, c.path))
+        };
         rec.checkpoint = Some(record);
-        rec.events.push(JobEvent::new(now, "checkpoint", msg));
+        if let Some(msg) = event {
+            rec.events.push(JobEvent::new(now, "checkpoint", msg));
+        }
         self.write(rec)?;
         let _ = self.cluster.record_checkpoint(id, c.written_ms / 1000);
         Ok(true)
@@ -615,6 +623,9 @@ mod tests {
         assert!(sync_one(&mut c, busy.clone(), 12));
         let rec = &c.jobs[&id].0;
         assert_eq!(rec.attempt, 1, "a new attempt");
+        assert_eq!((rec.port_moves, rec.restarts), (1, 0), "not a restart");
+        let a = c.assignments("n").into_iter().find(|a| a.job == id);
+        assert_eq!(a.and_then(|a| a.restart_count), Some(0));
         assert_eq!(
             rec.state,
             JobState::Scheduled,
@@ -668,6 +679,20 @@ mod tests {
         assert!(!a.stop_now);
         assert_eq!(a.resume_from.as_deref(), Some("/ck/alice/job-1/step-340"));
         assert_eq!(a.checkpoint_subdir, "alice/job-1");
+        // A later periodic checkpoint updates the job's last checkpoint
+        // without an event: only the first one (and one ending a stop) is.
+        let events = |c: &Control<RedbStore>| {
+            c.jobs[&id]
+                .0
+                .events
+                .iter()
+                .filter(|e| e.kind == "checkpoint")
+                .count()
+        };
+        assert_eq!(events(&c), 1);
+        assert!(sync_one(&mut c, ck(345, 21_000), 31));
+        assert_eq!(c.jobs[&id].0.checkpoint.as_ref().map(|k| k.step), Some(345));
+        assert_eq!(events(&c), 1, "folded into the last checkpoint");
         // Being stopped, with a checkpoint from after the signal: stop now.
         let mut rec = JobRecord::clone(&c.jobs[&id].0);
         rec.state = JobState::Preempting;
