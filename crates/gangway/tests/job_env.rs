@@ -245,3 +245,116 @@ fn a_rendezvous_port_move_is_not_a_restart() {
         "moved off the held port"
     );
 }
+
+/// `gangway ARGS` against the cluster as admin: (success, stdout, stderr).
+fn gangway(c: &Cluster, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .env_remove("GANGWAY_CONFIG")
+        .output()
+        .expect("gangway");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// A cancel says `cancelling` while the ranks stop (here they ignore the
+/// signal and get the 10 s cap of their 30 s grace, cut to 2 s by the
+/// job), `--wait` returns once it is `cancelled`; a time-limit stop shows
+/// `stopping (time limit)` until the job ends `timeout`.
+#[test]
+fn cancel_and_time_limit_stops_show_what_is_happening() {
+    let mut c = Cluster::start("127.0.0.1");
+    let node = format!("states-{}", std::process::id());
+    c.agent(&node, 2, &[], &[]);
+    c.wait_nodes(1);
+    let stubborn = |name: &str, limit: Option<u64>| {
+        let mut j = json!({
+            "name": name, "queue": "default", "replicas": 1,
+            "resources": { "gpus": 1 },
+            "restart": { "max_restarts": 0 },
+            "checkpoint": { "grace_seconds": 2 },
+            "run": { "command": ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"] }
+        });
+        if let Some(l) = limit {
+            j["time_limit"] = json!(l);
+        }
+        j
+    };
+    let id = c.submit(&stubborn("cancel-me", None));
+    c.wait_job(id, "run", 30, |j| state(j) == "running");
+    let (ok, out, err) = gangway(&c, &["cancel", &id.to_string()]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("job {id} cancelling (cancel requested by")),
+        "{out}"
+    );
+    let (ok, out, _) = gangway(&c, &["describe", &id.to_string()]);
+    assert!(ok && out.contains("state cancelling"), "{out}");
+    let (ok, out, err) = gangway(&c, &["cancel", &id.to_string(), "--wait"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.trim_end().ends_with(&format!("job {id} cancelled")),
+        "{out}"
+    );
+    assert_eq!(state(&c.job(id)), "cancelled", "--wait returned at the end");
+
+    let id = c.submit(&stubborn("limited", Some(1)));
+    let seen = wait_for("stopping (time limit)", 30, || {
+        let (_, out, _) = gangway(&c, &["describe", &id.to_string()]);
+        out.contains("state stopping (time limit)").then_some(out)
+    });
+    assert!(seen.contains("state stopping (time limit)"));
+    let j = c.wait_job(id, "time out", 30, |j| state(j) == "timeout");
+    assert_eq!(state(&j), "timeout");
+}
+
+/// `gangway up --submit ... --exit-when-done` exits with the jobs' outcome,
+/// as `submit --wait` does: a job that failed with code 3 makes it exit 3.
+#[test]
+fn up_exit_when_done_fails_when_a_job_failed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let spec = dir.path().join("fails.yaml");
+    std::fs::write(
+        &spec,
+        "name: fails\nqueue: default\nreplicas: 1\nresources: { gpus: 1 }\nrestart: { max_restarts: 0 }\nrun:\n  command: [\"sh\", \"-c\", \"echo broken; exit 3\"]\n",
+    )
+    .expect("spec");
+    let mut child = Command::new(BIN)
+        .args([
+            "up",
+            "--no-tls",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("up"))
+        .args([
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--sync-ms",
+            "100",
+            "--exit-when-done",
+            "--submit",
+        ])
+        .arg(&spec)
+        .current_dir("/")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gangway up");
+    let status = wait_for("up to end", 90, || child.try_wait().expect("wait"));
+    let out = child.wait_with_output().expect("output");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stdout.contains("job 1: failed"), "{stdout}\n{stderr}");
+    assert_eq!(status.code(), Some(3), "{stdout}\n{stderr}");
+}
