@@ -191,13 +191,26 @@ pub struct RestartPolicy {
     pub max_restarts: u32,
     /// First backoff in seconds; doubles with each restart.
     pub backoff_seconds: u64,
+    /// Restart even when the attempt failed at start exactly as the one
+    /// before (see [`START_FAILURE_SECONDS`]); by default such a job fails
+    /// at once instead of spending its restarts on a missing import.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_start_failures: bool,
 }
+
+/// An attempt whose gang failed within this many seconds of its placement
+/// failed "at start". When two attempts in a row fail at start with the
+/// same exit code and the same last line of output, the job fails ("same
+/// start failure twice") instead of restarting again, unless its restart
+/// policy says `retry_start_failures: true`.
+pub const START_FAILURE_SECONDS: u64 = 10;
 
 impl Default for RestartPolicy {
     fn default() -> Self {
         RestartPolicy {
             max_restarts: 3,
             backoff_seconds: 10,
+            retry_start_failures: false,
         }
     }
 }

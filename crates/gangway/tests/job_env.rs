@@ -358,3 +358,52 @@ fn up_exit_when_done_fails_when_a_job_failed() {
     assert!(stdout.contains("job 1: failed"), "{stdout}\n{stderr}");
     assert_eq!(status.code(), Some(3), "{stdout}\n{stderr}");
 }
+
+/// A gang that fails at start twice the same way (here a missing module)
+/// is not restarted to exhaustion: it fails on its second attempt with
+/// "same start failure twice". `restart.retry_start_failures` opts out.
+#[test]
+fn the_same_start_failure_twice_ends_the_job() {
+    let mut c = Cluster::start("127.0.0.1");
+    let node = format!("startfail-{}", std::process::id());
+    c.agent(&node, 2, &[], &[]);
+    c.wait_nodes(1);
+    let spec = |retry: bool| {
+        json!({
+            "name": "no-torch", "queue": "default", "replicas": 1,
+            "resources": { "gpus": 1 },
+            "restart": { "max_restarts": 5, "backoff_seconds": 0, "retry_start_failures": retry },
+            "run": { "command": ["sh", "-c", "echo 'ModuleNotFoundError: No module named torch_not_here' >&2; exit 1"] }
+        })
+    };
+    let id = c.submit(&spec(false));
+    let j = c.wait_job(id, "fail", 60, |j| state(j) == "failed");
+    assert_eq!(
+        (j["restarts"].as_u64(), j["attempt"].as_u64()),
+        (Some(1), Some(1)),
+        "{j:#}"
+    );
+    let failed = events(&j)
+        .into_iter()
+        .find(|(k, _)| k == "failed")
+        .map(|(_, m)| m)
+        .unwrap_or_default();
+    assert!(
+        failed.starts_with("same start failure twice: exited with code 1 on")
+            && failed.contains("No module named torch_not_here"),
+        "{failed}"
+    );
+    // Opted out: every restart is spent.
+    let mut s = spec(true);
+    s["restart"]["max_restarts"] = json!(2);
+    let id = c.submit(&s);
+    let j = c.wait_job(id, "fail", 60, |j| state(j) == "failed");
+    assert_eq!(j["restarts"], 2, "{j:#}");
+    assert!(
+        !events(&j)
+            .iter()
+            .any(|(_, m)| m.contains("same start failure")),
+        "{:?}",
+        events(&j)
+    );
+}

@@ -105,6 +105,16 @@ pub fn failure_phrase(f: &FailureRecord) -> String {
     parts.join(", ")
 }
 
+/// Whether a job's ranks are launchers that start workers of their own
+/// (torchrun, `python -m torch.distributed.run`): then one of Gangway's
+/// ranks is a replica holding several of torch's ranks, and events say
+/// "replica" so the two numberings are not confused.
+pub fn launches_workers(run: &gangway_core::RunSpec) -> bool {
+    run.command
+        .iter()
+        .any(|w| w.contains("torchrun") || w.contains("torch.distributed.run"))
+}
+
 /// The rendezvous ports taken per node during one pass that places jobs
 /// (a cycle, a port moved): filled per node from the job table's index and
 /// the ports found blocked, then updated as ports are handed out.
@@ -353,7 +363,13 @@ impl<S: Store> Control<S> {
         } else {
             format!("exited with code {} on {node}", record.exit_code)
         };
-        let detail = failure_phrase(&record);
+        let mut detail = failure_phrase(&record);
+        if launches_workers(&rec.spec.run) {
+            // torch numbers its workers' ranks itself: Gangway's is the replica.
+            if let Some(rest) = detail.strip_prefix("rank ") {
+                detail = format!("replica {rest}");
+            }
+        }
         if !detail.is_empty() {
             msg += &format!(" ({detail})");
         }
@@ -804,6 +820,40 @@ mod tests {
         f.signal = None;
         f.oom_killed = false;
         assert_eq!(failure_phrase(&f), "rank 5");
+    }
+
+    #[test]
+    fn torchrun_jobs_call_gangway_s_rank_a_replica() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let mut spec = JobSpec::new("t", "q", 1, 1);
+        spec.run.command = vec![
+            "sh".into(),
+            "-c".into(),
+            "exec torchrun --nnodes=1 x.py".into(),
+        ];
+        assert!(launches_workers(&spec.run));
+        let id = c.submit("alice", spec, 10).expect("submit");
+        c.cycle(11).expect("cycle");
+        let failing = TaskReport {
+            failure: Some(RankFailure {
+                rank: 0,
+                exit_code: 1,
+                signal: None,
+                oom_killed: false,
+                log_tail: vec!["worker 3 failed".into()],
+                unknown_exit: false,
+            }),
+            ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 1 })
+        };
+        sync_one(&mut c, failing, 12);
+        let ev = &c.jobs[&id].0.events;
+        assert!(
+            ev.iter()
+                .any(|e| e.message.contains("exited with code 1 on n (replica 0)")),
+            "{ev:?}"
+        );
+        assert!(!launches_workers(&gangway_core::RunSpec::default()));
     }
 
     #[test]
