@@ -68,6 +68,9 @@ struct Task {
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
     port_busy: Option<u16>,
+    /// What is wrong with the ranks' setup without stopping them (for the
+    /// job's events).
+    warnings: Vec<String>,
 }
 
 impl Task {
@@ -91,6 +94,7 @@ impl Task {
             ckpt: None,
             first_failure: None,
             port_busy: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -552,6 +556,7 @@ impl Agent {
             checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
             failure,
             port_busy: t.port_busy,
+            warnings: t.warnings.clone(),
             ..TaskReport::new(job, attempt, t.view().state())
         }
     }
@@ -921,6 +926,12 @@ impl Agent {
                 self.cfg.node
             );
         }
+        if let Ok(sb) = &sandbox {
+            task.warnings = path_warnings(sb, &a);
+            for w in &task.warnings {
+                tracing::warn!("job {} attempt {}: {w}", a.job, a.attempt);
+            }
+        }
         tracing::info!(
             "job {} attempt {}: starting ranks {:?}",
             a.job,
@@ -1002,6 +1013,32 @@ impl Agent {
         }
         self.tasks.insert(key, task);
     }
+}
+
+/// `PATH` entries of a process rank that its account cannot search: a
+/// command there is silently not found and the shell falls back to a later
+/// entry (a venv under `/root` gives the system's python), so each is said.
+fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String> {
+    if a.run.image.is_some() {
+        return Vec::new();
+    }
+    let path = a
+        .run
+        .env
+        .get("PATH")
+        .or_else(|| sb.base_env.get("PATH"))
+        .cloned()
+        .unwrap_or_default();
+    path.split(':')
+        .filter(|d| d.starts_with('/'))
+        .filter_map(|d| {
+            let why = crate::identity::denied_on_the_way(&sb.account, std::path::Path::new(d))?;
+            Some(format!(
+                "PATH entry {d} cannot be searched by {}: {why}; commands there are not found and the shell falls back to later entries",
+                crate::identity::who(&sb.account)
+            ))
+        })
+        .collect()
 }
 
 /// The exit code of a rank whose supervisor is gone without writing one

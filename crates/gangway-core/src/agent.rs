@@ -159,6 +159,10 @@ pub struct TaskReport {
     /// were not started and the server must choose another port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_busy: Option<u16>,
+    /// What the node found wrong with the ranks' setup that does not stop
+    /// them (a `PATH` entry their account cannot search): job events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl TaskReport {
@@ -171,6 +175,7 @@ impl TaskReport {
             checkpoint: None,
             failure: None,
             port_busy: None,
+            warnings: Vec::new(),
         }
     }
 }

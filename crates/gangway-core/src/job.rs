@@ -196,6 +196,10 @@ pub struct RestartPolicy {
     /// at once instead of spending its restarts on a missing import.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retry_start_failures: bool,
+    /// Exit codes that fail the job at once, without a restart (a rank's
+    /// way of saying "retrying cannot help", e.g. a missing dependency).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fail_on_exit_codes: Vec<i32>,
 }
 
 /// An attempt whose gang failed within this many seconds of its placement
@@ -211,6 +215,7 @@ impl Default for RestartPolicy {
             max_restarts: 3,
             backoff_seconds: 10,
             retry_start_failures: false,
+            fail_on_exit_codes: Vec::new(),
         }
     }
 }

@@ -162,6 +162,18 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
                 "same start failure twice: {msg} (set restart.retry_start_failures: true to restart anyway)"
             ))
         }
+        (Ending::Failed(msg), _) => match rec
+            .failure
+            .as_ref()
+            .filter(|f| f.attempt == rec.attempt)
+            .map(|f| f.exit_code)
+            .filter(|c| rec.spec.restart.fail_on_exit_codes.contains(c))
+        {
+            Some(c) => Ending::FailedForGood(format!(
+                "{msg} (exit code {c} is in restart.fail_on_exit_codes: no restart)"
+            )),
+            None => Ending::Failed(msg),
+        },
         (e, _) => e,
     };
     rec.start_failure = start_failure;
@@ -1364,6 +1376,11 @@ impl<S: Store> Control<S> {
             }
             if t.port_busy.is_some() {
                 continue;
+            }
+            match self.note_warnings(node, t.job, t.attempt, &t.warnings, now) {
+                Ok(w) => changed |= w,
+                Err(ControlError::StaleAttempt(..) | ControlError::NotOnNode(..)) => {}
+                Err(e) => return Err(e),
             }
             if let Some(f) = &t.failure {
                 self.stash_failure(node, t.job, t.attempt, f);

@@ -306,6 +306,40 @@ impl<S: Store> Control<S> {
         Ok(true)
     }
 
+    /// Warnings a node reported about a job's ranks (a `PATH` entry their
+    /// account cannot search): each is an event once per attempt. Returns
+    /// whether any was new.
+    pub(super) fn note_warnings(
+        &mut self,
+        node: &str,
+        id: JobId,
+        attempt: u32,
+        warnings: &[String],
+        now: Time,
+    ) -> Result<bool, ControlError> {
+        if warnings.is_empty() {
+            return Ok(false);
+        }
+        let mut rec = self.reported(node, id, attempt)?;
+        let since = rec.attempt_started().unwrap_or(0);
+        let mut added = false;
+        for w in warnings.iter().take(8) {
+            let msg = format!("on {node}: {w}");
+            let seen = rec
+                .events
+                .iter()
+                .any(|e| e.at >= since && e.kind == "warning" && e.message == msg);
+            if !seen {
+                rec.events.push(JobEvent::new(now, "warning", msg));
+                added = true;
+            }
+        }
+        if added {
+            self.write(rec)?;
+        }
+        Ok(added)
+    }
+
     /// Whether the gang may stop before its grace ends: it is being
     /// stopped and reported a checkpoint written after the signal.
     pub(super) fn stop_now(rec: &JobRecord) -> bool {
