@@ -332,48 +332,6 @@ pub fn submit_id(
         .context("the server's answer has no job id")
 }
 
-/// Waits until every job has ended, printing each one's final state; the
-/// outcome is that of `submit --wait`: `Ok` only when every job succeeded,
-/// else a [`crate::wait::JobOutcome`] for the first job that did not.
-pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
-    let mut left: Vec<u64> = ids.to_vec();
-    // The first job (in submission order) that did not succeed.
-    let mut outcome: Option<crate::wait::JobOutcome> = None;
-    while !left.is_empty() {
-        let mut still = Vec::new();
-        for id in left {
-            let job = c.get(&format!("/v1/jobs/{id}"))?;
-            let state = s(&job, "state");
-            if matches!(
-                state.as_str(),
-                "succeeded" | "failed" | "cancelled" | "timeout"
-            ) {
-                let last = job
-                    .get("events")
-                    .and_then(Value::as_array)
-                    .and_then(|e| e.last())
-                    .map(|e| s(e, "message"))
-                    .unwrap_or_default();
-                println!("job {id}: {state} ({last})");
-                let code = crate::wait::exit_code(&job);
-                if code != 0 && outcome.as_ref().is_none_or(|o| o.id > id) {
-                    outcome = Some(crate::wait::JobOutcome { id, state, code });
-                }
-            } else {
-                still.push(id);
-            }
-        }
-        left = still;
-        if !left.is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(500));
-        }
-    }
-    match outcome {
-        Some(o) => Err(o.into()),
-        None => Ok(()),
-    }
-}
-
 fn post_spec(
     c: &Conn,
     file: &std::path::Path,
@@ -387,9 +345,34 @@ fn post_spec(
         None => ("application/yaml", text),
     };
     // `submit --hold/--begin/--dependency/--array` override the spec's fields.
-    let (ct, body) = crate::workflow::with_fields(ct, body, extra)?;
+    let (ct, body) = with_fields(ct, body, extra)?;
     let key = gangway_server::control::fresh_token();
     c.post_with_key("/v1/jobs", ct, &body, Some(&key))
+}
+
+/// The body with `extra` fields set (as JSON), or unchanged when there are none.
+pub fn with_fields(
+    content_type: &'static str,
+    body: String,
+    extra: &serde_json::Map<String, Value>,
+) -> Result<(&'static str, String)> {
+    if extra.is_empty() {
+        return Ok((content_type, body));
+    }
+    let mut v: Value = if content_type == "application/json" {
+        serde_json::from_str(&body).context("parsing the job spec")?
+    } else {
+        gangway_server::yaml::from_str(&body)
+            .map_err(anyhow::Error::msg)
+            .context("parsing the job spec")?
+    };
+    let Some(obj) = v.as_object_mut() else {
+        bail!("the job spec is not a mapping");
+    };
+    for (k, x) in extra {
+        obj.insert(k.clone(), x.clone());
+    }
+    Ok(("application/json", serde_json::to_string(&v)?))
 }
 
 /// Like `sbatch`, a job whose ranks run as processes starts in the directory

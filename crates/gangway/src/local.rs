@@ -567,7 +567,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
         if a.exit_when_done && !ids.is_empty() {
             let conn2 = conn.clone();
             let ids2 = ids.clone();
-            let wait = tokio::task::spawn_blocking(move || crate::client::wait_all(&conn2, &ids2));
+            let wait = tokio::task::spawn_blocking(move || crate::wait::wait_all(&conn2, &ids2));
             tokio::select! {
                 r = wait => { outcome = r.map_err(anyhow::Error::from).and_then(|r| r); }
                 _ = wait_for_signal() => {}
