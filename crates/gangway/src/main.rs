@@ -137,10 +137,14 @@ enum Command {
         /// Job id.
         id: u64,
     },
-    /// Cancels a job.
+    /// Cancels a job: prints `cancelling` while its ranks get the checkpoint
+    /// signal and at most 10 s to stop, `cancelled` once none is left.
     Cancel {
         /// Job id.
         id: u64,
+        /// Wait until the job is `cancelled` (no process of it left).
+        #[arg(long)]
+        wait: bool,
     },
     /// Lists nodes and their GPUs; with an action, changes one (admin).
     Nodes {
@@ -494,7 +498,7 @@ fn run() -> Result<()> {
         Command::Queue(a) => queue::run(c, &a),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
-        Command::Cancel { id } => client::cancel(c, id),
+        Command::Cancel { id, wait } => client::cancel(c, id, wait),
         Command::Nodes { action: None } => client::nodes(c),
         Command::Nodes { action: Some(a) } => {
             let (verb, name) = match &a {
