@@ -26,6 +26,7 @@
 //! max_grace_seconds: 600
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
 //! scheduler:                  # seeds policy version 1 (then: gangway policy apply)
+//!   policy: gangway           # or fifo, priority, slurm, capacity, tiresias, qssf
 //!   backfill: easy            # or conservative, reservations:N, off (see docs/BACKFILL.md)
 //!   plan_depth: 200           # pending jobs given a start estimate per cycle
 //! retention: { finished_jobs: 7d, idempotency_keys: 24h, store_history: 1m }   # the defaults
@@ -153,10 +154,11 @@ pub struct ServerConfig {
     /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
     #[serde(default)]
     pub master_ports: gangway_core::agent::PortRange,
-    /// Scheduler knobs (backfill, preemption, fair share): part of the
-    /// versioned policy, seeded from here at the first start.
+    /// The scheduling policy by name and the scheduler's settings
+    /// (backfill, preemption, fair share): part of the versioned policy,
+    /// seeded from here at the first start.
     #[serde(default)]
-    pub scheduler: crate::policy::SchedulerKnobs,
+    pub scheduler: gangway_sched::SchedulerConfig,
     /// Targets a policy change must meet in the what-if (see `gangway policy apply`).
     #[serde(default)]
     pub gates: crate::policy::Gates,
@@ -323,8 +325,7 @@ impl ServerConfig {
                 "metrics_token: must be at least 8 characters".into(),
             ));
         }
-        c.scheduler
-            .check()
+        crate::policy::check_scheduler(&c.scheduler)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         c.retention.seconds().map_err(ConfigError::Invalid)?;
         c.retention
@@ -475,7 +476,10 @@ mod tests {
         .expect("knobs");
         assert_eq!(c.scheduler.backfill, Backfill::Reservations(3));
         assert_eq!(c.scheduler.plan_depth, 50);
-        assert_eq!(c.scheduler.config().backfill, Backfill::Reservations(3));
+        assert_eq!(
+            gangway_sched::policies::configure(&c.scheduler).backfill,
+            Backfill::Reservations(3)
+        );
         // The older top-level keys seed the same knobs.
         let old = ServerConfig::from_yaml(&format!(
             "{BASE}scheduler: {{ fair_share: false }}\nbackfill: conservative\nplan_depth: 7\n"

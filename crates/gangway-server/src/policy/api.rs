@@ -671,7 +671,7 @@ pub async fn pilot_status(
             }
         }
         let fig = |v: &mut Vec<f64>| {
-            let s = gangway_sim::metrics::Stats::of(v);
+            let s = gangway_sim_engine::metrics::Stats::of(v);
             super::LiveFigures {
                 jobs: s.n,
                 avg_wait: s.mean,

@@ -42,127 +42,61 @@ pub fn version_key(n: u64) -> String {
     format!("{VERSIONS_PREFIX}{n}")
 }
 
-/// The scheduler's knobs a policy sets (the rest of
-/// [`gangway_sched::SchedulerConfig`] is fixed by the server).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SchedulerKnobs {
-    /// Backfill: `easy` (a reservation for the first job that does not
-    /// fit), `conservative` (for every planned job), `reservations:N`, or
-    /// `off` (docs/BACKFILL.md).
-    pub backfill: gangway_sched::Backfill,
-    /// Pending jobs given a planned start per cycle, in order (0 to
-    /// [`crate::config::MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
-    pub plan_depth: usize,
-    /// Preempt lower-priority work and reclaim lent quota.
-    pub preemption: bool,
-    /// DRF fair share between queues (otherwise submit order within a priority).
-    pub fair_share: bool,
-    /// Most preemption searches per cycle (1 to 1024).
-    pub max_preemption_searches: usize,
-    /// Most jobs signalled to stop in one cycle (1 to 100,000).
-    pub max_preemptions_per_cycle: usize,
-    /// A job preempted this many times is no longer a victim (`None`: no budget).
-    pub preemption_budget: Option<u32>,
-    /// A job that has run less than this in its attempt is not a victim
-    /// (seconds, at most 7 days).
-    pub min_run_seconds: u64,
-    /// The minimum run time grows with each preemption: a job preempted
-    /// `k` times is a victim only after `(k + 1) × min_run_seconds`
-    /// ([`gangway_sched::SchedulerConfig::min_run_grows`]).
-    pub min_run_grows: bool,
-    /// Most pending jobs a cycle examines (100 to 10,000,000): the head of
-    /// the order, then a rotating share of the rest, so a deep queue does
-    /// not lengthen every cycle.
-    pub max_pending_examined: usize,
-}
-
-impl Default for SchedulerKnobs {
-    fn default() -> Self {
-        let d = SchedulerConfig::default();
-        SchedulerKnobs {
-            backfill: d.backfill,
-            plan_depth: d.plan_depth,
-            preemption: d.preemption,
-            fair_share: d.fair_share,
-            max_preemption_searches: d.max_preemption_searches,
-            max_preemptions_per_cycle: d.max_preemptions_per_cycle,
-            preemption_budget: d.preemption_budget,
-            min_run_seconds: d.min_run_seconds,
-            min_run_grows: d.min_run_grows,
-            max_pending_examined: d.max_pending_examined,
+/// Range checks of a policy's scheduler settings, naming the field
+/// (`scheduler.plan_depth: ...`), and its `policy` against the registry of
+/// scheduling policies (the error lists the known names). The settings the
+/// stored form leaves out (`strict_order`, `plan_budget`,
+/// `max_victims_examined`) are the core's defaults or the named policy's.
+pub fn check_scheduler(s: &SchedulerConfig) -> Result<(), PolicyError> {
+    gangway_sched::policies::lookup(&s.policy)
+        .map_err(|e| PolicyError::Invalid(format!("scheduler.policy: {e}")))?;
+    let range = |field: &str, v: u64, lo: u64, hi: u64| {
+        if v < lo || v > hi {
+            Err(PolicyError::Invalid(format!(
+                "scheduler.{field}: {v} is out of range ({lo} to {hi})"
+            )))
+        } else {
+            Ok(())
         }
-    }
-}
-
-impl SchedulerKnobs {
-    /// The scheduling core's configuration with these knobs.
-    pub fn config(&self) -> SchedulerConfig {
-        SchedulerConfig {
-            backfill: self.backfill,
-            plan_depth: self.plan_depth,
-            preemption: self.preemption,
-            fair_share: self.fair_share,
-            max_preemption_searches: self.max_preemption_searches,
-            max_preemptions_per_cycle: self.max_preemptions_per_cycle,
-            preemption_budget: self.preemption_budget,
-            min_run_seconds: self.min_run_seconds,
-            min_run_grows: self.min_run_grows,
-            max_pending_examined: self.max_pending_examined,
-            ..SchedulerConfig::default()
-        }
-    }
-
-    /// Range checks, naming the field (`scheduler.plan_depth: ...`).
-    pub fn check(&self) -> Result<(), PolicyError> {
-        let range = |field: &str, v: u64, lo: u64, hi: u64| {
-            if v < lo || v > hi {
-                Err(PolicyError::Invalid(format!(
-                    "scheduler.{field}: {v} is out of range ({lo} to {hi})"
-                )))
-            } else {
-                Ok(())
-            }
-        };
+    };
+    range(
+        "plan_depth",
+        s.plan_depth as u64,
+        0,
+        crate::config::MAX_PLAN_DEPTH as u64,
+    )?;
+    range(
+        "max_preemption_searches",
+        s.max_preemption_searches as u64,
+        1,
+        1024,
+    )?;
+    range(
+        "max_preemptions_per_cycle",
+        s.max_preemptions_per_cycle as u64,
+        1,
+        100_000,
+    )?;
+    if let Some(b) = s.preemption_budget {
         range(
-            "plan_depth",
-            self.plan_depth as u64,
+            "preemption_budget",
+            u64::from(b),
             0,
-            crate::config::MAX_PLAN_DEPTH as u64,
+            u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
         )?;
-        range(
-            "max_preemption_searches",
-            self.max_preemption_searches as u64,
-            1,
-            1024,
-        )?;
-        range(
-            "max_preemptions_per_cycle",
-            self.max_preemptions_per_cycle as u64,
-            1,
-            100_000,
-        )?;
-        if let Some(b) = self.preemption_budget {
-            range(
-                "preemption_budget",
-                u64::from(b),
-                0,
-                u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
-            )?;
-        }
-        range(
-            "max_pending_examined",
-            self.max_pending_examined as u64,
-            100,
-            10_000_000,
-        )?;
-        range(
-            "min_run_seconds",
-            self.min_run_seconds,
-            0,
-            gangway_core::MAX_MIN_RUN_SECONDS,
-        )
     }
+    range(
+        "max_pending_examined",
+        s.max_pending_examined as u64,
+        100,
+        10_000_000,
+    )?;
+    range(
+        "min_run_seconds",
+        s.min_run_seconds,
+        0,
+        gangway_core::MAX_MIN_RUN_SECONDS,
+    )
 }
 
 /// Targets a policy change must meet in the what-if before it is applied
@@ -228,9 +162,10 @@ pub struct Policy {
     /// configuration and must match the configuration file's.
     #[serde(default)]
     pub queues: Vec<QueueSpec>,
-    /// Scheduler knobs.
+    /// The scheduling policy by name (`scheduler.policy`) and the
+    /// scheduler's settings.
     #[serde(default)]
-    pub scheduler: SchedulerKnobs,
+    pub scheduler: SchedulerConfig,
     /// Targets a change must meet.
     #[serde(default)]
     pub gates: Gates,
@@ -241,7 +176,7 @@ impl Policy {
     pub fn from_config(cfg: &ServerConfig) -> Self {
         Policy {
             queues: cfg.queues.clone(),
-            scheduler: cfg.scheduler,
+            scheduler: cfg.scheduler.clone(),
             gates: cfg.gates,
         }
     }
@@ -480,7 +415,7 @@ impl Live {
     pub fn set(&self, policy: &Policy) {
         let mut cfg = (*self.config()).clone();
         cfg.queues = policy.queues.clone();
-        cfg.scheduler = policy.scheduler;
+        cfg.scheduler = policy.scheduler.clone();
         cfg.gates = policy.gates;
         let next = Arc::new(cfg);
         match self.0.write() {
@@ -605,7 +540,7 @@ fn check_against(
     jobs: &crate::records::JobMap,
 ) -> Result<(), PolicyError> {
     let bad = |m: String| Err(PolicyError::Invalid(m));
-    candidate.scheduler.check()?;
+    check_scheduler(&candidate.scheduler)?;
     candidate.gates.check()?;
     if candidate.queues.len() > MAX_QUEUES {
         return bad(format!("queues: at most {MAX_QUEUES}"));
@@ -704,8 +639,9 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
         .replace_queues(&policy.queues)
         .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
     c.queue_specs = policy.queues.clone();
-    c.sched = policy.scheduler.config();
-    // A queue's ordering may have changed: re-rank every job at the next cycle.
+    c.sched = gangway_sched::policies::configure(&policy.scheduler);
+    // A queue's ordering or the scheduling policy may have changed: re-rank
+    // every job at the next cycle.
     c.ranks.refreshed_at = None;
     Ok(())
 }
@@ -900,7 +836,7 @@ pub fn live_figures_of(jobs: &crate::records::JobMap, from: Time, to: Time) -> A
         all.push(w);
     }
     let fig = |v: &mut Vec<f64>| {
-        let s = gangway_sim::metrics::Stats::of(v);
+        let s = gangway_sim_engine::metrics::Stats::of(v);
         LiveFigures {
             jobs: s.n,
             avg_wait: s.mean,
@@ -1186,6 +1122,68 @@ mod tests {
         // Loaded again: nothing more to record.
         load_or_seed(&mut c, &old_cfg, 20).expect("load");
         assert_eq!(all_versions(&c.store).expect("all").len(), 2);
+    }
+
+    #[test]
+    fn a_version_stored_with_the_knobs_of_before_loads_and_runs_the_default_policy() {
+        // Version 1 exactly as the server stored it when the scheduler
+        // section was a separate knob struct: no `policy` field.
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let v1 = r#"{"version":1,"policy":{"queues":[{"name":"default"}],"scheduler":{"backfill":"conservative","plan_depth":50,"preemption":true,"fair_share":false,"max_preemption_searches":8,"max_preemptions_per_cycle":256,"preemption_budget":3,"min_run_seconds":600,"min_run_grows":true,"max_pending_examined":20000},"gates":{"max_p95_wait_worse_pct":null,"max_utilisation_drop_points":null,"min_jain":null}},"author":"config","at":5,"reason":"seeded","action":{"kind":"seed"},"previous":null,"diff":[],"evidence":null,"gates":[],"forced":false,"after":null}"#;
+        store.put(&version_key(1), v1.as_bytes()).expect("put");
+        store.put(CURRENT_KEY, br#"{"version":1}"#).expect("put");
+        let v = load_version(&store, 1).expect("an old version still loads");
+        let s = &v.policy.scheduler;
+        assert_eq!(s.policy, "gangway");
+        assert_eq!(s.backfill, gangway_sched::Backfill::Conservative);
+        assert_eq!(
+            (s.plan_depth, s.fair_share, s.max_preemption_searches),
+            (50, false, 8)
+        );
+        assert_eq!(
+            (s.preemption_budget, s.min_run_seconds, s.min_run_grows),
+            (Some(3), 600, true)
+        );
+        // The fields the stored form leaves out are the core's defaults.
+        let d = SchedulerConfig::default();
+        assert_eq!(
+            (s.strict_order, s.plan_budget, s.max_victims_examined),
+            (d.strict_order, d.plan_budget, d.max_victims_examined)
+        );
+        let cfg = ServerConfig::from_yaml("admin_token: admin-secret\nagent_token: agent-secret\n")
+            .expect("config");
+        let mut c = Control::open(store, &v.policy.queues).expect("control");
+        let p = load_or_seed(&mut c, &cfg, 10).expect("installs");
+        assert_eq!(p, v.policy);
+        assert_eq!(c.sched, v.policy.scheduler);
+        assert_eq!(
+            all_versions(&c.store).expect("all").len(),
+            1,
+            "nothing to upgrade"
+        );
+    }
+
+    #[test]
+    fn a_policy_names_a_registered_scheduling_policy_whose_switches_it_runs() {
+        let mut p = Policy::from_config(&cfg());
+        assert_eq!(p.scheduler.policy, "gangway");
+        p.scheduler.policy = "lottery".into();
+        let e = check_scheduler(&p.scheduler)
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            e.contains("scheduler.policy: unknown scheduling policy \"lottery\"; known: gangway, fifo, priority, slurm, capacity, tiresias, qssf"),
+            "{e}"
+        );
+        let p = Policy::from_yaml("scheduler: { policy: fifo, preemption: true }").expect("reads");
+        check_scheduler(&p.scheduler).expect("fifo is known");
+        // FIFO's switches win over the site's: no preemption, strict order.
+        let core = gangway_sched::policies::configure(&p.scheduler);
+        assert_eq!((core.preemption, core.strict_order), (false, true));
+        assert_eq!(core.policy, "fifo");
+        let e = Policy::from_yaml("scheduler: { strict_order: true }").expect_err("not a field");
+        assert!(e.to_string().contains("strict_order"), "{e}");
     }
 
     #[test]
