@@ -1,9 +1,29 @@
 //! What the server stores per job, as JSON under `/jobs/<id>`.
 
-use gangway_core::{JobId, JobSpec, JobState, Time};
+use gangway_core::{JobId, JobSpec, JobState, ReasonCode, Time};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// Who holds a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Hold {
+    /// Its owner (`--hold`, `gangway hold` by the owner): the owner may release it.
+    User,
+    /// An administrator: only an administrator may release it.
+    Admin,
+}
+
+impl Hold {
+    /// The reason code a job held so waits with.
+    pub fn code(self) -> ReasonCode {
+        match self {
+            Hold::User => ReasonCode::JobHeldUser,
+            Hold::Admin => ReasonCode::JobHeldAdmin,
+        }
+    }
+}
 
 /// One rank group's GPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -101,6 +121,15 @@ pub struct JobRecord {
     /// milliseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal_at_ms: Option<u64>,
+    /// The previous attempt failed at start (within
+    /// [`gangway_core::job::START_FAILURE_SECONDS`]): its exit code and last
+    /// line of output, to tell the same start failure twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<String>,
+    /// Attempts started because rank 0's rendezvous port was taken, before
+    /// anything ran: not restarts (`TORCHELASTIC_RESTART_COUNT` leaves them out).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub port_moves: u32,
     /// When the time limit was reached: the attempt ends as `timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_hit: Option<Time>,
@@ -109,7 +138,7 @@ pub struct JobRecord {
     pub stopping: Option<Stopping>,
     /// Held (`gangway hold`): kept out of the scheduler until released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held: Option<crate::workflow::Hold>,
+    pub held: Option<Hold>,
     /// The array task this job is, when it was submitted as an array.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<gangway_core::ArrayTask>,
@@ -128,6 +157,10 @@ pub struct JobRecord {
 }
 
 fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
     *v == 0
 }
 
@@ -198,6 +231,8 @@ impl JobRecord {
             failure: None,
             master_port: None,
             signal_at_ms: None,
+            port_moves: 0,
+            start_failure: None,
             time_limit_hit: None,
             stopping: None,
             held: None,
@@ -229,6 +264,11 @@ impl JobRecord {
         }
         out
     }
+}
+
+/// Store key of a node's token.
+pub fn token_key(name: &str) -> String {
+    format!("/node_tokens/{name}")
 }
 
 /// Store key of a job.

@@ -12,11 +12,11 @@
 //! scheduler state in place ([`gangway_sched::ClusterState::replace_queues`]):
 //! it takes effect at the next cycle, and no pending or running job is lost.
 
-pub mod api;
 pub mod watch;
 pub mod whatif;
 
 use crate::config::ServerConfig;
+pub use crate::config::{check_scheduler, Gates};
 use crate::control::{decode, encode, Control, ControlError};
 use gangway_core::{QueueSpec, Time};
 use gangway_sched::SchedulerConfig;
@@ -40,116 +40,6 @@ pub const MAX_REASON_BYTES: usize = 2000;
 /// Store key of version `n`.
 pub fn version_key(n: u64) -> String {
     format!("{VERSIONS_PREFIX}{n}")
-}
-
-/// Range checks of a policy's scheduler settings, naming the field
-/// (`scheduler.plan_depth: ...`), and its `policy` against the registry of
-/// scheduling policies (the error lists the known names). The settings the
-/// stored form leaves out (`strict_order`, `plan_budget`,
-/// `max_victims_examined`) are the core's defaults or the named policy's.
-pub fn check_scheduler(s: &SchedulerConfig) -> Result<(), PolicyError> {
-    gangway_sched::policies::lookup(&s.policy)
-        .map_err(|e| PolicyError::Invalid(format!("scheduler.policy: {e}")))?;
-    let range = |field: &str, v: u64, lo: u64, hi: u64| {
-        if v < lo || v > hi {
-            Err(PolicyError::Invalid(format!(
-                "scheduler.{field}: {v} is out of range ({lo} to {hi})"
-            )))
-        } else {
-            Ok(())
-        }
-    };
-    range(
-        "plan_depth",
-        s.plan_depth as u64,
-        0,
-        crate::config::MAX_PLAN_DEPTH as u64,
-    )?;
-    range(
-        "max_preemption_searches",
-        s.max_preemption_searches as u64,
-        1,
-        1024,
-    )?;
-    range(
-        "max_preemptions_per_cycle",
-        s.max_preemptions_per_cycle as u64,
-        1,
-        100_000,
-    )?;
-    if let Some(b) = s.preemption_budget {
-        range(
-            "preemption_budget",
-            u64::from(b),
-            0,
-            u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
-        )?;
-    }
-    range(
-        "max_pending_examined",
-        s.max_pending_examined as u64,
-        100,
-        10_000_000,
-    )?;
-    range(
-        "min_run_seconds",
-        s.min_run_seconds,
-        0,
-        gangway_core::MAX_MIN_RUN_SECONDS,
-    )
-}
-
-/// Targets a policy change must meet in the what-if before it is applied
-/// (unless forced with a reason). The gates of the version in force judge a
-/// candidate, so a candidate cannot loosen its own gates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Gates {
-    /// No queue's (nor the overall) p95 wait may grow by more than this many
-    /// percent (differences under a minute never fail it).
-    pub max_p95_wait_worse_pct: Option<f64>,
-    /// GPU utilisation may not drop by more than this many percentage points.
-    pub max_utilisation_drop_points: Option<f64>,
-    /// Jain's fairness index across queues must stay at least this (or not get worse).
-    pub min_jain: Option<f64>,
-}
-
-// The values are checked finite when read ([`Gates::check`]), so equality is total.
-impl Eq for Gates {}
-
-impl Gates {
-    /// Whether any gate is set.
-    pub fn any(&self) -> bool {
-        self.max_p95_wait_worse_pct.is_some()
-            || self.max_utilisation_drop_points.is_some()
-            || self.min_jain.is_some()
-    }
-
-    /// Range checks, naming the field.
-    pub fn check(&self) -> Result<(), PolicyError> {
-        for (field, v, hi) in [
-            (
-                "max_p95_wait_worse_pct",
-                self.max_p95_wait_worse_pct,
-                10_000.0,
-            ),
-            (
-                "max_utilisation_drop_points",
-                self.max_utilisation_drop_points,
-                100.0,
-            ),
-            ("min_jain", self.min_jain, 1.0),
-        ] {
-            if let Some(v) = v {
-                if !v.is_finite() || !(0.0..=hi).contains(&v) {
-                    return Err(PolicyError::Invalid(format!(
-                        "gates.{field}: {v} is out of range (0 to {hi})"
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The scheduling policy: what a version holds.
@@ -540,8 +430,8 @@ fn check_against(
     jobs: &crate::records::JobMap,
 ) -> Result<(), PolicyError> {
     let bad = |m: String| Err(PolicyError::Invalid(m));
-    check_scheduler(&candidate.scheduler)?;
-    candidate.gates.check()?;
+    check_scheduler(&candidate.scheduler).map_err(PolicyError::Invalid)?;
+    candidate.gates.check().map_err(PolicyError::Invalid)?;
     if candidate.queues.len() > MAX_QUEUES {
         return bad(format!("queues: at most {MAX_QUEUES}"));
     }

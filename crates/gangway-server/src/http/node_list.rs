@@ -1,10 +1,10 @@
 //! The body of `GET /v1/nodes`, serialized straight from the read view's
-//! cluster snapshot (issue 16): no `serde_json::Value` tree is built, so a
+//! cluster snapshot: no `serde_json::Value` tree is built, so a
 //! 10,000-node answer costs one pass over the rows instead of an
 //! allocation per key and GPU.
 //!
 //! The shape is the one the OpenAPI document gives
-//! ([`crate::openapi::NodeView`], [`crate::openapi::GpuView`]). Keys are
+//! ([`crate::http::nodes::NodeView`], [`crate::http::nodes::GpuView`]). Keys are
 //! written in alphabetical order, as the `Value` map this replaced wrote
 //! them, so the bytes are the same (a test below compares them); a node
 //! waiting for approval has no `cordon_reason` key, as before.
