@@ -271,7 +271,7 @@ fn server(
             // The store is etcd; the audit log stays in this replica's data dir.
             gangway_server::private_dir(data_dir)?;
             let audit = gangway_server::audit::AuditLog::open(&data_dir.join("audit.log"))?;
-            gangway_server::backup::prepare(e, Some(data_dir), gangway_server::api::now())?;
+            gangway_server::backup::prepare(e, Some(data_dir), gangway_server::clock::now())?;
             let app = gangway_server::open_with_audit(
                 cfg,
                 std::sync::Arc::new(e.clone()),
@@ -491,7 +491,7 @@ fn run() -> Result<()> {
         Command::Openapi => {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&gangway_server::openapi::document())?
+                serde_json::to_string_pretty(&gangway_server::http::openapi::document())?
             );
             Ok(())
         }
