@@ -48,7 +48,7 @@ pub struct App {
     /// Control state behind one lock: every change is short and ordered.
     /// Job reads (list, describe) read its published view instead
     /// ([`crate::view`]).
-    pub control: crate::view::StateLock<SharedStore>,
+    pub control: crate::lock::StateLock<SharedStore>,
     /// Configuration.
     pub cfg: ServerConfig,
     /// Metrics.
@@ -287,7 +287,7 @@ type ApiResult<T> = Result<T, ApiError>;
 /// (`block_in_place`): a scheduling cycle holds the lock for up to 100s of
 /// ms on a large cluster, and a few handlers parked on it must not take
 /// every async worker with them, stalling requests that never need the lock.
-pub fn lock(app: &App) -> ApiResult<crate::view::StateGuard<'_, SharedStore>> {
+pub fn lock(app: &App) -> ApiResult<crate::lock::StateGuard<'_, SharedStore>> {
     let acquire = || app.control.lock_as(Holder::Requests);
     let on_workers = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
@@ -310,15 +310,15 @@ fn poisoned() -> ApiError {
 /// Runs `f` on the control state with its job writes deferred
 /// ([`Control::deferred`]) and returns its answer once they are durable.
 /// For the agents' syncs and reports: frequent, each a few writes,
-/// acknowledged only once durable. They are combined ([`crate::combine`]):
+/// acknowledged only once durable. They are combined ([`crate::lock`]):
 /// many per lock hold, one read-view publish and one store sync per batch,
 /// and neither the wait for the lock nor the disk holds an async worker.
 pub async fn with_control<T: Send + 'static>(
     app: &Arc<App>,
     f: impl FnOnce(&mut Control<SharedStore>) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
-    use crate::combine::CombineError as E;
-    crate::combine::run(app.clone(), |a: &App| &a.control, f)
+    use crate::lock::CombineError as E;
+    crate::lock::run(app.clone(), |a: &App| &a.control, f)
         .await
         .map_err(|e| match e {
             E::NotLeader => {

@@ -272,7 +272,7 @@ impl Metrics {
     /// Brings the lock's counters up to `now` ([`StateLock::lock_use`],
     /// read without the lock): each adds what was used since the last call.
     ///
-    /// [`StateLock::lock_use`]: crate::view::StateLock::lock_use
+    /// [`StateLock::lock_use`]: crate::lock::StateLock::lock_use
     pub fn publish_lock(&self, now: &[LockUse]) {
         let mut shown = self
             .lock_shown

@@ -18,25 +18,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     (
         "gangway-server",
         &[
-            "admission",
-            "combine",
-            "config",
-            "control",
-            "heartbeats",
-            "history",
-            "limits",
-            "nodes",
-            "policy",
-            "records",
-            "reservations",
-            "retention",
-            "view",
-            "workflow",
-        ],
-    ),
-    (
-        "gangway-server",
-        &[
             "api",
             "backup",
             "dashboard",
