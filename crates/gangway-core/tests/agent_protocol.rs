@@ -85,6 +85,7 @@ fn assignment(full: bool) -> Assignment {
             count: 4,
             limit: Some(2),
         }),
+        restart_count: None,
     }
 }
 
@@ -107,6 +108,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         signal: Some(9),
         oom_killed: true,
         log_tail: vec!["Killed".into()],
+        unknown_exit: false,
     });
     let mut busy = TaskReport::new(JobId(44), 0, TaskState::Exited { exit_code: 0 });
     busy.port_busy = Some(29_400);
