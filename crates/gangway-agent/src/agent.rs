@@ -529,6 +529,9 @@ impl Agent {
             let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
             let mut f = crate::checkpoint::rank_failure(rank, code, &log);
             f.oom_killed = r.oom_killed || self.executor.oom_killed(&r.handle);
+            f.node_fault =
+                self.executor
+                    .node_fault(crate::executor::RankKey { job, attempt, rank });
             Some(f)
         });
         TaskReport {
@@ -759,9 +762,11 @@ impl Agent {
                     );
                     self.kill_and_reap(k).await;
                     self.tasks.remove(&k);
+                    self.executor.forget_node_faults(k.0, k.1);
                 }
                 Action::Forget(k) => {
                     self.tasks.remove(&k);
+                    self.executor.forget_node_faults(k.0, k.1);
                 }
                 Action::Checkpoint {
                     key: k,

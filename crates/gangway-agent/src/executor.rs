@@ -13,7 +13,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::StreamExt;
 use gangway_core::{JobId, RunSpec};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tokio::sync::mpsc::UnboundedSender;
@@ -89,6 +89,9 @@ pub struct Executor {
     /// Tells this agent's containers from those of another agent on the
     /// same machine (tests run several).
     tag: String,
+    /// Ranks this agent could not start for a reason outside the job (the
+    /// node's fault, reported to the server's node blame), with why.
+    node_faults: std::sync::Arc<std::sync::Mutex<HashMap<RankKey, String>>>,
 }
 
 /// Why the executor could not be set up.
@@ -142,7 +145,28 @@ impl Executor {
             node: node.to_string(),
             track,
             tag: tag.to_string(),
+            node_faults: Default::default(),
         })
+    }
+
+    /// Why the agent could not start rank `k`, when the node, not the job,
+    /// was the cause.
+    pub fn node_fault(&self, k: RankKey) -> Option<String> {
+        self.node_faults.lock().ok()?.get(&k).cloned()
+    }
+
+    /// Forgets what was noted about the ranks of an attempt that is gone.
+    pub fn forget_node_faults(&self, job: JobId, attempt: u32) {
+        if let Ok(mut m) = self.node_faults.lock() {
+            m.retain(|k, _| !(k.job == job && k.attempt == attempt));
+        }
+    }
+
+    fn blame_node(&self, k: RankKey, why: String) {
+        tracing::error!("rank {k:?} not started, the node's fault: {why}");
+        if let Ok(mut m) = self.node_faults.lock() {
+            m.insert(k, why);
+        }
     }
 
     /// The process tracker.
@@ -512,13 +536,15 @@ impl Executor {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!("rank log {}: {e}", l.log.display());
+                self.blame_node(k, format!("cannot open the rank's log: {e}"));
                 let _ = exits.send((k, 125));
                 return Rank::NotStarted;
             }
         };
         let (out, err) = match log.try_clone() {
             Ok(e) => (log, e),
-            Err(_) => {
+            Err(e) => {
+                self.blame_node(k, format!("cannot duplicate the rank's log: {e}"));
                 let _ = exits.send((k, 125));
                 return Rank::NotStarted;
             }
@@ -532,6 +558,7 @@ impl Executor {
             Ok(c) => c,
             Err(e) => {
                 note(&l.log, &format!("cannot create the rank's container: {e}"));
+                self.blame_node(k, format!("cannot create the rank's container: {e}"));
                 let _ = exits.send((k, 125));
                 return Rank::NotStarted;
             }

@@ -207,6 +207,11 @@ pub struct RankFailure {
     /// The last lines of its log.
     #[serde(default)]
     pub log_tail: Vec<String>,
+    /// The agent could not start or stop the rank for a reason outside the
+    /// job (its container, log or cgroup could not be made; processes it
+    /// could not kill): the node's fault, held against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_fault: Option<String>,
 }
 
 /// The body of `POST /v1/agent/{node}/sync`: heartbeat, GPU health and task states.
@@ -556,6 +561,7 @@ mod tests {
                     signal: Some(9),
                     oom_killed: false,
                     log_tail: vec!["boom".into()],
+                    node_fault: None,
                 }),
                 ..TaskReport::new(JobId(4), 1, TaskState::Exited { exit_code: 137 })
             }],

@@ -107,6 +107,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         signal: Some(9),
         oom_killed: true,
         log_tail: vec!["Killed".into()],
+        node_fault: None,
     });
     let mut busy = TaskReport::new(JobId(44), 0, TaskState::Exited { exit_code: 0 });
     busy.port_busy = Some(29_400);

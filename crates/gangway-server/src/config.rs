@@ -117,7 +117,9 @@ pub struct ServerConfig {
     /// and restarted elsewhere.
     #[serde(default = "thirty")]
     pub node_lost_seconds: u64,
-    /// Different jobs failing in a row on one node before it is cordoned (0: never).
+    /// Distinct jobs that failed on one node and then succeeded on others
+    /// before the node is blamed for it (0: never auto-cordon at all). Plain
+    /// failures of a job that fails everywhere never count (see `blame`).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
     /// Whether nodes joining with the join token wait for an admin's approval.
@@ -226,6 +228,16 @@ impl ServerConfig {
             node_not_ready_seconds: self.node_not_ready_seconds,
             node_lost_seconds: self.node_lost_seconds,
             auto_cordon_failures: self.auto_cordon_failures,
+        }
+    }
+
+    /// The node blame knobs: the rate limit (10 % of the nodes, at least
+    /// one, per 10 minutes) and the halt above half the nodes are fixed.
+    pub fn blame(&self) -> crate::blame::BlameConfig {
+        crate::blame::BlameConfig {
+            jobs_to_qualify: self.auto_cordon_failures,
+            enabled: self.auto_cordon_failures > 0,
+            ..crate::blame::BlameConfig::default()
         }
     }
 
