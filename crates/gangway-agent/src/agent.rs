@@ -66,6 +66,8 @@ struct Task {
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
     port_busy: Option<u16>,
+    /// Each rank's memory limit in MiB (named when the kernel OOM-kills one).
+    memory_mib: u64,
 }
 
 impl Task {
@@ -89,6 +91,7 @@ impl Task {
             ckpt: None,
             first_failure: None,
             port_busy: None,
+            memory_mib: 0,
         }
     }
 }
@@ -346,8 +349,13 @@ impl Agent {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The memory this node offers: the declared size, capped at the real one.
+    fn node_memory_mib(&self) -> u64 {
+        crate::limits::node_memory_mib(self.cfg.memory_mib, machine_size().1)
+    }
+
     fn node_spec(&self) -> NodeSpec {
-        let (cpu, mem) = machine_size();
+        let (cpu, _) = machine_size();
         NodeSpec {
             name: self.cfg.node.clone(),
             gpus: self.discovery.gpus.clone(),
@@ -356,11 +364,7 @@ impl Agent {
             } else {
                 cpu
             },
-            memory_mib: if self.cfg.memory_mib > 0 {
-                self.cfg.memory_mib
-            } else {
-                mem
-            },
+            memory_mib: self.node_memory_mib(),
             leaf: self.cfg.leaf.clone(),
             spine: self.cfg.spine.clone(),
             labels: self.cfg.labels.clone(),
@@ -529,6 +533,9 @@ impl Agent {
             let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
             let mut f = crate::checkpoint::rank_failure(rank, code, &log);
             f.oom_killed = r.oom_killed || self.executor.oom_killed(&r.handle);
+            if f.oom_killed && t.memory_mib > 0 {
+                f.limit = Some(crate::limits::memory_limit_text(t.memory_mib));
+            }
             f.node_fault =
                 self.executor
                     .node_fault(crate::executor::RankKey { job, attempt, rank });
@@ -904,14 +911,22 @@ impl Agent {
                 }
             };
             let exit_file = crate::leftovers::exit_file(&self.cfg.state_dir, rk);
+            let limits = crate::limits::rank_limits(
+                a.cpu_millis,
+                a.memory_mib,
+                &a.rules.policy.limits,
+                self.node_memory_mib(),
+                self.discovery.gpus.len() as u32,
+                r.gpus.len() as u32,
+            );
+            task.memory_mib = limits.memory_mib;
             let launch = Launch {
                 key: rk,
                 exit_file: exit_file.clone(),
                 run: a.run.clone(),
                 env,
                 gpus: r.gpus.clone(),
-                cpu_millis: a.cpu_millis,
-                memory_mib: a.memory_mib,
+                limits,
                 log,
                 signal: a.checkpoint_signal,
                 grace_seconds: a.grace_seconds,

@@ -108,6 +108,7 @@ pub fn rank_failure(rank: u32, exit_code: i32, log: &Path) -> RankFailure {
         oom_killed: false,
         log_tail: log_tail(log, LOG_TAIL_LINES),
         node_fault: None,
+        limit: None,
     }
 }
 

@@ -44,10 +44,8 @@ pub struct Launch {
     pub env: BTreeMap<String, String>,
     /// Host GPU indices.
     pub gpus: Vec<u32>,
-    /// CPU limit in thousandths of a core (0: none).
-    pub cpu_millis: u64,
-    /// Memory limit in MiB (0: none).
-    pub memory_mib: u64,
+    /// Its limits (CPU, memory, processes; see [`crate::limits`]).
+    pub limits: Limits,
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     /// The job's checkpoint directory (mounted read-write into containers).
@@ -322,10 +320,13 @@ impl Executor {
             );
         }
         // User numbers: a limit too large for Docker's i64 is no limit at all.
-        host.memory = (l.memory_mib > 0)
-            .then(|| i64::try_from(l.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX));
-        host.nano_cpus = (l.cpu_millis > 0)
-            .then(|| i64::try_from(l.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
+        let lim = l.limits;
+        host.memory = (lim.memory_mib > 0)
+            .then(|| i64::try_from(lim.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX));
+        host.nano_cpus = (lim.cpu_millis > 0)
+            .then(|| i64::try_from(lim.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
+        host.cpu_shares = (lim.cpu_millis > 0).then(|| lim.cpu_shares() as i64);
+        host.pids_limit = (lim.pids > 0).then(|| i64::try_from(lim.pids).unwrap_or(i64::MAX));
         host.device_requests = device_requests;
         let labels = [
             ("gangway.job", k.job.to_string()),
@@ -550,10 +551,7 @@ impl Executor {
             }
         };
         let name = self.container_name(k);
-        let limits = Limits {
-            cpu_millis: l.cpu_millis,
-            memory_mib: l.memory_mib,
-        };
+        let limits = l.limits;
         let container = match self.track.create(&name, limits) {
             Ok(c) => c,
             Err(e) => {
@@ -564,6 +562,9 @@ impl Executor {
             }
         };
         let join = self.track.join(&container);
+        // No cgroup holds the rank under the subreaper: rlimits stand in.
+        let rlimits = (self.track.kind() == crate::proctrack::ProcTrackKind::Subreaper)
+            .then(|| crate::limits::Rlimits::of(limits));
         let exit_file = l.exit_file.clone();
         let _ = std::fs::remove_file(&exit_file);
         // The supervisor writes the exit code there: on a fresh state dir the
@@ -596,6 +597,9 @@ impl Executor {
         unsafe {
             cmd.pre_exec(move || {
                 join.join()?;
+                if let Some(r) = &rlimits {
+                    r.apply()?;
+                }
                 sup.fork()
             });
         }

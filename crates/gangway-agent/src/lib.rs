@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod executor;
 pub mod identity;
 pub mod leftovers;
+pub mod limits;
 pub mod logs;
 pub mod mounts;
 pub mod proctrack;

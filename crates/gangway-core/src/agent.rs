@@ -212,6 +212,10 @@ pub struct RankFailure {
     /// could not kill): the node's fault, held against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_fault: Option<String>,
+    /// The limit that stopped it and the value reached, when one did
+    /// (`memory limit 2.9 GiB reached (OOM-killed)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
 }
 
 /// The body of `POST /v1/agent/{node}/sync`: heartbeat, GPU health and task states.
@@ -562,6 +566,7 @@ mod tests {
                     oom_killed: false,
                     log_tail: vec!["boom".into()],
                     node_fault: None,
+                    limit: None,
                 }),
                 ..TaskReport::new(JobId(4), 1, TaskState::Exited { exit_code: 137 })
             }],

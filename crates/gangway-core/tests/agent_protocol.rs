@@ -108,6 +108,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         oom_killed: true,
         log_tail: vec!["Killed".into()],
         node_fault: None,
+        limit: None,
     });
     let mut busy = TaskReport::new(JobId(44), 0, TaskState::Exited { exit_code: 0 });
     busy.port_busy = Some(29_400);

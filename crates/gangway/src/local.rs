@@ -518,6 +518,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             }
         });
         let mut agents = Vec::new();
+        let host_memory_mib = gangway_agent::discovery::machine_size().1;
         for i in 0..a.nodes {
             let name = format!("node-{i}");
             let mut c = AgentConfig::declared(&addr, &join, &name, a.gpus_per_node, dir.join(&name));
@@ -528,7 +529,9 @@ pub fn up(a: &UpArgs) -> Result<()> {
             c.checkpoint_root = dir.join("checkpoints");
             c.sync_interval = Duration::from_millis(a.sync_ms);
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
-            c.memory_mib = 128 * 1024 * u64::from(a.gpus_per_node.max(1));
+            // The host's real memory, shared by the nodes it plays: each
+            // rank's default memory limit is its GPUs' share of it.
+            c.memory_mib = (host_memory_mib / u64::from(a.nodes.max(1))).max(1024);
             c.tls = server_tls.clone();
             agents.push(Agent::start(c).await?);
         }

@@ -86,6 +86,11 @@ impl ProcTrack for CgroupV1 {
                     write_file(&dir.join("cpu.cfs_period_us"), "100000")?;
                     let quota = limits.cpu_millis.saturating_mul(100);
                     write_file(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                    let shares = limits.cpu_shares();
+                    write_file(&dir.join("cpu.shares"), &shares.to_string())?;
+                }
+                "pids" if limits.pids > 0 => {
+                    write_file(&dir.join("pids.max"), &limits.pids.to_string())?;
                 }
                 _ => {}
             }

@@ -231,10 +231,11 @@ impl Cluster {
             "300",
             "--cpu-millis",
             "64000",
-            "--memory-mib",
-            "262144",
         ] {
             argv.push(a.to_string());
+        }
+        if !extra.contains(&"--memory-mib") {
+            argv.extend(["--memory-mib".to_string(), "262144".to_string()]);
         }
         argv.push("--state-dir".into());
         argv.push(state.display().to_string());

@@ -1,0 +1,100 @@
+//! One user's careless job never takes the node from the others: per-rank
+//! limits on by default (processes, memory), with a real server, agents and
+//! rank processes. Tests that need a cgroup controller skip (and say so)
+//! where the host has none, unless `GANGWAY_REQUIRE_CGROUP` is set.
+
+mod agents;
+
+use agents::*;
+use serde_json::json;
+
+/// Whether this host has a cgroup hierarchy with `controller` the agent can use.
+fn cgroup_controller(controller: &str) -> bool {
+    std::path::Path::new(&format!("/sys/fs/cgroup/{controller}/cgroup.procs")).exists()
+        || std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == controller))
+}
+
+/// Runs a fork flood (200 children, each noting itself in `$OUT/forks`) in
+/// a queue limited to 64 processes per rank, beside a neighbour's job;
+/// returns how many children the flood got.
+fn fork_flood(agent_extra: &[&str]) -> usize {
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config("    node:\n      limits:\n        pids: 64\n"),
+    );
+    c.agent("node-a", 2, &[], agent_extra);
+    c.wait_nodes(1);
+    let forks = c.out.join("forks");
+    let flood = c.submit(&json!({
+        "name": "flood", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", format!(
+            "for i in $(seq 200); do (echo x >> {f}; exec sleep 3) & done 2>/dev/null; wait",
+            f = forks.display()
+        )] }
+    }));
+    let mut neighbour = c.rank_job("neighbour", 1, 1);
+    neighbour["run"]["env"]["STEPS"] = json!("2");
+    let neighbour = c.submit(&neighbour);
+    c.wait_job(flood, "end", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    c.wait_job(neighbour, "succeed beside the flood", 60, |j| {
+        state(j) == "succeeded"
+    });
+    std::fs::read_to_string(&forks)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_fork_flood_stops_at_the_pids_limit_while_a_neighbour_runs() {
+    if !cgroup_controller("pids") {
+        return skip_or_fail("GANGWAY_REQUIRE_CGROUP", "no pids cgroup controller here");
+    }
+    let got = fork_flood(&[]);
+    eprintln!("fork flood under the cgroup pids limit (64): {got} children");
+    assert!(got < 64, "{got} children under a limit of 64");
+    assert!(got >= 10, "the flood ran ({got} children)");
+}
+
+#[test]
+fn a_fork_flood_under_the_subreaper_stops_at_its_rlimit() {
+    let got = fork_flood(&["--proctrack", "subreaper"]);
+    eprintln!("fork flood under RLIMIT_NPROC (64): {got} children");
+    assert!(got < 64, "{got} children under a limit of 64");
+}
+
+#[test]
+fn a_memory_hog_without_a_request_is_oom_killed_at_its_gpu_share() {
+    if !cgroup_controller("memory") {
+        return skip_or_fail("GANGWAY_REQUIRE_CGROUP", "no memory cgroup controller here");
+    }
+    let mut c = Cluster::start("127.0.0.1");
+    // 512 MiB over 2 GPUs: a one-GPU rank's default share is 256 MiB.
+    c.agent("node-a", 2, &[], &["--memory-mib", "512"]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "hog", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", "head -c 600000000 /dev/zero | tail > /dev/null"] }
+    }));
+    let j = c.wait_job(id, "fail", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(k, m)| k == "failed" && m.contains("memory limit 256 MiB reached (OOM-killed)")),
+        "{ev:?}"
+    );
+    assert_eq!(
+        c.node("node-a")["cordoned"],
+        false,
+        "the job's fault, not the node's"
+    );
+}
