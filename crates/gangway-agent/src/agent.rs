@@ -927,6 +927,7 @@ impl Agent {
                 env,
                 gpus: r.gpus.clone(),
                 limits,
+                rotation: crate::logs::Rotation::of(&a.rules.policy.limits),
                 log,
                 signal: a.checkpoint_signal,
                 grace_seconds: a.grace_seconds,

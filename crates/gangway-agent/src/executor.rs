@@ -46,6 +46,8 @@ pub struct Launch {
     pub gpus: Vec<u32>,
     /// Its limits (CPU, memory, processes; see [`crate::limits`]).
     pub limits: Limits,
+    /// How its log is rotated.
+    pub rotation: crate::logs::Rotation,
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     /// The job's checkpoint directory (mounted read-write into containers).
@@ -327,6 +329,14 @@ impl Executor {
             .then(|| i64::try_from(lim.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
         host.cpu_shares = (lim.cpu_millis > 0).then(|| lim.cpu_shares() as i64);
         host.pids_limit = (lim.pids > 0).then(|| i64::try_from(lim.pids).unwrap_or(i64::MAX));
+        // Docker's own copy of the output is bounded like the agent's.
+        host.log_config = Some(bollard::models::HostConfigLogConfig {
+            typ: Some("json-file".into()),
+            config: Some(HashMap::from([
+                ("max-size".to_string(), l.rotation.max_bytes.to_string()),
+                ("max-file".to_string(), l.rotation.max_files.to_string()),
+            ])),
+        });
         host.device_requests = device_requests;
         let labels = [
             ("gangway.job", k.job.to_string()),
@@ -367,7 +377,7 @@ impl Executor {
             let _ = exits.send((k, 125));
             return Rank::NotStarted;
         }
-        watch_container(d, name.clone(), k, l.log, exits, None);
+        watch_container(d, name.clone(), k, (l.log, l.rotation), exits, None);
         Rank::Container(name)
     }
 
@@ -408,12 +418,12 @@ fn watch_container(
     d: Docker,
     name: String,
     k: RankKey,
-    log: PathBuf,
+    (log, rotation): (PathBuf, crate::logs::Rotation),
     exits: ExitSender,
     since: Option<i32>,
 ) {
     tokio::spawn(async move {
-        let logs = tokio::spawn(copy_logs(d.clone(), name.clone(), log, since));
+        let logs = tokio::spawn(copy_logs(d.clone(), name.clone(), log, rotation, since));
         let code = match d.wait_container(&name, None).next().await {
             Some(Ok(r)) => r.status_code as i32,
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code as i32,
@@ -485,7 +495,8 @@ impl Executor {
                     d.clone(),
                     self.docker_name(k),
                     k,
-                    log,
+                    // Re-adopted: its queue's rotation is not known here.
+                    (log, crate::logs::Rotation::of(&Default::default())),
                     exits.clone(),
                     Some(now),
                 );
@@ -506,12 +517,14 @@ impl Executor {
     }
 }
 
-async fn copy_logs(d: Docker, name: String, log: PathBuf, since: Option<i32>) {
-    let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-    else {
+async fn copy_logs(
+    d: Docker,
+    name: String,
+    log: PathBuf,
+    rotation: crate::logs::Rotation,
+    since: Option<i32>,
+) {
+    let Ok(mut f) = crate::logs::RotatingLog::open(&log, rotation) else {
         return;
     };
     let opts = LogsOptionsBuilder::default()
@@ -565,6 +578,11 @@ impl Executor {
         // No cgroup holds the rank under the subreaper: rlimits stand in.
         let rlimits = (self.track.kind() == crate::proctrack::ProcTrackKind::Subreaper)
             .then(|| crate::limits::Rlimits::of(limits));
+        let Some(pump) = crate::logpump::LogPump::new(&l.log, l.rotation) else {
+            note(&l.log, "bad log file path");
+            let _ = exits.send((k, 125));
+            return Rank::NotStarted;
+        };
         let exit_file = l.exit_file.clone();
         let _ = std::fs::remove_file(&exit_file);
         // The supervisor writes the exit code there: on a fresh state dir the
@@ -600,6 +618,7 @@ impl Executor {
                 if let Some(r) = &rlimits {
                     r.apply()?;
                 }
+                pump.start()?;
                 sup.fork()
             });
         }

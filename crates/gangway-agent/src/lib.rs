@@ -16,6 +16,7 @@ pub mod executor;
 pub mod identity;
 pub mod leftovers;
 pub mod limits;
+pub mod logpump;
 pub mod logs;
 pub mod mounts;
 pub mod proctrack;

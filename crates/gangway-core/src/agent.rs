@@ -346,6 +346,14 @@ pub struct LogChunk {
     pub data: String,
     /// Byte offset to ask for next.
     pub next_offset: u64,
+    /// Bytes between the offset asked for and this chunk's start that log
+    /// rotation dropped (older lines no longer kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Name of the role every rank has (torchrun's default role).

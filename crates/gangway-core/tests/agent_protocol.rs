@@ -158,6 +158,7 @@ fn samples() -> Vec<(&'static str, Value)> {
             v(&LogChunk {
                 data: "step 1\n".into(),
                 next_offset: 7,
+                dropped: 0,
             }),
         ),
     ]

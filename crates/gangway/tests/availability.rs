@@ -98,3 +98,56 @@ fn a_memory_hog_without_a_request_is_oom_killed_at_its_gpu_share() {
         "the job's fault, not the node's"
     );
 }
+
+#[test]
+fn a_log_flood_leaves_at_most_the_cap_on_disk_and_logs_say_what_was_dropped() {
+    // 64 KiB x 3 files per rank for this queue.
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config(
+            "    node:\n      limits:\n        log_max_bytes: 65536\n        log_max_files: 3\n",
+        ),
+    );
+    c.agent("node-a", 2, &[], &[]);
+    c.wait_nodes(1);
+    // About 20 MiB of output, then a last line.
+    let id = c.submit(&json!({
+        "name": "flood", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' x | fold -w 99; echo; echo the end"] }
+    }));
+    c.wait_job(id, "succeed", 120, |j| state(j) == "succeeded");
+    let log = c
+        .dir
+        .path()
+        .join(format!("node-a/logs/job-{id}/attempt-0/rank-0.log"));
+    let on_disk: u64 = (0..10)
+        .map(|n| {
+            let p = if n == 0 {
+                log.clone()
+            } else {
+                std::path::PathBuf::from(format!("{}.{n}", log.display()))
+            };
+            std::fs::metadata(p).map_or(0, |m| m.len())
+        })
+        .sum();
+    eprintln!("log flood: 20,000,000+ bytes written, {on_disk} bytes on disk (cap 196,608)");
+    assert!(on_disk <= 3 * 65536, "{on_disk} bytes on disk");
+    assert!(on_disk > 65536, "rotated files kept ({on_disk} bytes)");
+    let out = std::process::Command::new(BIN)
+        .args(["logs", &id.to_string()])
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .output()
+        .expect("gangway logs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        text.ends_with("the end\n"),
+        "{}",
+        &text[text.len().saturating_sub(200)..]
+    );
+    assert!(err.contains("dropped by log rotation"), "{err}");
+}
