@@ -174,6 +174,7 @@ mod tests {
                 Limits {
                     cpu_millis: 1500,
                     memory_mib: 64,
+                    pids: 100,
                 },
             )
             .expect("container");
@@ -184,6 +185,12 @@ mod tests {
         if let Some(d) = CgroupV1::dir(&c, "cpu") {
             let v = std::fs::read_to_string(d.join("cpu.cfs_quota_us")).expect("read");
             assert_eq!(v.trim(), "150000");
+            let v = std::fs::read_to_string(d.join("cpu.shares")).expect("read");
+            assert_eq!(v.trim(), "1536");
+        }
+        if let Some(d) = CgroupV1::dir(&c, "pids") {
+            let v = std::fs::read_to_string(d.join("pids.max")).expect("read");
+            assert_eq!(v.trim(), "100");
         }
         t.destroy(&c);
         for (_, p) in &t.parents {

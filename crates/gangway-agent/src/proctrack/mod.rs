@@ -404,6 +404,7 @@ pub(crate) mod testing {
                 Limits {
                     cpu_millis: 500,
                     memory_mib: 256,
+                    pids: 4096,
                 },
             )
             .expect("container");
