@@ -896,7 +896,8 @@ impl Agent {
                 Ok(sb) => sb.clone(),
                 Err(e) => {
                     // The rank fails with the reason in its log (`gangway logs`).
-                    crate::sandbox::refuse(&log, rk, e, &self.exits_tx);
+                    crate::sandbox::refuse(&log, e);
+                    let _ = self.exits_tx.send((rk, crate::sandbox::REFUSED_EXIT));
                     task.ranks.insert(
                         r.rank,
                         RankRun {

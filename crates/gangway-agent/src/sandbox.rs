@@ -179,15 +179,13 @@ pub fn host_config(sb: &RankSandbox, checkpoint_dir: &Path) -> HostConfig {
     }
 }
 
-/// Fails a rank that may not start: the reason goes to its log (read with
-/// `gangway logs`, naming the account or mount and the node) and it exits
-/// with 126, so the job's restart policy applies.
-pub fn refuse(
-    log: &Path,
-    key: crate::executor::RankKey,
-    why: &SandboxError,
-    exits: &crate::executor::ExitSender,
-) {
+/// The exit code of a rank refused before it started (the shell's "cannot execute").
+pub const REFUSED_EXIT: i32 = 126;
+
+/// Records why a rank may not start: the reason goes to its log (read with
+/// `gangway logs`, naming the account or mount and the node). The caller then
+/// announces the rank's exit with [`REFUSED_EXIT`], so the job's restart policy applies.
+pub fn refuse(log: &Path, why: &SandboxError) {
     if let Some(parent) = log.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
@@ -199,7 +197,6 @@ pub fn refuse(
         use std::io::Write;
         let _ = writeln!(f, "[gangway] refused: {why}");
     }
-    let _ = exits.send((key, 126));
 }
 
 /// The `--user` of a container rank.

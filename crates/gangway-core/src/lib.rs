@@ -5,12 +5,14 @@
 //! the simulator and the CLI all speak the same language.
 
 pub mod agent;
+pub mod id;
 pub mod job;
 pub mod node;
 pub mod node_policy;
 pub mod queue;
 pub mod reason;
 pub mod resources;
+pub mod span;
 pub mod workflow;
 
 pub use job::{

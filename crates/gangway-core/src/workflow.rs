@@ -3,7 +3,8 @@
 //! (`0-15%4`). The server decides with these when a job may enter the
 //! scheduler; the CLI uses the same parsers for its flags.
 
-use crate::job::{parse_time_span, JobId};
+use crate::id::JobId;
+use crate::span::parse_time_span;
 use crate::Time;
 use serde::{Deserialize, Serialize};
 

@@ -464,11 +464,11 @@ fn borrowing(s: &ClusterState, q: u32, planned: &[gangway_sched::PlannedStart]) 
 proptest! {
     #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128), ..ProptestConfig::default() })]
 
-    /// Defect 1 of issue 14: with a zero grace period victims exit at the
-    /// instant they are signalled, and a ranking that puts every requeued job
-    /// first (as SRTF and LAS do) made preemptions ping-pong forever at one
-    /// instant. Here every cycle re-ranks adversarially — each pending job
-    /// above everything running — and cycles repeat at the same instant until
+    /// With a zero grace period victims exit at the instant they are
+    /// signalled, and a ranking that puts every requeued job first (as SRTF
+    /// and LAS do) made preemptions ping-pong forever at one instant. Here
+    /// every cycle re-ranks adversarially — each pending job above
+    /// everything running — and cycles repeat at the same instant until
     /// nothing changes: each job is evicted at most once per instant, and the
     /// per-cycle bound holds.
     #[test]
@@ -576,7 +576,7 @@ proptest! {
         }
     }
 
-    /// Defect 2 of issue 14: no quota, nothing lent, nothing to reclaim. A
+    /// No quota, nothing lent, nothing to reclaim. A
     /// reclaim's victim is always in a queue above its nominal quota; without
     /// quotas there is no reclaim at all, and a priority preemption's victim
     /// always has a lower priority than its preemptor.

@@ -48,7 +48,7 @@ pub struct App {
     /// Control state behind one lock: every change is short and ordered.
     /// Job reads (list, describe) read its published view instead
     /// ([`crate::view`]).
-    pub control: crate::view::StateLock<SharedStore>,
+    pub control: crate::lock::StateLock<SharedStore>,
     /// Configuration.
     pub cfg: ServerConfig,
     /// Metrics.
@@ -287,7 +287,7 @@ type ApiResult<T> = Result<T, ApiError>;
 /// (`block_in_place`): a scheduling cycle holds the lock for up to 100s of
 /// ms on a large cluster, and a few handlers parked on it must not take
 /// every async worker with them, stalling requests that never need the lock.
-pub fn lock(app: &App) -> ApiResult<crate::view::StateGuard<'_, SharedStore>> {
+pub fn lock(app: &App) -> ApiResult<crate::lock::StateGuard<'_, SharedStore>> {
     let acquire = || app.control.lock_as(Holder::Requests);
     let on_workers = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
@@ -310,15 +310,15 @@ fn poisoned() -> ApiError {
 /// Runs `f` on the control state with its job writes deferred
 /// ([`Control::deferred`]) and returns its answer once they are durable.
 /// For the agents' syncs and reports: frequent, each a few writes,
-/// acknowledged only once durable. They are combined ([`crate::combine`]):
+/// acknowledged only once durable. They are combined ([`crate::lock`]):
 /// many per lock hold, one read-view publish and one store sync per batch,
 /// and neither the wait for the lock nor the disk holds an async worker.
 pub async fn with_control<T: Send + 'static>(
     app: &Arc<App>,
     f: impl FnOnce(&mut Control<SharedStore>) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
-    use crate::combine::CombineError as E;
-    crate::combine::run(app.clone(), |a: &App| &a.control, f)
+    use crate::lock::CombineError as E;
+    crate::lock::run(app.clone(), |a: &App| &a.control, f)
         .await
         .map_err(|e| match e {
             E::NotLeader => {
@@ -421,7 +421,7 @@ pub(crate) async fn read_body(app: &App, body: axum::body::Body) -> ApiResult<By
 
 /// Bodies up to this size are parsed on the async worker: a typical spec
 /// (a few hundred bytes) parses in microseconds, less than a hop to the
-/// blocking pool costs (issue 16's submission path).
+/// blocking pool costs (the submission path).
 const INLINE_PARSE_BYTES: usize = 16 * 1024;
 
 /// Parses a job spec (JSON or budgeted YAML); large bodies on the blocking
@@ -735,7 +735,7 @@ async fn queues(
     headers: HeaderMap,
 ) -> ApiResult<Json<serde_json::Value>> {
     authenticate_person(&app, &headers)?;
-    // The read view's snapshot: no state lock (issue 16).
+    // The read view's snapshot: no state lock.
     let v = app.control.view();
     let out: Vec<_> = v
         .cluster
@@ -775,7 +775,7 @@ async fn nodes(
 ) -> ApiResult<Json<crate::node_list::NodeList>> {
     authenticate_person(&app, &headers)?;
     // The read view's snapshot, serialized as it is: no state lock, no
-    // `serde_json::Value` tree (issue 16).
+    // `serde_json::Value` tree.
     Ok(Json(crate::node_list::NodeList(app.control.view())))
 }
 
@@ -1045,7 +1045,7 @@ async fn job_logs(
     let rank = q.rank.unwrap_or(0);
     let (url, token, attempt) = {
         // The read view: the record, the node's registered address and its
-        // log key; no state lock (issue 16).
+        // log key; no state lock.
         let v = app.control.view();
         let rec = v
             .job(JobId(id))
@@ -1263,7 +1263,7 @@ async fn usage(
             "from: must not be after to".into(),
         ));
     }
-    // The read view's jobs: no state lock (issue 16).
+    // The read view's jobs: no state lock.
     let view = app.control.view();
     let (q, u) = blocking(move || Ok(crate::history::usage(&view.jobs, from, to, t))).await?;
     Ok(Json(

@@ -151,6 +151,24 @@ pub fn is_person(p: &Principal) -> bool {
     matches!(p, Principal::Admin | Principal::User { .. })
 }
 
+/// A random 256-bit token in hex (node tokens; `gangway up`'s tokens).
+pub fn fresh_token() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_ok();
+    if !ok {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let x = (t ^ u128::from(std::process::id())).to_le_bytes();
+        b[..16].copy_from_slice(&x);
+        b[16..].copy_from_slice(&x);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

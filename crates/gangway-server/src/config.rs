@@ -33,10 +33,304 @@
 //!
 //! The file is parsed with the same budgets as job specs (see [`crate::yaml`]).
 
-use crate::control::NodeLifecycle;
-use gangway_core::QueueSpec;
+use gangway_core::agent::PortRange;
+use gangway_core::{QueueSpec, TimeSpan};
+use gangway_sched::SchedulerConfig;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+/// Node lifecycle knobs (from the server config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeLifecycle {
+    /// Seconds without a heartbeat before a node is NotReady.
+    pub node_not_ready_seconds: u64,
+    /// Seconds without a heartbeat before its gangs are treated as lost.
+    pub node_lost_seconds: u64,
+    /// Distinct jobs failing on one node and succeeding elsewhere before it
+    /// is blamed (0: never auto-cordon; see [`crate::blame`]).
+    pub auto_cordon_failures: u32,
+}
+
+impl Default for NodeLifecycle {
+    fn default() -> Self {
+        NodeLifecycle {
+            node_not_ready_seconds: 10,
+            node_lost_seconds: 30,
+            auto_cordon_failures: 3,
+        }
+    }
+}
+
+impl NodeLifecycle {
+    /// Whether the check acts on a node silent for `silent` seconds, Ready
+    /// or not (`ready`), already treated as lost or not (`lost`): `None`
+    /// when it does not; else whether the node is Ready (it becomes
+    /// NotReady). Silent for `node_lost_seconds` and not yet lost, or for
+    /// `node_not_ready_seconds` and still Ready.
+    pub(crate) fn acts_on(&self, silent: u64, ready: bool, lost: bool) -> Option<bool> {
+        if silent >= self.node_lost_seconds && !lost {
+            Some(ready)
+        } else if silent >= self.node_not_ready_seconds && ready {
+            Some(true)
+        } else {
+            None
+        }
+    }
+}
+
+/// The contract's knobs (from the server config).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContractConfig {
+    /// Cluster-wide checkpoint root; `None`: each agent's own.
+    pub checkpoint_root: Option<String>,
+    /// Rendezvous ports.
+    pub master_ports: PortRange,
+}
+
+/// The scheduler's knobs a policy sets (the rest of
+/// [`gangway_sched::SchedulerConfig`] is fixed by the server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerKnobs {
+    /// Backfill: `easy` (a reservation for the first job that does not
+    /// fit), `conservative` (for every planned job), `reservations:N`, or
+    /// `off` (docs/BACKFILL.md).
+    pub backfill: gangway_sched::Backfill,
+    /// Pending jobs given a planned start per cycle, in order (0 to
+    /// [`crate::config::MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
+    pub plan_depth: usize,
+    /// Preempt lower-priority work and reclaim lent quota.
+    pub preemption: bool,
+    /// DRF fair share between queues (otherwise submit order within a priority).
+    pub fair_share: bool,
+    /// Most preemption searches per cycle (1 to 1024).
+    pub max_preemption_searches: usize,
+    /// Most jobs signalled to stop in one cycle (1 to 100,000).
+    pub max_preemptions_per_cycle: usize,
+    /// A job preempted this many times is no longer a victim (`None`: no budget).
+    pub preemption_budget: Option<u32>,
+    /// A job that has run less than this in its attempt is not a victim
+    /// (seconds, at most 7 days).
+    pub min_run_seconds: u64,
+    /// The minimum run time grows with each preemption: a job preempted
+    /// `k` times is a victim only after `(k + 1) × min_run_seconds`
+    /// ([`gangway_sched::SchedulerConfig::min_run_grows`]).
+    pub min_run_grows: bool,
+    /// Most pending jobs a cycle examines (100 to 10,000,000): the head of
+    /// the order, then a rotating share of the rest, so a deep queue does
+    /// not lengthen every cycle.
+    pub max_pending_examined: usize,
+}
+
+impl Default for SchedulerKnobs {
+    fn default() -> Self {
+        let d = SchedulerConfig::default();
+        SchedulerKnobs {
+            backfill: d.backfill,
+            plan_depth: d.plan_depth,
+            preemption: d.preemption,
+            fair_share: d.fair_share,
+            max_preemption_searches: d.max_preemption_searches,
+            max_preemptions_per_cycle: d.max_preemptions_per_cycle,
+            preemption_budget: d.preemption_budget,
+            min_run_seconds: d.min_run_seconds,
+            min_run_grows: d.min_run_grows,
+            max_pending_examined: d.max_pending_examined,
+        }
+    }
+}
+
+impl SchedulerKnobs {
+    /// The scheduling core's configuration with these knobs.
+    pub fn config(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            backfill: self.backfill,
+            plan_depth: self.plan_depth,
+            preemption: self.preemption,
+            fair_share: self.fair_share,
+            max_preemption_searches: self.max_preemption_searches,
+            max_preemptions_per_cycle: self.max_preemptions_per_cycle,
+            preemption_budget: self.preemption_budget,
+            min_run_seconds: self.min_run_seconds,
+            min_run_grows: self.min_run_grows,
+            max_pending_examined: self.max_pending_examined,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    /// Range checks, naming the field (`scheduler.plan_depth: ...`).
+    pub fn check(&self) -> Result<(), String> {
+        let range = |field: &str, v: u64, lo: u64, hi: u64| {
+            if v < lo || v > hi {
+                Err(format!(
+                    "scheduler.{field}: {v} is out of range ({lo} to {hi})"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        range(
+            "plan_depth",
+            self.plan_depth as u64,
+            0,
+            crate::config::MAX_PLAN_DEPTH as u64,
+        )?;
+        range(
+            "max_preemption_searches",
+            self.max_preemption_searches as u64,
+            1,
+            1024,
+        )?;
+        range(
+            "max_preemptions_per_cycle",
+            self.max_preemptions_per_cycle as u64,
+            1,
+            100_000,
+        )?;
+        if let Some(b) = self.preemption_budget {
+            range(
+                "preemption_budget",
+                u64::from(b),
+                0,
+                u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
+            )?;
+        }
+        range(
+            "max_pending_examined",
+            self.max_pending_examined as u64,
+            100,
+            10_000_000,
+        )?;
+        range(
+            "min_run_seconds",
+            self.min_run_seconds,
+            0,
+            gangway_core::MAX_MIN_RUN_SECONDS,
+        )
+    }
+}
+
+/// Targets a policy change must meet in the what-if before it is applied
+/// (unless forced with a reason). The gates of the version in force judge a
+/// candidate, so a candidate cannot loosen its own gates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Gates {
+    /// No queue's (nor the overall) p95 wait may grow by more than this many
+    /// percent (differences under a minute never fail it).
+    pub max_p95_wait_worse_pct: Option<f64>,
+    /// GPU utilisation may not drop by more than this many percentage points.
+    pub max_utilisation_drop_points: Option<f64>,
+    /// Jain's fairness index across queues must stay at least this (or not get worse).
+    pub min_jain: Option<f64>,
+}
+
+// The values are checked finite when read ([`Gates::check`]), so equality is total.
+impl Eq for Gates {}
+
+impl Gates {
+    /// Whether any gate is set.
+    pub fn any(&self) -> bool {
+        self.max_p95_wait_worse_pct.is_some()
+            || self.max_utilisation_drop_points.is_some()
+            || self.min_jain.is_some()
+    }
+
+    /// Range checks, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        for (field, v, hi) in [
+            (
+                "max_p95_wait_worse_pct",
+                self.max_p95_wait_worse_pct,
+                10_000.0,
+            ),
+            (
+                "max_utilisation_drop_points",
+                self.max_utilisation_drop_points,
+                100.0,
+            ),
+            ("min_jain", self.min_jain, 1.0),
+        ] {
+            if let Some(v) = v {
+                if !v.is_finite() || !(0.0..=hi).contains(&v) {
+                    return Err(format!("gates.{field}: {v} is out of range (0 to {hi})"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How long finished work is kept (config `retention`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retention {
+    /// Finished jobs are removed this long after they ended (default 7d).
+    pub finished_jobs: TimeSpan,
+    /// Idempotency keys are removed this long after their job was submitted
+    /// (default 24h): a retry later than that creates a new job.
+    pub idempotency_keys: TimeSpan,
+    /// The store's change history is kept this long before it is compacted
+    /// (default 1m; 0: never, the operator compacts etcd).
+    pub store_history: TimeSpan,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            finished_jobs: TimeSpan::Text("7d".into()),
+            idempotency_keys: TimeSpan::Text("24h".into()),
+            store_history: TimeSpan::Text("1m".into()),
+        }
+    }
+}
+
+/// Longest horizon accepted: ten years.
+const MAX_HORIZON: u64 = 3650 * 86_400;
+
+impl Retention {
+    /// Both horizons in seconds (finished jobs, idempotency keys), or the
+    /// field that is wrong and why.
+    pub fn seconds(&self) -> Result<(u64, u64), String> {
+        let check = |name: &str, t: &TimeSpan| -> Result<u64, String> {
+            let s = t.seconds().map_err(|e| format!("retention.{name}: {e}"))?;
+            if !(60..=MAX_HORIZON).contains(&s) {
+                return Err(format!(
+                    "retention.{name}: must be between 1 minute and 3650 days"
+                ));
+            }
+            Ok(s)
+        };
+        Ok((
+            check("finished_jobs", &self.finished_jobs)?,
+            check("idempotency_keys", &self.idempotency_keys)?,
+        ))
+    }
+}
+
+/// Longest store history accepted: 30 days (the history of a busy cluster
+/// is many times its state).
+const MAX_STORE_HISTORY: u64 = 30 * 86_400;
+
+impl Retention {
+    /// How long the store's history is kept, or `None` for never compacted;
+    /// or the field's error.
+    pub fn store_history_seconds(&self) -> Result<Option<u64>, String> {
+        let s = self
+            .store_history
+            .seconds()
+            .map_err(|e| format!("retention.store_history: {e}"))?;
+        match s {
+            0 => Ok(None),
+            60..=MAX_STORE_HISTORY => Ok(Some(s)),
+            _ => Err(
+                "retention.store_history: must be 0 (never compact) or between 1 minute \
+                      and 30 days"
+                    .into(),
+            ),
+        }
+    }
+}
 
 /// A user and the queues they may submit to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,10 +452,10 @@ pub struct ServerConfig {
     /// Scheduler knobs (backfill, preemption, fair share): part of the
     /// versioned policy, seeded from here at the first start.
     #[serde(default)]
-    pub scheduler: crate::policy::SchedulerKnobs,
+    pub scheduler: SchedulerKnobs,
     /// Targets a policy change must meet in the what-if (see `gangway policy apply`).
     #[serde(default)]
-    pub gates: crate::policy::Gates,
+    pub gates: Gates,
     /// Per queue, the p95 wait it promises (seconds): exported as
     /// `gangway_queue_slo_p95_wait_seconds`, alerted on by `gangway alerts`.
     #[serde(default)]
@@ -176,7 +470,7 @@ pub struct ServerConfig {
     /// How long finished jobs and idempotency keys are kept
     /// (`{ finished_jobs: 7d, idempotency_keys: 24h }` by default).
     #[serde(default)]
-    pub retention: crate::retention::Retention,
+    pub retention: Retention,
 }
 
 /// Most pending jobs `plan_depth` may ask to plan per cycle.
@@ -281,8 +575,8 @@ impl ServerConfig {
     }
 
     /// The job-contract knobs.
-    pub fn contract(&self) -> crate::control::ContractConfig {
-        crate::control::ContractConfig {
+    pub fn contract(&self) -> ContractConfig {
+        ContractConfig {
             checkpoint_root: self.checkpoint_root.clone(),
             master_ports: self.master_ports,
         }

@@ -5,68 +5,32 @@
 
 mod assign;
 mod contract;
+mod nodes;
 mod predictor;
 mod rank;
+mod reservations;
+mod view;
+mod workflow;
 
 pub use assign::{NodeWork, SyncAnswer};
 pub use predictor::{PredictorSave, PREDICTOR_MAX_BYTES};
 
-pub use contract::{ContractConfig, ContractState};
+pub use crate::authz::fresh_token;
+pub use crate::config::{ContractConfig, NodeLifecycle};
+pub use crate::control_error::ControlError;
+pub(crate) use crate::control_error::{decode, encode};
+pub(crate) use crate::records::token_key;
+pub use contract::ContractState;
 
 use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, Stopping, JOB_SEQ};
 use gangway_core::agent::{GpuHealth, SyncRequest, TaskState};
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
 use gangway_sched::{
-    apply, schedule, ClusterState, Decisions, Placement, Rejection, ReplicaPlacement,
-    SchedulerConfig, StateConfig,
+    apply, schedule, ClusterState, Decisions, Placement, ReplicaPlacement, SchedulerConfig,
+    StateConfig,
 };
 use gangway_store::{Compare, Op, Store, StoreError};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use thiserror::Error;
-
-/// Why a control-plane operation failed.
-#[derive(Debug, Error)]
-pub enum ControlError {
-    /// Store.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The job can never run here, or the spec is wrong.
-    #[error(transparent)]
-    Rejected(#[from] Rejection),
-    /// Unknown job.
-    #[error("job {0} does not exist")]
-    NoSuchJob(JobId),
-    /// Unknown node.
-    #[error("node {0:?} does not exist")]
-    NoSuchNode(String),
-    /// Bad node.
-    #[error("{0}")]
-    BadNode(String),
-    /// Wrong state for the operation.
-    #[error("job {0} is already {1:?}")]
-    Finished(JobId, JobState),
-    /// A node reported about a job that is not placed on it.
-    #[error("job {1} does not run on node {0:?}")]
-    NotOnNode(String, JobId),
-    /// A report that does not fit the job's state.
-    #[error("job {0} is {1:?}; cannot report {2}")]
-    BadReport(JobId, JobState, &'static str),
-    /// A stored record could not be decoded.
-    #[error("stored record {0} is corrupt: {1}")]
-    Corrupt(String, String),
-    /// Someone else changed the record first.
-    #[error("conflicting update of {0}; retry")]
-    Conflict(String),
-    /// A known caller that may not do this (a node acting for another).
-    #[error("{0}")]
-    Forbidden(String),
-    /// A report about an attempt that is over.
-    #[error("job {0} attempt {1} is over (the current attempt is {2})")]
-    StaleAttempt(JobId, u32, u32),
-    /// A hold, release or update refused (see `workflow.rs`).
-    #[error(transparent)]
-    Workflow(#[from] crate::workflow::WorkflowError),
-}
 
 /// A submission: owner, spec and the client's idempotency key, if any.
 #[derive(Clone, Debug)]
@@ -230,45 +194,6 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
     (rec, after)
 }
 
-/// Node lifecycle knobs (from the server config).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NodeLifecycle {
-    /// Seconds without a heartbeat before a node is NotReady.
-    pub node_not_ready_seconds: u64,
-    /// Seconds without a heartbeat before its gangs are treated as lost.
-    pub node_lost_seconds: u64,
-    /// Distinct jobs failing on one node and succeeding elsewhere before it
-    /// is blamed (0: never auto-cordon; see [`crate::blame`]).
-    pub auto_cordon_failures: u32,
-}
-
-impl Default for NodeLifecycle {
-    fn default() -> Self {
-        NodeLifecycle {
-            node_not_ready_seconds: 10,
-            node_lost_seconds: 30,
-            auto_cordon_failures: 3,
-        }
-    }
-}
-
-impl NodeLifecycle {
-    /// Whether the check acts on a node silent for `silent` seconds, Ready
-    /// or not (`ready`), already treated as lost or not (`lost`): `None`
-    /// when it does not; else whether the node is Ready (it becomes
-    /// NotReady). Silent for `node_lost_seconds` and not yet lost, or for
-    /// `node_not_ready_seconds` and still Ready.
-    fn acts_on(&self, silent: u64, ready: bool, lost: bool) -> Option<bool> {
-        if silent >= self.node_lost_seconds && !lost {
-            Some(ready)
-        } else if silent >= self.node_not_ready_seconds && ready {
-            Some(true)
-        } else {
-            None
-        }
-    }
-}
-
 /// A node the lifecycle check acts on (see [`Control::silent_nodes`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SilentNode {
@@ -396,41 +321,6 @@ pub enum Report {
 /// The grace a gang gets when it is stopped by a cancel or a failed rank:
 /// the checkpoint signal first, but not the whole preemption grace.
 pub const SHORT_GRACE_SECONDS: u64 = 10;
-
-/// A random 256-bit token in hex (node tokens; `gangway up`'s tokens).
-pub fn fresh_token() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 32];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_ok();
-    if !ok {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let x = (t ^ u128::from(std::process::id())).to_le_bytes();
-        b[..16].copy_from_slice(&x);
-        b[16..].copy_from_slice(&x);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Store key of a node's token.
-pub(crate) fn token_key(name: &str) -> String {
-    format!("/node_tokens/{name}")
-}
-
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(
-    key: &str,
-    bytes: &[u8],
-) -> Result<T, ControlError> {
-    serde_json::from_slice(bytes).map_err(|e| ControlError::Corrupt(key.to_string(), e.to_string()))
-}
-
-pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    // Serialising our own plain data types cannot fail.
-    serde_json::to_vec(v).unwrap_or_default()
-}
 
 impl<S: Store + Clone> Control<S> {
     /// A handle on the store, to flush deferred writes (see
@@ -1500,7 +1390,7 @@ impl<S: Store> Control<S> {
     /// `node_not_ready_seconds` and still Ready. Read from the heartbeat
     /// index: only the nodes it holds at or before the smaller of the two
     /// are looked at (the silent ones, and those heard from since they were
-    /// last looked at, about once per threshold each; issue 16: a walk of
+    /// last looked at, about once per threshold each: a walk of
     /// every node was O(nodes) each cycle).
     pub(crate) fn silent_nodes(&mut self, now: Time) -> Vec<SilentNode> {
         let lc = self.lifecycle;
@@ -2330,7 +2220,7 @@ mod tests {
         ]
     }
 
-    /// The check as it was before the heartbeat index (issue 16): a walk of
+    /// The check as it was before the heartbeat index: a walk of
     /// every node of the scheduler.
     fn silent_nodes_by_walk<S: Store>(c: &Control<S>, now: Time) -> Vec<SilentNode> {
         let lc = c.lifecycle;

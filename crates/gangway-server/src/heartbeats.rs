@@ -1,4 +1,4 @@
-//! Every node's last heartbeat, with an index by time (issue 16): the node
+//! Every node's last heartbeat, with an index by time: the node
 //! lifecycle check of each cycle ([`crate::control::Control`]'s
 //! `check_nodes`) reads only the nodes the index says may be silent long
 //! enough to matter instead of walking every node.

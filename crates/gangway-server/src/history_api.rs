@@ -80,7 +80,7 @@ pub async fn list(
         cursor: q.cursor,
         limit,
     };
-    // The read view's jobs: no state lock (issue 16).
+    // The read view's jobs: no state lock.
     let view = app.control.view();
     let now = crate::clock::now();
     blocking(move || Ok(Json(page(&view.jobs, &filter, now)))).await

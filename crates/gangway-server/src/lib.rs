@@ -9,9 +9,9 @@ pub mod authz;
 pub mod backup;
 pub mod blame;
 pub mod clock;
-pub mod combine;
 pub mod config;
 pub mod control;
+pub mod control_error;
 pub mod counted_store;
 pub mod dashboard;
 pub mod errors;
@@ -21,6 +21,7 @@ pub mod history;
 pub mod history_api;
 pub mod limits;
 pub mod listing;
+pub mod lock;
 pub mod metrics;
 pub mod node_list;
 pub mod nodes;
@@ -138,7 +139,7 @@ pub fn open_with_audit(
         rate: limits::RateLimiter::default(),
         audit,
         metrics_at: std::sync::atomic::AtomicU64::new(0),
-        control: view::StateLock::new(control),
+        control: lock::StateLock::new(control),
         cfg,
         metrics,
         wake: tokio::sync::Notify::new(),

@@ -1,5 +1,5 @@
 //! Prometheus metrics at `/metrics` (admin or metrics token), served from
-//! the read view (issue 16): a scrape reads the job counts the job table
+//! the read view: a scrape reads the job counts the job table
 //! keeps by state and queue and the GPU totals of the cluster snapshot, both
 //! published with the view ([`Snapshot::of_view`]), sets the gauges
 //! ([`Metrics::publish`]) and encodes them with the live counters. It takes
@@ -93,7 +93,7 @@ impl Snapshot {
     /// Reads the job counts [`crate::records::JobTable`] keeps and counts
     /// the GPUs of `c` (the caller holds the state lock; no job is walked):
     /// how the scheduler loop refreshed the gauges before they were read
-    /// from the view (`gangway bench dashboard` times both).
+    /// from the view (`gangway-bench dashboard` times both).
     pub fn gather<S: Store>(c: &Control<S>) -> Self {
         let jobs = c
             .jobs
@@ -288,7 +288,7 @@ impl Metrics {
     /// Brings the lock's counters up to `now` ([`StateLock::lock_use`],
     /// read without the lock): each adds what was used since the last call.
     ///
-    /// [`StateLock::lock_use`]: crate::view::StateLock::lock_use
+    /// [`StateLock::lock_use`]: crate::lock::StateLock::lock_use
     pub fn publish_lock(&self, now: &[LockUse]) {
         let mut shown = self
             .lock_shown
@@ -345,7 +345,7 @@ impl Metrics {
 
     /// The refresh as it was before [`Snapshot`]: every job's labels built
     /// and looked up in the gauge family while the caller holds the state
-    /// lock. Kept only as the baseline `gangway bench dashboard` measures
+    /// lock. Kept only as the baseline `gangway-bench dashboard` measures
     /// the snapshot against.
     pub fn refresh_walking_baseline<S: Store>(&self, c: &Control<S>) {
         self.jobs.clear();

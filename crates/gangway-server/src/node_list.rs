@@ -1,5 +1,5 @@
 //! The body of `GET /v1/nodes`, serialized straight from the read view's
-//! cluster snapshot (issue 16): no `serde_json::Value` tree is built, so a
+//! cluster snapshot: no `serde_json::Value` tree is built, so a
 //! 10,000-node answer costs one pass over the rows instead of an
 //! allocation per key and GPU.
 //!

@@ -1,9 +1,29 @@
 //! What the server stores per job, as JSON under `/jobs/<id>`.
 
-use gangway_core::{JobId, JobSpec, JobState, Time};
+use gangway_core::{JobId, JobSpec, JobState, ReasonCode, Time};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// Who holds a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Hold {
+    /// Its owner (`--hold`, `gangway hold` by the owner): the owner may release it.
+    User,
+    /// An administrator: only an administrator may release it.
+    Admin,
+}
+
+impl Hold {
+    /// The reason code a job held so waits with.
+    pub fn code(self) -> ReasonCode {
+        match self {
+            Hold::User => ReasonCode::JobHeldUser,
+            Hold::Admin => ReasonCode::JobHeldAdmin,
+        }
+    }
+}
 
 /// One rank group's GPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -109,7 +129,7 @@ pub struct JobRecord {
     pub stopping: Option<Stopping>,
     /// Held (`gangway hold`): kept out of the scheduler until released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub held: Option<crate::workflow::Hold>,
+    pub held: Option<Hold>,
     /// The array task this job is, when it was submitted as an array.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<gangway_core::ArrayTask>,
@@ -232,6 +252,11 @@ impl JobRecord {
         }
         out
     }
+}
+
+/// Store key of a node's token.
+pub fn token_key(name: &str) -> String {
+    format!("/node_tokens/{name}")
 }
 
 /// Store key of a job.

@@ -80,7 +80,7 @@ pub async fn list(
     headers: HeaderMap,
 ) -> Result<Json<Vec<MaintenanceReservation>>, ApiError> {
     authenticate_person(&app, &headers)?;
-    // The read view's (shared) map: no state lock (issue 16).
+    // The read view's (shared) map: no state lock.
     let view = app.control.view();
     Ok(Json(view.reservations.values().cloned().collect()))
 }

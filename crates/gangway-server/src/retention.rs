@@ -23,87 +23,16 @@
 //! retention: { finished_jobs: 7d, idempotency_keys: 24h, store_history: 1m }
 //! ```
 
+pub use crate::config::Retention;
 use crate::control::{Control, ControlError};
 use crate::history::HistoryEntry;
 use crate::records::JobRecord;
 use gangway_core::workflow::{parse_dependency, Dependency};
-use gangway_core::{JobId, Time, TimeSpan};
+use gangway_core::{JobId, Time};
 use gangway_store::{Compare, Op, Store};
-use serde::{Deserialize, Serialize};
 use std::collections::{HashSet, VecDeque};
 use std::io::Write;
 use std::path::Path;
-
-/// How long finished work is kept (config `retention`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Retention {
-    /// Finished jobs are removed this long after they ended (default 7d).
-    pub finished_jobs: TimeSpan,
-    /// Idempotency keys are removed this long after their job was submitted
-    /// (default 24h): a retry later than that creates a new job.
-    pub idempotency_keys: TimeSpan,
-    /// The store's change history is kept this long before it is compacted
-    /// (default 1m; 0: never, the operator compacts etcd).
-    pub store_history: TimeSpan,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Retention {
-            finished_jobs: TimeSpan::Text("7d".into()),
-            idempotency_keys: TimeSpan::Text("24h".into()),
-            store_history: TimeSpan::Text("1m".into()),
-        }
-    }
-}
-
-/// Longest horizon accepted: ten years.
-const MAX_HORIZON: u64 = 3650 * 86_400;
-
-impl Retention {
-    /// Both horizons in seconds (finished jobs, idempotency keys), or the
-    /// field that is wrong and why.
-    pub fn seconds(&self) -> Result<(u64, u64), String> {
-        let check = |name: &str, t: &TimeSpan| -> Result<u64, String> {
-            let s = t.seconds().map_err(|e| format!("retention.{name}: {e}"))?;
-            if !(60..=MAX_HORIZON).contains(&s) {
-                return Err(format!(
-                    "retention.{name}: must be between 1 minute and 3650 days"
-                ));
-            }
-            Ok(s)
-        };
-        Ok((
-            check("finished_jobs", &self.finished_jobs)?,
-            check("idempotency_keys", &self.idempotency_keys)?,
-        ))
-    }
-}
-
-/// Longest store history accepted: 30 days (the history of a busy cluster
-/// is many times its state).
-const MAX_STORE_HISTORY: u64 = 30 * 86_400;
-
-impl Retention {
-    /// How long the store's history is kept, or `None` for never compacted;
-    /// or the field's error.
-    pub fn store_history_seconds(&self) -> Result<Option<u64>, String> {
-        let s = self
-            .store_history
-            .seconds()
-            .map_err(|e| format!("retention.store_history: {e}"))?;
-        match s {
-            0 => Ok(None),
-            60..=MAX_STORE_HISTORY => Ok(Some(s)),
-            _ => Err(
-                "retention.store_history: must be 0 (never compact) or between 1 minute \
-                      and 30 days"
-                    .into(),
-            ),
-        }
-    }
-}
 
 /// When to compact the store's history: each pass marks (time, revision),
 /// and the store is compacted to the newest mark at least the history's
@@ -328,7 +257,7 @@ impl<S: Store> Control<S> {
 /// as many expired idempotency keys. The state lock is held to pick and to
 /// delete, not while the export is written.
 pub fn pass(
-    control: &crate::view::StateLock<crate::SharedStore>,
+    control: &crate::lock::StateLock<crate::SharedStore>,
     retention: &Retention,
     export_dir: Option<&Path>,
     now: Time,
@@ -363,6 +292,7 @@ pub fn pass(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gangway_core::TimeSpan;
 
     #[test]
     fn months_of_known_dates() {

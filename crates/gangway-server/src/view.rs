@@ -1,5 +1,5 @@
 //! The read view: what listing and describing jobs read without taking the
-//! control state's lock (issue 16).
+//! control state's lock.
 //!
 //! The control state ([`Control`]) sits behind one mutex that every change
 //! and the scheduling cycle take. Reads of jobs do not: every release of the
@@ -21,14 +21,11 @@
 //! at most once per ten times its last build took, so it never costs the
 //! lock more than about a tenth of its time.
 
-use crate::control::Control;
 use crate::records::{JobCounts, JobMap, JobRecord};
 use gangway_core::{JobId, NodeSpec, QueueSpec, ReasonCode, Resources, Time};
 use gangway_sched::{ClusterState, Explanation, NamesVersion, NodeIdx};
-use gangway_store::Store;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Gated pending jobs (held, begin time, dependency, array limit) with their
@@ -194,7 +191,7 @@ impl ClusterSnapshot {
     /// cycle was 8 % of a busy server's samples. Without it, every row is
     /// revisited. Either way an unchanged row is the old one (compared
     /// field by field: no allocation).
-    fn build(
+    pub(crate) fn build(
         cluster: &ClusterState,
         pending: &std::collections::BTreeMap<String, NodeSpec>,
         reasons: &HashMap<String, String>,
@@ -290,21 +287,21 @@ impl ClusterSnapshot {
 /// needed: the last one, what it was built from, and how long it took.
 #[derive(Debug, Default)]
 pub struct ClusterMemo {
-    snapshot: Arc<ClusterSnapshot>,
+    pub(crate) snapshot: Arc<ClusterSnapshot>,
     /// The scheduler state's borrow count, and the number of nodes waiting
     /// for approval and of cordon reasons, when it was built.
-    built_from: Option<(u64, usize, usize)>,
+    pub(crate) built_from: Option<(u64, usize, usize)>,
     /// The scheduler's node-change mark when it was built
     /// ([`ClusterState::node_touches`]); none: revisit every row next.
-    touched_mark: Option<u64>,
-    built_at: Option<Instant>,
-    cost: Duration,
-    urgent: bool,
+    pub(crate) touched_mark: Option<u64>,
+    pub(crate) built_at: Option<Instant>,
+    pub(crate) cost: Duration,
+    pub(crate) urgent: bool,
 }
 
 /// A rebuild waits at least this many times as long as the last one took
 /// (unless urged): at most about a tenth of the lock's time goes to it.
-const REBUILD_SPACING: u32 = 10;
+pub(crate) const REBUILD_SPACING: u32 = 10;
 
 impl ClusterMemo {
     /// Asks for the snapshot to be rebuilt when the lock is next released,
@@ -448,77 +445,11 @@ fn names_only(cluster: &ClusterState) -> ClusterState {
     s
 }
 
-impl<S: Store> Control<S> {
-    /// The read view of this state (O(1): everything is shared; the
-    /// cluster snapshot is the last one [`Control::refresh_cluster_view`]
-    /// built).
-    pub fn read_view(&self) -> ReadView {
-        ReadView {
-            jobs: self.jobs.snapshot(),
-            gates: self.gates.waiting.clone(),
-            why: self.why.clone(),
-            why_at: self.why_at,
-            planned_nodes: self.planned_nodes.clone(),
-            names: self.names.state.clone(),
-            node_by_token: self.node_by_token.clone(),
-            job_counts: self.jobs.counts_shared(),
-            cluster: self.cluster_view.snapshot.clone(),
-            last_seen: self.heartbeats.for_view(),
-            reservations: self.reservations.0.clone(),
-            node_credentials: self.node_tokens.clone(),
-        }
-    }
-
-    /// Rebuilds the cluster snapshot if the scheduler's state may have
-    /// changed since the last one, and either it was urged or the last
-    /// rebuild is long enough ago (see [`ClusterMemo`]). Whether it rebuilt.
-    pub fn refresh_cluster_view(&mut self) -> bool {
-        let from = (
-            self.cluster.borrows(),
-            self.pending_nodes.len(),
-            self.cordon_reasons.len(),
-        );
-        let m = &self.cluster_view;
-        if m.built_from == Some(from) {
-            self.cluster_view.urgent = false;
-            return false;
-        }
-        let due = m
-            .built_at
-            .is_none_or(|t| t.elapsed() >= m.cost.saturating_mul(REBUILD_SPACING));
-        if !(m.urgent || due) {
-            return false;
-        }
-        let start = Instant::now();
-        // Pending nodes and cordon reasons live here, not in the scheduler:
-        // when they changed, every row is revisited.
-        let since = m
-            .touched_mark
-            .filter(|_| m.built_from.is_some_and(|b| (b.1, b.2) == (from.1, from.2)));
-        let mark = self.cluster.node_touches();
-        let fresh = ClusterSnapshot::build(
-            &self.cluster,
-            &self.pending_nodes,
-            &self.cordon_reasons,
-            &m.snapshot,
-            since,
-        );
-        let m = &mut self.cluster_view;
-        m.snapshot = Arc::new(fresh);
-        m.built_from = Some(from);
-        m.touched_mark = Some(mark);
-        m.built_at = Some(Instant::now());
-        m.cost = start.elapsed();
-        m.urgent = false;
-        true
-    }
-}
-
 /// Who takes the control state's lock. `/metrics` shows, per holder, how
 /// often it took the lock, how long it waited and how long it held it (the
 /// read view's publication included): the first thing to read when agents'
 /// syncs or submissions slow down. Timing the holds by hand is how a 10 MB
-/// predictor store and redb's commit were found under the lock (issue 16).
+/// predictor store and redb's commit were found under the lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Holder {
     /// The scheduling cycle (with grace expiry and the policy's tick).
@@ -559,14 +490,6 @@ impl Holder {
     }
 }
 
-/// The counts behind one holder's [`LockUse`].
-#[derive(Default)]
-struct Tally {
-    taken: AtomicU64,
-    wait_ns: AtomicU64,
-    held_ns: AtomicU64,
-}
-
 /// One holder's use of the lock since the server started.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LockUse {
@@ -580,130 +503,11 @@ pub struct LockUse {
     pub held: f64,
 }
 
-/// Nanoseconds as a counter adds them (saturating: ~584 years).
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// The control state behind its lock, with the read view its every release
-/// publishes.
-pub struct StateLock<S: Store> {
-    state: Mutex<Control<S>>,
-    view: RwLock<Arc<ReadView>>,
-    /// Per [`Holder`], in [`Holder::ALL`]'s order.
-    tallies: [Tally; Holder::ALL.len()],
-    /// The agents' changes waiting to be applied in batches
-    /// ([`crate::combine`]).
-    pub(crate) combiner: crate::combine::Combiner<S>,
-}
-
-/// Why the state could not be locked: a panic poisoned it.
-pub type LockError<'a, S> = PoisonError<MutexGuard<'a, Control<S>>>;
-
-impl<S: Store> StateLock<S> {
-    /// Puts `control` behind the lock and publishes its first view.
-    pub fn new(mut control: Control<S>) -> Self {
-        control.cluster_view.urge();
-        control.refresh_cluster_view();
-        let view = RwLock::new(Arc::new(control.read_view()));
-        StateLock {
-            state: Mutex::new(control),
-            view,
-            tallies: Default::default(),
-            combiner: crate::combine::Combiner::default(),
-        }
-    }
-
-    /// Takes the lock as [`Holder::Other`].
-    pub fn lock(&self) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
-        self.lock_as(Holder::Other)
-    }
-
-    /// Takes the lock; the view is published again when the guard drops.
-    /// The wait and the hold are counted for `holder`.
-    pub fn lock_as(&self, holder: Holder) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
-        // `ALL` lists the holders in their declared order.
-        let tally = &self.tallies[holder as usize];
-        let asked = Instant::now();
-        let guard = self.state.lock()?;
-        let at = Instant::now();
-        tally.taken.fetch_add(1, Ordering::Relaxed);
-        tally
-            .wait_ns
-            .fetch_add(nanos(at - asked), Ordering::Relaxed);
-        Ok(StateGuard {
-            guard,
-            view: &self.view,
-            tally,
-            at,
-        })
-    }
-
-    /// Each holder's use of the lock so far (no lock taken).
-    pub fn lock_use(&self) -> Vec<LockUse> {
-        Holder::ALL
-            .iter()
-            .zip(&self.tallies)
-            .map(|(h, t)| LockUse {
-                holder: *h,
-                taken: t.taken.load(Ordering::Relaxed),
-                waited: t.wait_ns.load(Ordering::Relaxed) as f64 / 1e9,
-                held: t.held_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            })
-            .collect()
-    }
-
-    /// The last published view, without taking the state's lock.
-    pub fn view(&self) -> Arc<ReadView> {
-        match self.view.read() {
-            Ok(v) => v.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-}
-
-/// The control state, locked. Dropping it publishes the read view (before
-/// the lock is released, so views are published in the order of changes).
-pub struct StateGuard<'a, S: Store> {
-    guard: MutexGuard<'a, Control<S>>,
-    view: &'a RwLock<Arc<ReadView>>,
-    /// Where the hold is counted, and since when it is held.
-    tally: &'a Tally,
-    at: Instant,
-}
-
-impl<S: Store> std::ops::Deref for StateGuard<'_, S> {
-    type Target = Control<S>;
-    fn deref(&self) -> &Control<S> {
-        &self.guard
-    }
-}
-
-impl<S: Store> std::ops::DerefMut for StateGuard<'_, S> {
-    fn deref_mut(&mut self) -> &mut Control<S> {
-        &mut self.guard
-    }
-}
-
-impl<S: Store> Drop for StateGuard<'_, S> {
-    fn drop(&mut self) {
-        self.guard.refresh_cluster_view();
-        let fresh = Arc::new(self.guard.read_view());
-        let old = match self.view.write() {
-            Ok(mut v) => std::mem::replace(&mut *v, fresh),
-            Err(p) => std::mem::replace(&mut *p.into_inner(), fresh),
-        };
-        // The old view's unshared nodes are freed outside the view's lock.
-        drop(old);
-        self.tally
-            .held_ns
-            .fetch_add(nanos(self.at.elapsed()), Ordering::Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::Control;
+    use crate::lock::StateLock;
     use gangway_core::{JobSpec, QueueSpec};
     use gangway_store::RedbStore;
 

@@ -1,4 +1,4 @@
-//! Reads off the state lock (issue 16): listing and describing jobs, the
+//! Reads off the state lock: listing and describing jobs, the
 //! nodes, queues, usage, history, reservations, the policy pilot and the
 //! log relay read the published view, never the control state's mutex, and
 //! a client that was acknowledged a change reads it at once.

@@ -7,7 +7,7 @@
 //! and the next immediate commit or [`Store::sync`] writes the whole overlay
 //! in one redb transaction with one fsync. A busy cluster's agent reports
 //! (thousands a second, each a job record) so cost one write transaction per
-//! batch, not one each (issue 16). Until then the changes live only in
+//! batch, not one each. Until then the changes live only in
 //! memory: callers acknowledge them only after [`Store::sync`].
 //!
 //! A flush holds the writer lock only to take the overlay: deferred writers

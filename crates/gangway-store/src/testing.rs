@@ -25,8 +25,33 @@ fn free_port() -> u16 {
         .unwrap_or(0)
 }
 
-fn required() -> bool {
-    std::env::var_os("GANGWAY_REQUIRE_ETCD").is_some_and(|v| !v.is_empty() && v != "0")
+/// Whether CI asked for the tests behind `var` to run, so that a skip is a
+/// failure: `var` is set to anything but "" or "0".
+pub fn required(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Skips a test because `why`, or fails it when [`required`]`(var)`. The
+/// line `skipped: WHY (VAR)` goes to stderr and, when `GANGWAY_SKIP_LOG`
+/// names a file, is appended to it: libtest counts a skipped test as passed
+/// and hides its output, so CI counts skips from that file.
+pub fn skip_or_fail(var: &str, why: &str) {
+    assert!(!required(var), "{var} is set but {why}");
+    let line = format!("skipped: {why} ({var})");
+    eprintln!("{line} (set {var}=1 to make this a failure)");
+    if let Some(log) = std::env::var_os("GANGWAY_SKIP_LOG") {
+        use std::io::Write;
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| writeln!(f, "{line} [{test}]"));
+        assert!(
+            appended.is_ok(),
+            "cannot append to GANGWAY_SKIP_LOG: {appended:?}"
+        );
+    }
 }
 
 impl EtcdProcess {
@@ -36,8 +61,10 @@ impl EtcdProcess {
             .into_iter()
             .find(|p| std::path::Path::new(p).exists());
         let Some(_) = bin else {
-            assert!(!required(), "GANGWAY_REQUIRE_ETCD is set but etcd is not installed (apt-get install etcd-server)");
-            eprintln!("skipped: etcd is not installed (apt-get install etcd-server; GANGWAY_REQUIRE_ETCD=1 makes this a failure)");
+            skip_or_fail(
+                "GANGWAY_REQUIRE_ETCD",
+                "etcd is not installed (apt-get install etcd-server)",
+            );
             return None;
         };
         let dir = tempfile::tempdir().ok()?;

@@ -376,9 +376,34 @@ fn post_spec(
         None => ("application/yaml", text),
     };
     // `submit --hold/--begin/--dependency/--array` override the spec's fields.
-    let (ct, body) = crate::workflow::with_fields(ct, body, extra)?;
+    let (ct, body) = with_fields(ct, body, extra)?;
     let key = gangway_server::control::fresh_token();
     c.post_with_key("/v1/jobs", ct, &body, Some(&key))
+}
+
+/// The body with `extra` fields set (as JSON), or unchanged when there are none.
+pub fn with_fields(
+    content_type: &'static str,
+    body: String,
+    extra: &serde_json::Map<String, Value>,
+) -> Result<(&'static str, String)> {
+    if extra.is_empty() {
+        return Ok((content_type, body));
+    }
+    let mut v: Value = if content_type == "application/json" {
+        serde_json::from_str(&body).context("parsing the job spec")?
+    } else {
+        gangway_server::yaml::from_str(&body)
+            .map_err(anyhow::Error::msg)
+            .context("parsing the job spec")?
+    };
+    let Some(obj) = v.as_object_mut() else {
+        bail!("the job spec is not a mapping");
+    };
+    for (k, x) in extra {
+        obj.insert(k.clone(), x.clone());
+    }
+    Ok(("application/json", serde_json::to_string(&v)?))
 }
 
 /// Like `sbatch`, a job whose ranks run as processes starts in the directory

@@ -1,13 +1,6 @@
 //! `gangway`: one binary for Gangway's subcommands.
 
 mod admin_cmd;
-mod bench;
-mod bench_api;
-mod bench_chaos;
-mod bench_cluster;
-mod bench_dashboard;
-mod bench_slurm;
-mod bench_sync;
 mod client;
 mod human;
 mod local;
@@ -24,14 +17,14 @@ use std::path::PathBuf;
 
 /// mimalloc instead of glibc's malloc: the server allocates and frees
 /// small objects on many threads (requests, records, views), and glibc's
-/// arenas took ~22 % of the server's samples under `bench cluster`
+/// arenas took ~22 % of the server's samples under `gangway-bench cluster`
 /// (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`, `_int_free`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Gangway: a GPU cluster scheduler for gangs of ranks.
 #[derive(Parser)]
-#[command(name = "gangway", version, about)]
+#[command(name = "gangway", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -195,11 +188,6 @@ enum Command {
         #[command(subcommand)]
         cmd: policy_cmd::PolicyCmd,
     },
-    /// Benchmarks that print figures (`metric: value unit`).
-    Bench {
-        #[command(subcommand)]
-        which: bench::Which,
-    },
 }
 
 /// What an admin does to a node.
@@ -346,12 +334,57 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The commands as a user looks for them, in `--help` order. Every command
+/// is in exactly one group (a unit test checks it).
+const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "Jobs",
+        &[
+            "submit", "queue", "describe", "why", "logs", "cancel", "hold", "release", "update",
+            "history",
+        ],
+    ),
+    ("Cluster", &["nodes", "queues", "usage", "reservation"]),
+    ("Admin", &["policy", "admin", "audit", "alerts"]),
+    ("Daemons", &["server", "agent", "up"]),
+    ("Tools", &["sim", "openapi", "completions", "help"]),
+];
+
+/// The CLI with its commands listed by [`GROUPS`] in `--help` (clap lists
+/// subcommands under one heading only, so the list is written here).
+fn cli_command() -> clap::Command {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    cmd.build();
+    let width = GROUPS
+        .iter()
+        .flat_map(|(_, names)| names.iter().map(|n| n.len()))
+        .max()
+        .unwrap_or(0);
+    let mut list = String::new();
+    for (heading, names) in GROUPS {
+        list += &format!("{heading}:\n");
+        for name in *names {
+            let about = cmd
+                .find_subcommand(name)
+                .and_then(|c| c.get_about())
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            list += &format!("  {name:width$}  {about}\n");
+        }
+        list += "\n";
+    }
+    cmd.help_template(format!(
+        "{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{list}Options:\n{{options}}{{after-help}}"
+    ))
+}
+
 fn run() -> Result<()> {
-    use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches();
+    use clap::FromArgMatches;
+    let matches = cli_command().get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
     if let Command::Completions { shell } = cli.command {
-        let mut cmd = Cli::command();
+        let mut cmd = cli_command();
         clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
         return Ok(());
     }
@@ -476,7 +509,6 @@ fn run() -> Result<()> {
         Command::Audit { since, limit } => client::audit(c, since, limit),
         Command::Queues => client::queues(c),
         Command::Usage { from, to } => client::usage(c, from, to),
-        Command::Bench { which } => bench::run(which),
         Command::Sim(a) => sim::run(&a),
         Command::Policy { cmd } => policy_cmd::run(c, cmd),
         Command::Admin { cmd } => admin_cmd::run(c, cmd),
@@ -485,5 +517,45 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Reservation { action } => reservation::run(c, action),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_is_in_exactly_one_help_group() {
+        let mut cmd = cli_command();
+        cmd.build();
+        let mut listed: Vec<&str> = GROUPS.iter().flat_map(|(_, n)| n.iter().copied()).collect();
+        listed.sort_unstable();
+        let before = listed.len();
+        listed.dedup();
+        assert_eq!(before, listed.len(), "a command is in two groups");
+        let mut commands: Vec<String> = cmd
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set())
+            .map(|c| c.get_name().to_string())
+            .collect();
+        commands.sort_unstable();
+        assert_eq!(listed, commands);
+        let help = cmd.render_help().to_string();
+        let at = |s: &str| {
+            help.find(s)
+                .unwrap_or_else(|| panic!("{s:?} not in:\n{help}"))
+        };
+        assert!(at("Jobs:") < at("Cluster:") && at("Cluster:") < at("Admin:"));
+        assert!(at("Admin:") < at("Daemons:") && at("Daemons:") < at("Tools:"));
+        assert!(at("Tools:") < at("Options:"), "{help}");
+        assert!(at("  submit ") < at("  queue ") && at("  queue ") < at("  logs "));
+        assert!(
+            help.starts_with("Gangway: a GPU cluster scheduler"),
+            "{help}"
+        );
+        assert!(
+            !help.contains("(later)") && !help.contains("bench"),
+            "{help}"
+        );
     }
 }

@@ -46,31 +46,6 @@ impl SubmitFlags {
     }
 }
 
-/// The body with `extra` fields set (as JSON), or unchanged when there are none.
-pub fn with_fields(
-    content_type: &'static str,
-    body: String,
-    extra: &Map<String, Value>,
-) -> Result<(&'static str, String)> {
-    if extra.is_empty() {
-        return Ok((content_type, body));
-    }
-    let mut v: Value = if content_type == "application/json" {
-        serde_json::from_str(&body).context("parsing the job spec")?
-    } else {
-        gangway_server::yaml::from_str(&body)
-            .map_err(anyhow::Error::msg)
-            .context("parsing the job spec")?
-    };
-    let Some(obj) = v.as_object_mut() else {
-        bail!("the job spec is not a mapping");
-    };
-    for (k, x) in extra {
-        obj.insert(k.clone(), x.clone());
-    }
-    Ok(("application/json", serde_json::to_string(&v)?))
-}
-
 /// `gangway hold ID`.
 pub fn hold(c: &Conn, id: u64) -> Result<()> {
     let v = c.post(&format!("/v1/jobs/{id}/hold"), "application/json", "")?;
@@ -317,6 +292,7 @@ pub fn array_label(job: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::with_fields;
 
     #[test]
     fn csv_quotes_what_needs_quoting_and_flags_become_fields() {

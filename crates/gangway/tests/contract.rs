@@ -89,8 +89,7 @@ fn gangway(c: &Cluster, args: &[&str]) -> (bool, String, String) {
 #[test]
 fn checkpoints_reported_through_latest_drive_events_early_stop_and_resume() {
     let Some(py) = python() else {
-        eprintln!("skipped: no python3");
-        return;
+        return skip_or_fail("GANGWAY_REQUIRE_PYTHON3", "no python3");
     };
     let mut c = Cluster::start("127.0.0.1");
     c.agent("node-a", 4, &[], &[]);
@@ -266,8 +265,7 @@ else:
 #[test]
 fn fifty_gangs_rendezvous_on_one_node_without_port_collisions() {
     let Some(py) = python() else {
-        eprintln!("skipped: no python3");
-        return;
+        return skip_or_fail("GANGWAY_REQUIRE_PYTHON3", "no python3");
     };
     // A small range (below the ephemeral one), so collisions would show.
     let (first, last) = (28_100u16, 28_199u16);
@@ -575,8 +573,7 @@ fn the_shipped_examples_parse_and_validate() {
 #[test]
 fn the_python_helper_round_trips_through_latest_atomically() {
     let Some(py) = python() else {
-        eprintln!("skipped: no python3");
-        return;
+        return skip_or_fail("GANGWAY_REQUIRE_PYTHON3", "no python3");
     };
     let d = tempfile::tempdir().expect("tmp");
     let ck = d.path().join("ck");

@@ -46,9 +46,10 @@ impl Browser {
             .into_iter()
             .find(|p| std::path::Path::new(p).exists());
         let Some(driver) = driver else {
-            let need = std::env::var_os("GANGWAY_REQUIRE_CHROMIUM").is_some_and(|v| v != "0");
-            assert!(!need, "GANGWAY_REQUIRE_CHROMIUM is set but chromedriver is missing (apt-get install chromium chromium-driver)");
-            eprintln!("skipped: no chromedriver (apt-get install chromium chromium-driver)");
+            gangway_store::testing::skip_or_fail(
+                "GANGWAY_REQUIRE_CHROMIUM",
+                "chromedriver is missing (apt-get install chromium chromium-driver)",
+            );
             return None;
         };
         let port = free_port();

@@ -4,8 +4,8 @@
 //! state (rendezvous address and port); [`NodeWork::build`] makes the
 //! [`Assignment`]s from them after the lock is released. The build copies
 //! each job's name, command, environment and paths: at 10,000 agents
-//! syncing every second it was a third of a sync's time under the lock
-//! (issue 16), time in which no submission, cycle or other sync could run.
+//! syncing every second it was a third of a sync's time under the lock,
+//! time in which no submission, cycle or other sync could run.
 //! Records are immutable once shared, so the build sees exactly the state
 //! the lock saw.
 

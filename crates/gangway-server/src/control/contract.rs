@@ -5,22 +5,11 @@
 
 use super::{Control, ControlError, Ending};
 use crate::records::{CheckpointRecord, FailureRecord, JobEvent, JobRecord};
-use gangway_core::agent::{
-    checkpoint_subdir, CheckpointCleanup, CheckpointReport, PortRange, RankFailure,
-};
+use gangway_core::agent::{checkpoint_subdir, CheckpointCleanup, CheckpointReport, RankFailure};
 use gangway_core::{format_time_span, JobId, JobSpec, JobState, SpecError, Time, TimeSpan};
 use gangway_sched::Rejection;
 use gangway_store::Store;
 use std::collections::{HashMap, HashSet};
-
-/// The contract's knobs (from the server config).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ContractConfig {
-    /// Cluster-wide checkpoint root; `None`: each agent's own.
-    pub checkpoint_root: Option<String>,
-    /// Rendezvous ports.
-    pub master_ports: PortRange,
-}
 
 /// What the contract keeps in memory besides the records.
 #[derive(Debug, Default)]
@@ -558,6 +547,7 @@ pub(super) fn timeout_ending(rec: &JobRecord, ending: Ending) -> Ending {
 mod tests {
     use super::*;
     use crate::control::Report;
+    use gangway_core::agent::PortRange;
     use gangway_core::agent::{SyncRequest, TaskReport, TaskState};
     use gangway_core::{NodeSpec, QueueSpec};
     use gangway_store::RedbStore;

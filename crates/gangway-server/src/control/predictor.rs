@@ -3,7 +3,7 @@
 //! The predictor grows with the cluster's distinct job names: at 100,000
 //! jobs of distinct names it encoded to 10 MB, and storing it under the
 //! state lock stalled every sync, submission and cycle for ~350 ms each
-//! minute (issue 16: the agents' sync p99 in the steady state). The copy
+//! minute (it set the agents' sync p99 in the steady state). The copy
 //! to store is taken under the lock at no cost (the predictor is shared),
 //! then encoded, trimmed and written by [`PredictorSave::write`] after the
 //! lock is released. What is stored is bounded: at most

@@ -178,7 +178,7 @@ async fn cluster(
 ) -> Result<Json<ClusterView>, ApiError> {
     crate::api::authenticate_person(&app, &headers)?;
     // The read view: the nodes' snapshot and the job records (for each GPU's
-    // job, its queue and user). No state lock (issue 16).
+    // job, its queue and user). No state lock.
     let v = app.control.view();
     let mut racks: BTreeMap<&str, Vec<NodeCell>> = BTreeMap::new();
     let mut jobs = BTreeMap::new();

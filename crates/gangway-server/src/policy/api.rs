@@ -639,7 +639,7 @@ pub async fn pilot_status(
     let t = now();
     let app2 = app.clone();
     blocking(move || {
-        // The store and the read view's jobs: no state lock (issue 16).
+        // The store and the read view's jobs: no state lock.
         let view = app2.control.view();
         let v = super::current(&app2.store)?
             .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "no policy version stored yet"))?;

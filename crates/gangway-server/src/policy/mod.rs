@@ -17,9 +17,9 @@ pub mod watch;
 pub mod whatif;
 
 use crate::config::ServerConfig;
+pub use crate::config::{Gates, SchedulerKnobs};
 use crate::control::{decode, encode, Control, ControlError};
 use gangway_core::{QueueSpec, Time};
-use gangway_sched::SchedulerConfig;
 use gangway_store::{Compare, Op, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -40,182 +40,6 @@ pub const MAX_REASON_BYTES: usize = 2000;
 /// Store key of version `n`.
 pub fn version_key(n: u64) -> String {
     format!("{VERSIONS_PREFIX}{n}")
-}
-
-/// The scheduler's knobs a policy sets (the rest of
-/// [`gangway_sched::SchedulerConfig`] is fixed by the server).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SchedulerKnobs {
-    /// Backfill: `easy` (a reservation for the first job that does not
-    /// fit), `conservative` (for every planned job), `reservations:N`, or
-    /// `off` (docs/BACKFILL.md).
-    pub backfill: gangway_sched::Backfill,
-    /// Pending jobs given a planned start per cycle, in order (0 to
-    /// [`crate::config::MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
-    pub plan_depth: usize,
-    /// Preempt lower-priority work and reclaim lent quota.
-    pub preemption: bool,
-    /// DRF fair share between queues (otherwise submit order within a priority).
-    pub fair_share: bool,
-    /// Most preemption searches per cycle (1 to 1024).
-    pub max_preemption_searches: usize,
-    /// Most jobs signalled to stop in one cycle (1 to 100,000).
-    pub max_preemptions_per_cycle: usize,
-    /// A job preempted this many times is no longer a victim (`None`: no budget).
-    pub preemption_budget: Option<u32>,
-    /// A job that has run less than this in its attempt is not a victim
-    /// (seconds, at most 7 days).
-    pub min_run_seconds: u64,
-    /// The minimum run time grows with each preemption: a job preempted
-    /// `k` times is a victim only after `(k + 1) × min_run_seconds`
-    /// ([`gangway_sched::SchedulerConfig::min_run_grows`]).
-    pub min_run_grows: bool,
-    /// Most pending jobs a cycle examines (100 to 10,000,000): the head of
-    /// the order, then a rotating share of the rest, so a deep queue does
-    /// not lengthen every cycle.
-    pub max_pending_examined: usize,
-}
-
-impl Default for SchedulerKnobs {
-    fn default() -> Self {
-        let d = SchedulerConfig::default();
-        SchedulerKnobs {
-            backfill: d.backfill,
-            plan_depth: d.plan_depth,
-            preemption: d.preemption,
-            fair_share: d.fair_share,
-            max_preemption_searches: d.max_preemption_searches,
-            max_preemptions_per_cycle: d.max_preemptions_per_cycle,
-            preemption_budget: d.preemption_budget,
-            min_run_seconds: d.min_run_seconds,
-            min_run_grows: d.min_run_grows,
-            max_pending_examined: d.max_pending_examined,
-        }
-    }
-}
-
-impl SchedulerKnobs {
-    /// The scheduling core's configuration with these knobs.
-    pub fn config(&self) -> SchedulerConfig {
-        SchedulerConfig {
-            backfill: self.backfill,
-            plan_depth: self.plan_depth,
-            preemption: self.preemption,
-            fair_share: self.fair_share,
-            max_preemption_searches: self.max_preemption_searches,
-            max_preemptions_per_cycle: self.max_preemptions_per_cycle,
-            preemption_budget: self.preemption_budget,
-            min_run_seconds: self.min_run_seconds,
-            min_run_grows: self.min_run_grows,
-            max_pending_examined: self.max_pending_examined,
-            ..SchedulerConfig::default()
-        }
-    }
-
-    /// Range checks, naming the field (`scheduler.plan_depth: ...`).
-    pub fn check(&self) -> Result<(), PolicyError> {
-        let range = |field: &str, v: u64, lo: u64, hi: u64| {
-            if v < lo || v > hi {
-                Err(PolicyError::Invalid(format!(
-                    "scheduler.{field}: {v} is out of range ({lo} to {hi})"
-                )))
-            } else {
-                Ok(())
-            }
-        };
-        range(
-            "plan_depth",
-            self.plan_depth as u64,
-            0,
-            crate::config::MAX_PLAN_DEPTH as u64,
-        )?;
-        range(
-            "max_preemption_searches",
-            self.max_preemption_searches as u64,
-            1,
-            1024,
-        )?;
-        range(
-            "max_preemptions_per_cycle",
-            self.max_preemptions_per_cycle as u64,
-            1,
-            100_000,
-        )?;
-        if let Some(b) = self.preemption_budget {
-            range(
-                "preemption_budget",
-                u64::from(b),
-                0,
-                u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
-            )?;
-        }
-        range(
-            "max_pending_examined",
-            self.max_pending_examined as u64,
-            100,
-            10_000_000,
-        )?;
-        range(
-            "min_run_seconds",
-            self.min_run_seconds,
-            0,
-            gangway_core::MAX_MIN_RUN_SECONDS,
-        )
-    }
-}
-
-/// Targets a policy change must meet in the what-if before it is applied
-/// (unless forced with a reason). The gates of the version in force judge a
-/// candidate, so a candidate cannot loosen its own gates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Gates {
-    /// No queue's (nor the overall) p95 wait may grow by more than this many
-    /// percent (differences under a minute never fail it).
-    pub max_p95_wait_worse_pct: Option<f64>,
-    /// GPU utilisation may not drop by more than this many percentage points.
-    pub max_utilisation_drop_points: Option<f64>,
-    /// Jain's fairness index across queues must stay at least this (or not get worse).
-    pub min_jain: Option<f64>,
-}
-
-// The values are checked finite when read ([`Gates::check`]), so equality is total.
-impl Eq for Gates {}
-
-impl Gates {
-    /// Whether any gate is set.
-    pub fn any(&self) -> bool {
-        self.max_p95_wait_worse_pct.is_some()
-            || self.max_utilisation_drop_points.is_some()
-            || self.min_jain.is_some()
-    }
-
-    /// Range checks, naming the field.
-    pub fn check(&self) -> Result<(), PolicyError> {
-        for (field, v, hi) in [
-            (
-                "max_p95_wait_worse_pct",
-                self.max_p95_wait_worse_pct,
-                10_000.0,
-            ),
-            (
-                "max_utilisation_drop_points",
-                self.max_utilisation_drop_points,
-                100.0,
-            ),
-            ("min_jain", self.min_jain, 1.0),
-        ] {
-            if let Some(v) = v {
-                if !v.is_finite() || !(0.0..=hi).contains(&v) {
-                    return Err(PolicyError::Invalid(format!(
-                        "gates.{field}: {v} is out of range (0 to {hi})"
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The scheduling policy: what a version holds.
@@ -605,8 +429,8 @@ fn check_against(
     jobs: &crate::records::JobMap,
 ) -> Result<(), PolicyError> {
     let bad = |m: String| Err(PolicyError::Invalid(m));
-    candidate.scheduler.check()?;
-    candidate.gates.check()?;
+    candidate.scheduler.check().map_err(PolicyError::Invalid)?;
+    candidate.gates.check().map_err(PolicyError::Invalid)?;
     if candidate.queues.len() > MAX_QUEUES {
         return bad(format!("queues: at most {MAX_QUEUES}"));
     }

@@ -530,16 +530,8 @@ pub fn busybox_image() -> Result<(), String> {
     }
 }
 
-/// Whether CI asked for `var`'s tests to run (a skip is then a failure).
-pub fn required(var: &str) -> bool {
-    std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0")
-}
-
-/// Skips a test for `why`, or fails it when `var` says it must run.
-pub fn skip_or_fail(var: &str, why: &str) {
-    assert!(!required(var), "{var} is set but {why}");
-    eprintln!("skipped: {why} (set {var}=1 to make this a failure)");
-}
+#[allow(unused_imports)]
+pub use gangway_store::testing::{required, skip_or_fail};
 
 /// A queue's `node:` lines letting its ranks mount the temp dir read-write
 /// (tests' output directories live there; named by its real path, as the

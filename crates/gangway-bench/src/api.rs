@@ -1,14 +1,14 @@
-//! `gangway bench api`: sustained job submissions per second with latency
+//! `gangway-bench api`: sustained job submissions per second with latency
 //! percentiles against a real server on loopback, and the time to list jobs
 //! with many stored.
 
-use crate::bench::percentile;
+use crate::common::percentile;
 use anyhow::{Context, Result};
 use clap::Args;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Options of `bench api`.
+/// Options of `gangway-bench api`.
 #[derive(Args, Clone)]
 pub struct ApiArgs {
     /// Concurrent clients.
@@ -89,7 +89,7 @@ pub fn run(a: &ApiArgs) -> Result<()> {
     let mut l = lat.lock().map(|l| l.clone()).unwrap_or_default();
     l.sort_by(f64::total_cmp);
     println!(
-        "# gangway bench api: {} clients on loopback, durable (fsync) submissions",
+        "# gangway-bench api: {} clients on loopback, durable (fsync) submissions",
         a.clients
     );
     println!("submissions: {} jobs", l.len());

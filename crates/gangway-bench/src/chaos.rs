@@ -1,8 +1,8 @@
-//! `gangway bench chaos`: server replicas on a throwaway etcd, clients
+//! `gangway-bench chaos`: server replicas on a throwaway etcd, clients
 //! submitting all the while, and the leader killed with SIGKILL again and
 //! again. Prints failover times and what happened to every submission.
 
-use crate::bench::percentile;
+use crate::common::percentile;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use gangway_store::testing::EtcdProcess;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const ADMIN: &str = "chaos-admin-token";
 const JOIN: &str = "chaos-join-token";
 
-/// Options of `bench chaos`.
+/// Options of `gangway-bench chaos`.
 #[derive(Args, Clone, Debug)]
 pub struct ChaosArgs {
     /// Leader kills.
@@ -98,15 +98,15 @@ fn submit(urls: &[String], key: &str, start: usize) -> Option<u64> {
 
 /// Runs the benchmark.
 pub fn run(a: &ChaosArgs) -> Result<()> {
-    let etcd =
-        EtcdProcess::start().context("bench chaos needs etcd (apt-get install etcd-server)")?;
+    let etcd = EtcdProcess::start()
+        .context("gangway-bench chaos needs etcd (apt-get install etcd-server)")?;
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("server.yaml");
     std::fs::write(
         &cfg,
         format!("admin_token: {ADMIN}\nagent_token: {JOIN}\nnode_approval: auto\nqueues:\n  - name: default\n"),
     )?;
-    let exe = std::env::current_exe()?;
+    let exe = crate::common::gangway_exe()?;
     let spawn = |port: u16| -> Result<Child> {
         Ok(Command::new(&exe)
             .args(["server", "--config"])
@@ -261,7 +261,7 @@ fn chaos(a: &ChaosArgs, reps: &mut [Replica], spawn: &dyn Fn(u16) -> Result<Chil
     let mut sorted = failovers.clone();
     sorted.sort_by(f64::total_cmp);
     println!(
-        "# gangway bench chaos: {} replicas on etcd, {} clients, {} leader kills (SIGKILL)",
+        "# gangway-bench chaos: {} replicas on etcd, {} clients, {} leader kills (SIGKILL)",
         reps.len(),
         a.clients,
         a.kills

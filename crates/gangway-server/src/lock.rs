@@ -1,4 +1,6 @@
-//! Flat combining of the agents' frequent state changes (issue 16).
+//! The control state's lock ([`StateLock`]: who holds it and for how long,
+//! the read view every release publishes) and the flat combining of the
+//! agents' frequent state changes under it.
 //!
 //! Every agent sync and rank report is a short change to the control state
 //! followed by a durable commit. Taken one by one, each paid a lock hold,
@@ -12,10 +14,11 @@
 //! go back to the caller as they are.
 
 use crate::control::{Control, ControlError};
-use crate::view::StateLock;
+use crate::view::{Holder, LockUse, ReadView};
 use gangway_store::{Store, StoreError};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 /// At most this many changes per lock hold, so a scheduling cycle or a
 /// group commit waiting for the lock is not held off for long.
@@ -156,6 +159,135 @@ fn batch<S: Store + Clone>(lock: &StateLock<S>) -> bool {
         r(synced.as_ref().map(|_| ()));
     }
     true
+}
+
+/// The counts behind one holder's [`LockUse`].
+#[derive(Default)]
+struct Tally {
+    taken: AtomicU64,
+    wait_ns: AtomicU64,
+    held_ns: AtomicU64,
+}
+
+/// Nanoseconds as a counter adds them (saturating: ~584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The control state behind its lock, with the read view its every release
+/// publishes.
+pub struct StateLock<S: Store> {
+    state: Mutex<Control<S>>,
+    view: RwLock<Arc<ReadView>>,
+    /// Per [`Holder`], in [`Holder::ALL`]'s order.
+    tallies: [Tally; Holder::ALL.len()],
+    /// The agents' changes waiting to be applied in batches
+    /// (below).
+    pub(crate) combiner: Combiner<S>,
+}
+
+/// Why the state could not be locked: a panic poisoned it.
+pub type LockError<'a, S> = PoisonError<MutexGuard<'a, Control<S>>>;
+
+impl<S: Store> StateLock<S> {
+    /// Puts `control` behind the lock and publishes its first view.
+    pub fn new(mut control: Control<S>) -> Self {
+        control.cluster_view.urge();
+        control.refresh_cluster_view();
+        let view = RwLock::new(Arc::new(control.read_view()));
+        StateLock {
+            state: Mutex::new(control),
+            view,
+            tallies: Default::default(),
+            combiner: Combiner::default(),
+        }
+    }
+
+    /// Takes the lock as [`Holder::Other`].
+    pub fn lock(&self) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
+        self.lock_as(Holder::Other)
+    }
+
+    /// Takes the lock; the view is published again when the guard drops.
+    /// The wait and the hold are counted for `holder`.
+    pub fn lock_as(&self, holder: Holder) -> Result<StateGuard<'_, S>, LockError<'_, S>> {
+        // `ALL` lists the holders in their declared order.
+        let tally = &self.tallies[holder as usize];
+        let asked = Instant::now();
+        let guard = self.state.lock()?;
+        let at = Instant::now();
+        tally.taken.fetch_add(1, Ordering::Relaxed);
+        tally
+            .wait_ns
+            .fetch_add(nanos(at - asked), Ordering::Relaxed);
+        Ok(StateGuard {
+            guard,
+            view: &self.view,
+            tally,
+            at,
+        })
+    }
+
+    /// Each holder's use of the lock so far (no lock taken).
+    pub fn lock_use(&self) -> Vec<LockUse> {
+        Holder::ALL
+            .iter()
+            .zip(&self.tallies)
+            .map(|(h, t)| LockUse {
+                holder: *h,
+                taken: t.taken.load(Ordering::Relaxed),
+                waited: t.wait_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                held: t.held_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            })
+            .collect()
+    }
+
+    /// The last published view, without taking the state's lock.
+    pub fn view(&self) -> Arc<ReadView> {
+        match self.view.read() {
+            Ok(v) => v.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// The control state, locked. Dropping it publishes the read view (before
+/// the lock is released, so views are published in the order of changes).
+pub struct StateGuard<'a, S: Store> {
+    guard: MutexGuard<'a, Control<S>>,
+    view: &'a RwLock<Arc<ReadView>>,
+    /// Where the hold is counted, and since when it is held.
+    tally: &'a Tally,
+    at: Instant,
+}
+
+impl<S: Store> std::ops::Deref for StateGuard<'_, S> {
+    type Target = Control<S>;
+    fn deref(&self) -> &Control<S> {
+        &self.guard
+    }
+}
+
+impl<S: Store> std::ops::DerefMut for StateGuard<'_, S> {
+    fn deref_mut(&mut self) -> &mut Control<S> {
+        &mut self.guard
+    }
+}
+
+impl<S: Store> Drop for StateGuard<'_, S> {
+    fn drop(&mut self) {
+        self.guard.refresh_cluster_view();
+        let fresh = Arc::new(self.guard.read_view());
+        let old = match self.view.write() {
+            Ok(mut v) => std::mem::replace(&mut *v, fresh),
+            Err(p) => std::mem::replace(&mut *p.into_inner(), fresh),
+        };
+        // The old view's unshared nodes are freed outside the view's lock.
+        drop(old);
+        self.tally
+            .held_ns
+            .fetch_add(nanos(self.at.elapsed()), Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `gangway bench slurm`: job submissions per second through Gangway and
+//! `gangway-bench slurm`: job submissions per second through Gangway and
 //! through Slurm on the same machine, in one run, so the ratio holds on a
 //! noisy machine.
 //!
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Options of `bench slurm`.
+/// Options of `gangway-bench slurm`.
 #[derive(Args, Clone)]
 pub struct SlurmArgs {
     /// Concurrent submitting clients for each system.
@@ -190,7 +190,7 @@ fn by_process(
 /// Percentile of unsorted latencies.
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    crate::bench::percentile(v, p)
+    crate::common::percentile(v, p)
 }
 
 /// Runs the comparison.
@@ -242,7 +242,7 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
         .context("registering the node")?;
     let job_file = dir.path().join("job.yaml");
     std::fs::write(&job_file, JOB)?;
-    let exe = std::env::current_exe()?;
+    let exe = crate::common::gangway_exe()?;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home)?;
 
@@ -286,7 +286,7 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
     };
 
     println!(
-        "# gangway bench slurm: {} jobs per system through its CLI, {} clients, {} alternating rounds",
+        "# gangway-bench slurm: {} jobs per system through its CLI, {} clients, {} alternating rounds",
         a.jobs, a.clients, a.rounds
     );
     let (mut s_secs, mut g_secs) = (0.0, 0.0);

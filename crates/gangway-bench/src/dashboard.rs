@@ -1,13 +1,13 @@
-//! `gangway bench dashboard`: the time the server takes to answer what the
+//! `gangway-bench dashboard`: the time the server takes to answer what the
 //! dashboard's views read, on a large cluster (10,000 nodes, 100,000 jobs).
 
-use crate::bench::percentile;
+use crate::common::percentile;
 use anyhow::{Context, Result};
 use clap::Args;
 use gangway_store::{Op, RedbStore, Store};
 use std::time::Instant;
 
-/// Options of `bench dashboard`.
+/// Options of `gangway-bench dashboard`.
 #[derive(Args, Clone)]
 pub struct DashboardArgs {
     /// Nodes of 8 GPUs (racks of 32).
@@ -120,7 +120,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
     ];
     let agent = ureq::AgentBuilder::new().build();
     println!(
-        "# gangway bench dashboard: {} nodes x 8 GPUs, {} jobs; server time per view over {} requests on loopback",
+        "# gangway-bench dashboard: {} nodes x 8 GPUs, {} jobs; server time per view over {} requests on loopback",
         a.nodes, a.jobs, a.requests
     );
     print_nodes_json(&nodes_json, &publish);

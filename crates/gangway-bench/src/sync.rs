@@ -1,18 +1,18 @@
-//! `gangway bench sync`: what one agent sync costs the server (issue 16),
+//! `gangway-bench sync`: what one agent sync costs the server,
 //! measured in process on a full cluster: every node runs eight one-GPU
 //! jobs and reports them running, GPUs unchanged ("nothing new", the steady
 //! heartbeat). Prints the time the state lock is held per sync (lock,
 //! heartbeat, reports, assignments, release) and the whole server-side work
 //! of one (request decoding, that, and the answer's encoding), no HTTP.
 
-use crate::bench::percentile;
+use crate::common::percentile;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use gangway_core::agent::{GpuHealth, SyncRequest, TaskReport, TaskState};
 use gangway_core::{JobSpec, NodeSpec};
 use std::time::Instant;
 
-/// Options of `bench sync`.
+/// Options of `gangway-bench sync`.
 #[derive(Args, Clone)]
 pub struct SyncArgs {
     /// Nodes of 8 GPUs, each running 8 one-GPU jobs.
@@ -103,7 +103,7 @@ pub fn run(a: &SyncArgs) -> Result<()> {
     hold.sort_by(f64::total_cmp);
     whole.sort_by(f64::total_cmp);
     println!(
-        "# gangway bench sync: {} nodes × 8 one-GPU jobs running, {} syncs reporting nothing new",
+        "# gangway-bench sync: {} nodes × 8 one-GPU jobs running, {} syncs reporting nothing new",
         a.nodes, a.syncs
     );
     let p = |m: &str, v: f64, u: &str| println!("{m}: {v:.2} {u}");

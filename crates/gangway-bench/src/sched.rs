@@ -1,4 +1,4 @@
-//! `gangway bench sched`: scheduling-core throughput, cycle latency and memory
+//! `gangway-bench sched`: scheduling-core throughput, cycle latency and memory
 //! on a synthetic cluster with a Philly-like job-size mix.
 //!
 //! Figures are printed as `metric: value unit`. Because the machine may be
@@ -6,33 +6,15 @@
 //! of every node per job, as a filter-everything scheduler does) on the same
 //! jobs and prints Gangway's speed as a ratio against it.
 
+use crate::common::{percentile, philly_gpus, Rng};
 use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
+use clap::Args;
 use gangway_core::{JobId, JobSpec, NodeSpec, QueueSpec, Time};
 use gangway_sched::{apply, schedule, ClusterState, SchedulerConfig, StateConfig};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-/// Which benchmark to run.
-#[derive(Subcommand)]
-pub enum Which {
-    /// The scheduling core on a synthetic cluster.
-    Sched(SchedArgs),
-    /// The HTTP API: submissions per second and latency on loopback.
-    Api(crate::bench_api::ApiArgs),
-    /// Server replicas on etcd with the leader killed again and again.
-    Chaos(crate::bench_chaos::ChaosArgs),
-    /// What the dashboard's views cost the server on a large cluster.
-    Dashboard(crate::bench_dashboard::DashboardArgs),
-    /// The whole server (real binary, HTTP and store) with hollow agents.
-    Cluster(crate::bench_cluster::ClusterArgs),
-    /// Submissions per second against Slurm's sbatch on this machine.
-    Slurm(crate::bench_slurm::SlurmArgs),
-    /// What one agent sync costs the server, in process.
-    Sync(crate::bench_sync::SyncArgs),
-}
-
-/// Options of `bench sched`.
+/// Options of `gangway-bench sched`.
 #[derive(Args, Clone)]
 pub struct SchedArgs {
     /// Cluster sizes to measure (nodes of 8 GPUs, racks of 32 nodes).
@@ -73,62 +55,8 @@ pub struct SchedArgs {
     time_state_copy: bool,
 }
 
-pub fn run(which: Which) -> Result<()> {
-    match which {
-        Which::Sched(a) => sched(&a),
-        Which::Api(a) => crate::bench_api::run(&a),
-        Which::Chaos(a) => crate::bench_chaos::run(&a),
-        Which::Dashboard(a) => crate::bench_dashboard::run(&a),
-        Which::Cluster(a) => crate::bench_cluster::run(&a),
-        Which::Slurm(a) => crate::bench_slurm::run(&a),
-        Which::Sync(a) => crate::bench_sync::run(&a),
-    }
-}
-
-/// SplitMix64: a tiny deterministic generator, enough for synthetic workloads.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// GPU counts of the Philly trace and how many jobs asked for each.
-const PHILLY_SIZES: [(u32, u64); 10] = [
-    (1, 76_627),
-    (2, 1_818),
-    (4, 1_870),
-    (8, 1_643),
-    (12, 7),
-    (16, 199),
-    (24, 7),
-    (32, 67),
-    (64, 6),
-    (128, 3),
-];
-
 /// Philly's 15 virtual clusters, by job count (the bench's queues).
 const QUEUES: usize = 15;
-
-pub(crate) fn philly_gpus(rng: &mut Rng) -> u32 {
-    let total: u64 = PHILLY_SIZES.iter().map(|(_, n)| n).sum();
-    let mut x = rng.next() % total;
-    for (g, n) in PHILLY_SIZES {
-        if x < n {
-            return g;
-        }
-        x -= n;
-    }
-    1
-}
 
 fn synthetic_job(rng: &mut Rng) -> (JobSpec, u64) {
     let g = philly_gpus(rng);
@@ -176,16 +104,6 @@ fn build_cluster(nodes: usize) -> Result<ClusterState> {
         ))?;
     }
     Ok(s)
-}
-
-/// The `p` quantile (0 to 1) of ascending `sorted` values, nearest rank; 0
-/// when there are none. Every bench reports its percentiles with this.
-pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
 }
 
 fn peak_rss_mib() -> Option<f64> {
@@ -402,9 +320,9 @@ fn measure(nodes: usize, a: &SchedArgs) -> Result<(Figures, Vec<(JobSpec, u64)>)
     Ok((f, first_jobs))
 }
 
-fn sched(a: &SchedArgs) -> Result<()> {
+pub fn run(a: &SchedArgs) -> Result<()> {
     println!(
-        "# gangway bench sched: {} pending jobs (Philly size mix), 8-GPU nodes in racks of 32",
+        "# gangway-bench sched: {} pending jobs (Philly size mix), 8-GPU nodes in racks of 32",
         a.pending
     );
     for &nodes in &a.nodes {

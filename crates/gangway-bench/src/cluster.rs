@@ -1,4 +1,4 @@
-//! `gangway bench cluster`: the whole server (this binary's `gangway server`,
+//! `gangway-bench cluster`: the whole server (the `gangway server` binary,
 //! real HTTP, a real store: redb, or etcd on loopback) with N hollow agents,
 //! like Kubernetes' kubemark/KWOK.
 //!
@@ -20,7 +20,7 @@
 //! cursor) and describing jobs, a scraper reading `/metrics`, and the
 //! probe. Figures are printed as `metric: value unit`.
 
-use crate::bench::{percentile, philly_gpus, Rng};
+use crate::common::{percentile, philly_gpus, Rng};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
@@ -51,7 +51,7 @@ pub enum StoreKind {
     Etcd,
 }
 
-/// Options of `bench cluster`.
+/// Options of `gangway-bench cluster`.
 #[derive(Args, Clone, Debug)]
 pub struct ClusterArgs {
     /// Hollow agents (nodes).
@@ -177,7 +177,7 @@ fn start_server(a: &ClusterArgs, dir: &std::path::Path, etcd: Option<&str>) -> R
     std::fs::write(&cfg, config(a))?;
     let port = free_port()?;
     let log = dir.join("server.log");
-    let mut cmd = Command::new(std::env::current_exe()?);
+    let mut cmd = Command::new(crate::common::gangway_exe()?);
     cmd.args(["server", "--config"])
         .arg(&cfg)
         .arg("--data-dir")
@@ -959,10 +959,9 @@ pub fn run(a: &ClusterArgs) -> Result<()> {
         bail!("--min-runtime must not exceed --max-runtime");
     }
     let etcd = match a.store {
-        StoreKind::Etcd => Some(
-            gangway_store::testing::EtcdProcess::start()
-                .context("bench cluster --store etcd needs etcd (apt-get install etcd-server)")?,
-        ),
+        StoreKind::Etcd => Some(gangway_store::testing::EtcdProcess::start().context(
+            "gangway-bench cluster --store etcd needs etcd (apt-get install etcd-server)",
+        )?),
         StoreKind::Redb => None,
     };
     let dir = tempfile::tempdir()?;
@@ -1257,7 +1256,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
         StoreKind::Etcd => "etcd",
     };
     println!(
-        "# gangway bench cluster: {} hollow nodes x {} GPUs, {} backlog jobs, {} clients, {store}, agents sync every {} ms",
+        "# gangway-bench cluster: {} hollow nodes x {} GPUs, {} backlog jobs, {} clients, {store}, agents sync every {} ms",
         a.nodes, a.gpus_per_node, a.pending, a.clients, a.sync_ms
     );
     println!(

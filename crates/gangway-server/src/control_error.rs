@@ -1,0 +1,91 @@
+//! Why a control-plane operation failed ([`ControlError`], with the
+//! workflow's [`WorkflowError`]), and the JSON
+//! codec every part of the control state stores its records with. It sits
+//! under the parts (nodes, reservations) and the control state that owns
+//! them, so they all return it without importing the control state.
+
+use gangway_core::{JobId, JobState};
+use gangway_sched::Rejection;
+use gangway_store::StoreError;
+use thiserror::Error;
+
+/// Why a control-plane operation failed.
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// Store.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The job can never run here, or the spec is wrong.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// Unknown job.
+    #[error("job {0} does not exist")]
+    NoSuchJob(JobId),
+    /// Unknown node.
+    #[error("node {0:?} does not exist")]
+    NoSuchNode(String),
+    /// Bad node.
+    #[error("{0}")]
+    BadNode(String),
+    /// Wrong state for the operation.
+    #[error("job {0} is already {1:?}")]
+    Finished(JobId, JobState),
+    /// A node reported about a job that is not placed on it.
+    #[error("job {1} does not run on node {0:?}")]
+    NotOnNode(String, JobId),
+    /// A report that does not fit the job's state.
+    #[error("job {0} is {1:?}; cannot report {2}")]
+    BadReport(JobId, JobState, &'static str),
+    /// A stored record could not be decoded.
+    #[error("stored record {0} is corrupt: {1}")]
+    Corrupt(String, String),
+    /// Someone else changed the record first.
+    #[error("conflicting update of {0}; retry")]
+    Conflict(String),
+    /// A known caller that may not do this (a node acting for another).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A report about an attempt that is over.
+    #[error("job {0} attempt {1} is over (the current attempt is {2})")]
+    StaleAttempt(JobId, u32, u32),
+    /// A hold, release or update refused (see [`crate::workflow`]).
+    #[error(transparent)]
+    Workflow(#[from] WorkflowError),
+}
+
+/// Why a hold, release or update was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkflowError {
+    /// Only pending jobs can be held, released or updated (409).
+    #[error("job {0} is {1}; only pending jobs can be {2}")]
+    NotPending(JobId, String, &'static str),
+    /// Release of a job that is not held (409).
+    #[error("job {0} is not held")]
+    NotHeld(JobId),
+    /// The caller may not do this (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A field the request got wrong (422).
+    #[error("{0}")]
+    Field(String),
+    /// A malformed request, e.g. an update that changes nothing (400).
+    #[error("{0}")]
+    Malformed(String),
+    /// A submission rule of the cluster's limits (status by rule).
+    #[error(transparent)]
+    Limit(#[from] crate::limits::LimitError),
+}
+
+/// Decodes a stored JSON record; a record that does not decode is corrupt.
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+    key: &str,
+    bytes: &[u8],
+) -> Result<T, ControlError> {
+    serde_json::from_slice(bytes).map_err(|e| ControlError::Corrupt(key.to_string(), e.to_string()))
+}
+
+/// Encodes a record as JSON.
+pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    // Serialising our own plain data types cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
