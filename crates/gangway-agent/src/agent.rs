@@ -68,6 +68,12 @@ struct Task {
     port_busy: Option<u16>,
     /// Each rank's memory limit in MiB (named when the kernel OOM-kills one).
     memory_mib: u64,
+    /// The job's checkpoint quota on this node in bytes (0: none).
+    quota: u64,
+    /// Its checkpoint directory's size at the last measurement.
+    ckpt_bytes: u64,
+    /// The limit this agent stopped it for, with the value reached.
+    limit: Option<String>,
 }
 
 impl Task {
@@ -92,6 +98,9 @@ impl Task {
             first_failure: None,
             port_busy: None,
             memory_mib: 0,
+            quota: 0,
+            ckpt_bytes: 0,
+            limit: None,
         }
     }
 }
@@ -111,6 +120,9 @@ fn state_tag(dir: &std::path::Path) -> String {
 /// How long a stopping rank's processes get between two looks.
 const POLL: Duration = Duration::from_millis(100);
 
+/// How often checkpoint directories and free space are measured.
+const DISK_CHECK: Duration = Duration::from_secs(1);
+
 /// A running agent.
 pub struct Agent {
     cfg: AgentConfig,
@@ -123,6 +135,12 @@ pub struct Agent {
     exits_rx: UnboundedReceiver<(RankKey, i32)>,
     agent_url: String,
     server_index: std::sync::atomic::AtomicUsize,
+    /// Why the node is under disk pressure, while it is.
+    disk_pressure: Option<String>,
+    /// When the disk was last looked at.
+    disk_checked: Option<Instant>,
+    /// Room kept back for the agent's own state.
+    reserve: crate::disk::Reserve,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -234,6 +252,7 @@ impl Agent {
         let (exits_tx, exits_rx) = unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
         let node = cfg.node.clone();
+        let reserve = crate::disk::Reserve::new(&cfg.state_dir);
         let mut agent = Agent {
             cfg,
             discovery,
@@ -245,6 +264,9 @@ impl Agent {
             exits_rx,
             agent_url,
             server_index: Default::default(),
+            disk_pressure: None,
+            disk_checked: None,
+            reserve,
         };
         agent.adopt_leftovers().await;
         agent.register(stop_rx.clone()).await?;
@@ -536,6 +558,9 @@ impl Agent {
             if f.oom_killed && t.memory_mib > 0 {
                 f.limit = Some(crate::limits::memory_limit_text(t.memory_mib));
             }
+            if t.limit.is_some() {
+                f.limit = t.limit.clone();
+            }
             f.node_fault =
                 self.executor
                     .node_fault(crate::executor::RankKey { job, attempt, rank });
@@ -557,6 +582,7 @@ impl Agent {
 
     async fn sync(&self) -> Result<SyncResponse, SyncError> {
         let req = SyncRequest {
+            disk_pressure: self.disk_pressure.clone(),
             gpus: self.discovery.health(&self.cfg.state_dir),
             tasks: self
                 .tasks
@@ -585,6 +611,7 @@ impl Agent {
             }
             self.drain_exits();
             changed |= self.poll_ranks();
+            changed |= self.watch_disk();
             self.enforce_grace().await;
             let due = match last_sync {
                 None => true,
@@ -658,6 +685,72 @@ impl Agent {
         } else {
             self.kill_all().await;
         }
+    }
+
+    /// Every [`DISK_CHECK`]: measures each job's checkpoint directory
+    /// against its quota and the free space of the state and checkpoint
+    /// filesystems. A job over quota is stopped; under pressure the node says
+    /// so (and takes no new work), the agent gives back its reserve, and the
+    /// job that wrote most since the last look is stopped. Returns whether
+    /// anything changed that the server must hear.
+    fn watch_disk(&mut self) -> bool {
+        if self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
+            return false;
+        }
+        self.disk_checked = Some(Instant::now());
+        let mut changed = false;
+        let mut top: Option<(TaskKey, u64)> = None;
+        for (k, t) in self.tasks.iter_mut() {
+            let Some(dir) = &t.ckpt else { continue };
+            if !t.view().alive() || t.limit.is_some() {
+                continue;
+            }
+            let used = crate::disk::dir_bytes(dir);
+            let grew = used.saturating_sub(t.ckpt_bytes);
+            t.ckpt_bytes = used;
+            if t.quota > 0 && used > t.quota {
+                let why = crate::disk::quota_text(t.quota, used);
+                tracing::warn!("job {} attempt {}: {why}; stopping it", k.0, k.1);
+                t.limit = Some(why);
+                t.kill_at = Some(Instant::now());
+                changed = true;
+                continue;
+            }
+            if top.is_none_or(|(_, g)| grew > g) {
+                top = Some((*k, grew));
+            }
+        }
+        let percent = self.cfg.disk_pressure_percent;
+        let pressure = if percent == 0 {
+            None
+        } else {
+            let mut roots = vec![self.cfg.state_dir.clone(), self.cfg.checkpoint_root.clone()];
+            roots.extend(self.tasks.values().filter_map(|t| t.ckpt.clone()));
+            roots.iter().find_map(|p| crate::disk::pressure(p, percent))
+        };
+        match &pressure {
+            Some(why) => {
+                self.reserve.release();
+                if self.disk_pressure.is_none() {
+                    tracing::error!("node {}: {why}", self.cfg.node);
+                }
+                if let Some((k, _)) = top {
+                    if let Some(t) = self.tasks.get_mut(&k) {
+                        let why =
+                            format!("stopped for the node's disk pressure, writing most ({why})");
+                        tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
+                        t.limit = Some(why);
+                        t.kill_at = Some(Instant::now());
+                    }
+                }
+            }
+            None => self.reserve.hold(),
+        }
+        if pressure != self.disk_pressure {
+            self.disk_pressure = pressure;
+            changed = true;
+        }
+        changed
     }
 
     /// The next grace deadline still ahead (past ones are re-killed at
@@ -921,6 +1014,7 @@ impl Agent {
                 r.gpus.len() as u32,
             );
             task.memory_mib = limits.memory_mib;
+            task.quota = a.rules.policy.limits.checkpoint_quota_bytes.unwrap_or(0);
             let launch = Launch {
                 key: rk,
                 exit_file: exit_file.clone(),

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod credentials;
 pub mod discovery;
+pub mod disk;
 pub mod executor;
 pub mod identity;
 pub mod leftovers;

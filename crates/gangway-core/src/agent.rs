@@ -226,6 +226,10 @@ pub struct SyncRequest {
     pub gpus: Vec<GpuHealth>,
     /// Every job attempt the agent knows of.
     pub tasks: Vec<TaskReport>,
+    /// Set while a filesystem of the node runs out of space: the node takes
+    /// no new work (why, with the figures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_pressure: Option<String>,
 }
 
 /// One rank to run on this node.

@@ -52,6 +52,9 @@ pub struct RankLimitPolicy {
     pub log_max_bytes: Option<u64>,
     /// Log files kept per rank, the current one included.
     pub log_max_files: Option<u32>,
+    /// Bytes a job may keep in its checkpoint directory on a node (none:
+    /// only the node's free-space watch bounds it).
+    pub checkpoint_quota_bytes: Option<u64>,
 }
 
 /// Host paths that are never mounted, whatever a queue allows: each of them,

@@ -258,6 +258,9 @@ pub struct Control<S: Store> {
     /// What blame did since the API last took it: (node or `cluster`,
     /// what), for the audit log and metrics.
     pub blame_log: Vec<crate::blame::Decision>,
+    /// Nodes under DiskPressure as their agents report it: why, and whether
+    /// the pressure cordoned the node (in memory only: lifted with it).
+    pub disk_pressure: HashMap<String, (String, bool)>,
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
     /// The agents' last verdict per GPU.
@@ -403,6 +406,7 @@ impl<S: Store> Control<S> {
             lost: HashSet::new(),
             blame: crate::blame::Blame::default(),
             blame_log: Vec::new(),
+            disk_pressure: HashMap::new(),
             cordon_reasons: HashMap::new(),
             reported_health: HashMap::new(),
             contract: ContractConfig::default(),
@@ -1146,6 +1150,44 @@ impl<S: Store> Control<S> {
         };
     }
 
+    /// A node under DiskPressure takes no new work: it is cordoned while
+    /// the pressure lasts (unless it was already), with the agent's figures
+    /// as the reason, and uncordoned when its agent reports the pressure gone.
+    fn apply_disk_pressure(&mut self, node: &str, why: Option<&str>) -> Result<bool, ControlError> {
+        let Some(n) = self.cluster.node_index(node) else {
+            return Ok(false);
+        };
+        let bad = |e: gangway_sched::StateError| ControlError::BadNode(e.to_string());
+        match why {
+            Some(why) if !self.disk_pressure.contains_key(node) => {
+                let ours = !self.cluster.nodes()[n as usize].spec.cordoned;
+                if ours {
+                    self.cluster.set_cordoned(node, true).map_err(bad)?;
+                    self.cordon_reasons
+                        .insert(node.to_string(), why.to_string());
+                }
+                tracing::error!("node {node}: {why}");
+                self.disk_pressure
+                    .insert(node.to_string(), (why.to_string(), ours));
+                self.cluster_view.urge();
+                Ok(true)
+            }
+            None => match self.disk_pressure.remove(node) {
+                Some((_, ours)) => {
+                    if ours {
+                        self.cluster.set_cordoned(node, false).map_err(bad)?;
+                        self.cordon_reasons.remove(node);
+                    }
+                    tracing::info!("node {node}: disk pressure gone");
+                    self.cluster_view.urge();
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            Some(_) => Ok(false),
+        }
+    }
+
     /// A rank of `job` on `node` failed for a reason outside the job.
     fn blame_node_fault(&mut self, node: &str, job: JobId, cause: crate::blame::Cause, now: Time) {
         let user = self.jobs.get(&job).map(|(r, _)| r.spec.user.clone());
@@ -1244,6 +1286,7 @@ impl<S: Store> Control<S> {
             changed = true;
         }
         changed |= self.apply_gpu_health(node, &req.gpus, now)?;
+        changed |= self.apply_disk_pressure(node, req.disk_pressure.as_deref())?;
         for t in &req.tasks {
             // The contract's parts of the report first: a busy rendezvous
             // port replaces the report; a checkpoint and a failure go with it.

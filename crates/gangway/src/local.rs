@@ -138,6 +138,11 @@ pub struct AgentArgs {
     /// adopt (upgrades, restarts) instead of killing them.
     #[arg(long)]
     pub leave_ranks_on_exit: bool,
+    /// Free space (percent) on the state or checkpoint filesystem below
+    /// which the node reports DiskPressure, takes no new work and stops the
+    /// job writing most (0: never).
+    #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
+    pub disk_pressure_percent: u32,
 }
 
 /// TLS of a listener and the CA its peers' certificates are checked against.
@@ -244,6 +249,7 @@ impl AgentArgs {
             proctrack: self.proctrack,
             cgroup_parent: self.cgroup_parent.clone(),
             leave_ranks_on_exit: self.leave_ranks_on_exit,
+            disk_pressure_percent: self.disk_pressure_percent,
             pass_env: self.pass_env.clone(),
             tls: self.tls.apply()?,
         })

@@ -15,10 +15,16 @@ fn cgroup_controller(controller: &str) -> bool {
             .is_ok_and(|c| c.split_whitespace().any(|x| x == controller))
 }
 
+/// One fork flood at a time: under the subreaper the limit is the Unix
+/// account's (`RLIMIT_NPROC`), which every test's ranks share.
+static FLOODS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs a fork flood (200 children, each noting itself in `$OUT/forks`) in
-/// a queue limited to 64 processes per rank, beside a neighbour's job;
-/// returns how many children the flood got.
-fn fork_flood(agent_extra: &[&str]) -> usize {
+/// a queue limited to 64 processes per rank, beside a neighbour's job (which
+/// must succeed when `neighbour_must_run`); returns how many children the
+/// flood got.
+fn fork_flood(agent_extra: &[&str], neighbour_must_run: bool) -> usize {
+    let _one = FLOODS.lock().unwrap_or_else(|e| e.into_inner());
     let mut c = Cluster::start_with(
         "127.0.0.1",
         &server_config("    node:\n      limits:\n        pids: 64\n"),
@@ -41,9 +47,11 @@ fn fork_flood(agent_extra: &[&str]) -> usize {
     c.wait_job(flood, "end", 60, |j| {
         matches!(state(j), "failed" | "succeeded")
     });
-    c.wait_job(neighbour, "succeed beside the flood", 60, |j| {
-        state(j) == "succeeded"
-    });
+    if neighbour_must_run {
+        c.wait_job(neighbour, "succeed beside the flood", 60, |j| {
+            state(j) == "succeeded"
+        });
+    }
     std::fs::read_to_string(&forks)
         .map(|s| s.lines().count())
         .unwrap_or(0)
@@ -54,7 +62,7 @@ fn a_fork_flood_stops_at_the_pids_limit_while_a_neighbour_runs() {
     if !cgroup_controller("pids") {
         return skip_or_fail("GANGWAY_REQUIRE_CGROUP", "no pids cgroup controller here");
     }
-    let got = fork_flood(&[]);
+    let got = fork_flood(&[], true);
     eprintln!("fork flood under the cgroup pids limit (64): {got} children");
     assert!(got < 64, "{got} children under a limit of 64");
     assert!(got >= 10, "the flood ran ({got} children)");
@@ -62,7 +70,8 @@ fn a_fork_flood_stops_at_the_pids_limit_while_a_neighbour_runs() {
 
 #[test]
 fn a_fork_flood_under_the_subreaper_stops_at_its_rlimit() {
-    let got = fork_flood(&["--proctrack", "subreaper"]);
+    // The neighbour runs as the same account here, so shares the rlimit.
+    let got = fork_flood(&["--proctrack", "subreaper"], false);
     eprintln!("fork flood under RLIMIT_NPROC (64): {got} children");
     assert!(got < 64, "{got} children under a limit of 64");
 }
@@ -150,4 +159,113 @@ fn a_log_flood_leaves_at_most_the_cap_on_disk_and_logs_say_what_was_dropped() {
         &text[text.len().saturating_sub(200)..]
     );
     assert!(err.contains("dropped by log rotation"), "{err}");
+}
+
+#[test]
+fn a_job_over_its_checkpoint_quota_is_stopped_naming_it() {
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config("    node:\n      limits:\n        checkpoint_quota_bytes: 1048576\n"),
+    );
+    c.agent("node-a", 2, &[], &[]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "filler", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c",
+            "for i in 1 2 3 4 5; do head -c 1000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/part-$i; sleep 1; done; sleep 30"] }
+    }));
+    let j = c.wait_job(id, "stopped", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(_, m)| m.contains("checkpoint quota 1 MiB exceeded")),
+        "{ev:?}"
+    );
+}
+
+/// A small tmpfs of our own, unmounted when dropped.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(mib: u32) -> Option<SmallFs> {
+        let dir = std::env::temp_dir().join(format!("gangway-avail-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0777"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l"])
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pressure() {
+    let Some(fs) = SmallFs::mount(16) else {
+        return skip_or_fail(
+            "GANGWAY_REQUIRE_MOUNT",
+            "cannot mount a tmpfs here (not root?)",
+        );
+    };
+    let mut c = Cluster::start("127.0.0.1");
+    let root = fs.0.display().to_string();
+    c.agent("node-a", 2, &[], &["--checkpoint-root", &root]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "filler", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c",
+            "head -c 15500000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/fill; sleep 60"] }
+    }));
+    let j = c.wait_job(id, "stopped", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(_, m)| m.contains("stopped for the node's disk pressure, writing most")),
+        "{ev:?}"
+    );
+    let n = c.node("node-a");
+    eprintln!("disk filler: {:?}; node: {}", ev.last(), n["cordon_reason"]);
+    assert!(
+        n["cordon_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("DiskPressure: ")),
+        "{n}"
+    );
+    assert_eq!(n["cordoned"], true, "no new work under pressure: {n}");
+    // Space freed: the pressure and its cordon go.
+    let _ = std::fs::remove_dir_all(fs.0.join("admin"));
+    wait_for("pressure gone", 20, || {
+        (c.node("node-a")["cordoned"] == false).then_some(())
+    });
+    drop(c);
 }

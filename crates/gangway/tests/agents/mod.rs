@@ -239,8 +239,10 @@ impl Cluster {
         }
         argv.push("--state-dir".into());
         argv.push(state.display().to_string());
-        argv.push("--checkpoint-root".into());
-        argv.push(self.dir.path().join("checkpoints").display().to_string());
+        if !extra.contains(&"--checkpoint-root") {
+            argv.push("--checkpoint-root".into());
+            argv.push(self.dir.path().join("checkpoints").display().to_string());
+        }
         argv.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(&argv[0])
             .args(&argv[1..])
