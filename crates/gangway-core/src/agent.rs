@@ -565,6 +565,7 @@ mod tests {
     #[test]
     fn sync_bodies_round_trip_with_flattened_states() {
         let r = SyncRequest {
+            disk_pressure: None,
             gpus: vec![GpuHealth {
                 index: 0,
                 healthy: false,

@@ -113,6 +113,7 @@ fn samples() -> Vec<(&'static str, Value)> {
     let mut busy = TaskReport::new(JobId(44), 0, TaskState::Exited { exit_code: 0 });
     busy.port_busy = Some(29_400);
     let full_request = SyncRequest {
+        disk_pressure: None,
         gpus: vec![
             GpuHealth {
                 index: 0,
@@ -128,6 +129,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         tasks: vec![running, failing, busy],
     };
     let minimal_request = SyncRequest {
+        disk_pressure: None,
         gpus: vec![GpuHealth {
             index: 0,
             healthy: true,

@@ -1037,11 +1037,9 @@ impl<S: Store> Control<S> {
                 self.write(rec)?;
             }
             Report::Exited(code) => {
-                if !stopping {
-                    if code != 0 {
-                        self.blame.job_failed(node, id, &rec.spec.user);
-                        self.begin_failed_stop(&mut rec, code, node, now);
-                    }
+                if !stopping && code != 0 {
+                    self.blame.job_failed(node, id, &rec.spec.user);
+                    self.begin_failed_stop(&mut rec, code, node, now);
                 }
                 rec.exited_on.insert(node.to_string(), code);
                 if rec.exited_on.len() < nodes {

@@ -570,6 +570,7 @@ mod tests {
 
     fn sync_one(c: &mut Control<RedbStore>, t: TaskReport, now: Time) -> bool {
         let req = SyncRequest {
+            disk_pressure: None,
             gpus: Vec::new(),
             tasks: vec![t],
         };
