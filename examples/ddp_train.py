@@ -20,9 +20,25 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
+# Exit code for "this interpreter has no torch": the example jobs list it in
+# restart.fail_on_exit_codes, so the job fails at once instead of restarting.
+NO_TORCH = 3
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+except ImportError as e:
+    print(
+        f"ddp_train.py: PyTorch is not installed for {sys.executable} ({e}). "
+        "Point the job at a Python that has it: run.env.PATH with the venv's "
+        "bin first (e.g. /opt/venv/bin:/usr/local/bin:/usr/bin:/bin), in a "
+        "directory the rank's account can enter (docs/JOB_ENV.md, "
+        '"PyTorch from a venv").',
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.exit(NO_TORCH)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gangway_checkpoint as gc  # noqa: E402
@@ -61,9 +77,9 @@ def main():
         flush=True,
     )
 
-    def save(step):
+    def save(step, final=False):
         state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}
-        p = gc.save(step, lambda tmp: torch.save(state, tmp))
+        p = gc.save(step, lambda tmp: torch.save(state, tmp), final=final)
         print(f"rank 0: checkpoint at step {step}: {p}", flush=True)
 
     step = start
@@ -92,7 +108,7 @@ def main():
         if rank == 0 and step % 20 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     if rank == 0:
-        save(step)
+        save(step, final=True)
     dist.barrier()
     print(f"rank {rank}: done at step {step}", flush=True)
     dist.destroy_process_group()

@@ -62,11 +62,18 @@ def _atomic_write(path, write):
         raise
 
 
-def announce(step, path):
-    """Announces a complete checkpoint: writes ``LATEST`` atomically."""
+def announce(step, path, final=False):
+    """Announces a complete checkpoint: writes ``LATEST`` atomically.
+
+    ``final=True`` says the job finished with it: should the agent lose a
+    rank's exit code (its supervisor killed with the agent), the rank then
+    counts as finished rather than failed."""
     if not isinstance(step, int) or step < 0:
         raise ValueError("step must be a non-negative integer")
-    body = json.dumps({"step": step, "path": str(path)})
+    v = {"step": step, "path": str(path)}
+    if final:
+        v["final"] = True
+    body = json.dumps(v)
 
     def write(tmp):
         with open(tmp, "w") as f:
@@ -75,18 +82,19 @@ def announce(step, path):
     _atomic_write(os.path.join(checkpoint_dir(), LATEST), write)
 
 
-def save(step, write, name=None):
+def save(step, write, name=None, final=False):
     """Saves a checkpoint and announces it.
 
     ``write(tmp_path)`` writes the checkpoint to a temporary path (for example
     ``lambda p: torch.save(state, p)``); it is renamed to ``name`` (default
     ``step-<step>``) in the checkpoint directory, then ``LATEST`` points at
     it. A crash midway leaves the previous checkpoint announced. Returns the
-    checkpoint's path.
+    checkpoint's path. ``final=True`` marks the job's last checkpoint (see
+    ``announce``).
     """
     path = os.path.join(checkpoint_dir(), name or "step-%d" % step)
     _atomic_write(path, write)
-    announce(step, path)
+    announce(step, path, final)
     return path
 
 

@@ -53,6 +53,8 @@ struct RankRun {
     /// The kernel's OOM killer killed a process of it (read from its cgroup
     /// before the cgroup is removed).
     oom_killed: bool,
+    /// Its supervisor was lost and its exit code could not be learned.
+    unknown_exit: bool,
 }
 
 /// One job attempt on this node.
@@ -74,6 +76,9 @@ struct Task {
     ckpt_bytes: u64,
     /// The limit this agent stopped it for, with the value reached.
     limit: Option<String>,
+    /// What is wrong with the ranks' setup without stopping them (for the
+    /// job's events).
+    warnings: Vec<String>,
 }
 
 impl Task {
@@ -101,6 +106,7 @@ impl Task {
             quota: 0,
             ckpt_bytes: 0,
             limit: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -269,6 +275,7 @@ impl Agent {
             reserve,
         };
         agent.adopt_leftovers().await;
+        agent.sweep_tmp();
         agent.register(stop_rx.clone()).await?;
         let task = tokio::spawn(agent.run(stop_rx));
         Ok(AgentHandle {
@@ -316,6 +323,9 @@ impl Agent {
                 .tasks
                 .entry((k.job, k.attempt))
                 .or_insert_with(|| Task::new(false));
+            if t.ckpt.is_none() {
+                t.ckpt = r.checkpoint_dir.clone();
+            }
             t.ranks.insert(
                 k.rank,
                 RankRun {
@@ -324,6 +334,7 @@ impl Agent {
                     done: None,
                     exit_file,
                     oom_killed: false,
+                    unknown_exit: false,
                 },
             );
         }
@@ -347,6 +358,7 @@ impl Agent {
                     done: exit,
                     exit_file: PathBuf::new(),
                     oom_killed: false,
+                    unknown_exit: false,
                 },
             );
         }
@@ -496,12 +508,13 @@ impl Agent {
 
     /// Marks done every process rank none of whose processes is left: its
     /// code is the one its supervisor wrote (the command's), else its main
-    /// process's, else 137 (killed: a supervisor gets only SIGKILL).
+    /// process's, else (supervisor lost) what [`lost_supervisor_exit`] decides.
     /// Returns whether any rank became done.
     fn poll_ranks(&mut self) -> bool {
         let mut changed = false;
         let mut finished = Vec::new();
         for ((job, attempt), t) in &mut self.tasks {
+            let (ckpt, stop_sent) = (t.ckpt.as_deref(), t.stop_sent);
             for (rank, r) in &mut t.ranks {
                 if r.done.is_some() || !matches!(r.handle, Rank::Process { .. }) {
                     continue;
@@ -509,9 +522,20 @@ impl Agent {
                 if self.executor.alive(&r.handle) {
                     continue;
                 }
-                let code = crate::supervisor::read_exit(&r.exit_file)
-                    .or(r.main_exit)
-                    .unwrap_or(128 + libc::SIGKILL);
+                let k = RankKey {
+                    job: *job,
+                    attempt: *attempt,
+                    rank: *rank,
+                };
+                let code = match crate::supervisor::read_exit(&r.exit_file).or(r.main_exit) {
+                    Some(code) => code,
+                    None => {
+                        let (code, unknown) =
+                            lost_supervisor_exit(&self.cfg.state_dir, k, ckpt, stop_sent);
+                        r.unknown_exit = unknown;
+                        code
+                    }
+                };
                 r.main_exit.get_or_insert(code);
                 r.done = Some(code);
                 r.oom_killed |= self.executor.oom_killed(&r.handle);
@@ -520,11 +544,7 @@ impl Agent {
                     t.first_failure.get_or_insert(*rank);
                 }
                 self.executor.release(&r.handle);
-                finished.push(RankKey {
-                    job: *job,
-                    attempt: *attempt,
-                    rank: *rank,
-                });
+                finished.push(k);
                 changed = true;
             }
         }
@@ -564,12 +584,14 @@ impl Agent {
             f.node_fault =
                 self.executor
                     .node_fault(crate::executor::RankKey { job, attempt, rank });
+            f.unknown_exit = r.unknown_exit;
             Some(f)
         });
         TaskReport {
             checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
             failure,
             port_busy: t.port_busy,
+            warnings: t.warnings.clone(),
             ..TaskReport::new(job, attempt, t.view().state())
         }
     }
@@ -861,13 +883,9 @@ impl Agent {
                         k.1
                     );
                     self.kill_and_reap(k).await;
-                    self.tasks.remove(&k);
-                    self.executor.forget_node_faults(k.0, k.1);
+                    self.forget_task(k);
                 }
-                Action::Forget(k) => {
-                    self.tasks.remove(&k);
-                    self.executor.forget_node_faults(k.0, k.1);
-                }
+                Action::Forget(k) => self.forget_task(k),
                 Action::Checkpoint {
                     key: k,
                     signal: sig,
@@ -892,6 +910,51 @@ impl Agent {
             }
         }
         acted
+    }
+
+    /// Drops a task none of whose processes is left, with its `TMPDIR`.
+    fn forget_task(&mut self, k: TaskKey) {
+        self.tasks.remove(&k);
+        self.executor.forget_node_faults(k.0, k.1);
+        crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
+    }
+
+    /// Removes the `TMPDIR`s of tasks this agent does not know (left by an
+    /// agent that was killed after they ended).
+    fn sweep_tmp(&self) {
+        let root = self.cfg.state_dir.join("tmp");
+        let keep: std::collections::BTreeSet<PathBuf> = self
+            .tasks
+            .keys()
+            .map(|k| crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1))
+            .collect();
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            if !keep.contains(&e.path()) {
+                crate::sandbox::remove_tmp(&e.path());
+            }
+        }
+    }
+
+    /// A process rank's per-job `HOME` (when its account has none) and
+    /// `TMPDIR`, made and added to its base environment.
+    fn with_job_dirs(
+        &self,
+        mut sb: crate::sandbox::RankSandbox,
+        a: &Assignment,
+        ckpt: &std::path::Path,
+    ) -> Result<crate::sandbox::RankSandbox, crate::sandbox::SandboxError> {
+        if a.run.image.is_some() {
+            return Ok(sb);
+        }
+        let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
+        let env = crate::sandbox::job_dirs(&sb.account, ckpt, &tmp).map_err(|e| {
+            crate::sandbox::SandboxError::JobDirs {
+                account: sb.account.name.clone(),
+                msg: e.to_string(),
+            }
+        })?;
+        sb.base_env.extend(env);
+        Ok(sb)
     }
 
     async fn start_task(&mut self, a: Assignment) {
@@ -927,6 +990,7 @@ impl Agent {
                         done: Some(125),
                         exit_file: PathBuf::new(),
                         oom_killed: false,
+                        unknown_exit: false,
                     },
                 );
                 task.first_failure.get_or_insert(r.rank);
@@ -956,7 +1020,8 @@ impl Agent {
             .clone()
             .or_else(|| crate::checkpoint::read_latest(&ckpt).map(|c| c.path));
         let logs = self.cfg.state_dir.join("logs");
-        let sandbox = crate::sandbox::prepare(&self.cfg, &a);
+        let sandbox =
+            crate::sandbox::prepare(&self.cfg, &a).and_then(|sb| self.with_job_dirs(sb, &a, &ckpt));
         if let Err(e) = &sandbox {
             tracing::warn!(
                 "job {} attempt {}: refused on node {}: {e}",
@@ -964,6 +1029,12 @@ impl Agent {
                 a.attempt,
                 self.cfg.node
             );
+        }
+        if let Ok(sb) = &sandbox {
+            task.warnings = path_warnings(sb, &a);
+            for w in &task.warnings {
+                tracing::warn!("job {} attempt {}: {w}", a.job, a.attempt);
+            }
         }
         tracing::info!(
             "job {} attempt {}: starting ranks {:?}",
@@ -999,6 +1070,7 @@ impl Agent {
                             done: None,
                             exit_file: PathBuf::new(),
                             oom_killed: false,
+                            unknown_exit: false,
                         },
                     );
                     continue;
@@ -1038,6 +1110,7 @@ impl Agent {
                     container,
                     a.checkpoint_signal,
                     a.grace_seconds,
+                    &ckpt,
                 );
             }
             task.ranks.insert(
@@ -1048,12 +1121,77 @@ impl Agent {
                     done: None,
                     exit_file,
                     oom_killed: false,
+                    unknown_exit: false,
                 },
             );
         }
         self.tasks.insert(key, task);
     }
 }
+
+/// `PATH` entries of a process rank that its account cannot search: a
+/// command there is silently not found and the shell falls back to a later
+/// entry (a venv under `/root` gives the system's python), so each is said.
+fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String> {
+    if a.run.image.is_some() {
+        return Vec::new();
+    }
+    let path = a
+        .run
+        .env
+        .get("PATH")
+        .or_else(|| sb.base_env.get("PATH"))
+        .cloned()
+        .unwrap_or_default();
+    path.split(':')
+        .filter(|d| d.starts_with('/'))
+        .filter_map(|d| {
+            let why = crate::identity::denied_on_the_way(&sb.account, std::path::Path::new(d))?;
+            Some(format!(
+                "PATH entry {d} cannot be searched by {}: {why}; commands there are not found and the shell falls back to later entries",
+                crate::identity::who(&sb.account)
+            ))
+        })
+        .collect()
+}
+
+/// The exit code of a rank whose supervisor is gone without writing one
+/// (SIGKILLed with the agent): nobody can wait for the rank any more, so its
+/// code is unknown. It counts as finished (0) when the job said so: its
+/// checkpoint directory's `LATEST` marks a final checkpoint (`"final":
+/// true`) written after this rank started and before any stop was asked.
+/// Otherwise it fails as "exit code unknown: supervisor lost" (code 255).
+/// Returns the code and whether it was unknown; the rank's log says which.
+fn lost_supervisor_exit(
+    state_dir: &std::path::Path,
+    k: RankKey,
+    ckpt: Option<&std::path::Path>,
+    stop_sent: bool,
+) -> (i32, bool) {
+    let started = crate::leftovers::recorded_ms(state_dir, k).unwrap_or(u64::MAX);
+    let done = ckpt
+        .and_then(crate::checkpoint::read_final)
+        .filter(|(_, at)| *at >= started && !stop_sent);
+    let log = log_path(&state_dir.join("logs"), k.job.0, k.attempt, k.rank);
+    let (code, note) = match done {
+        Some((step, _)) => (
+            0,
+            format!("exit code unknown: supervisor lost; counted as finished: the job announced its final checkpoint (step {step})"),
+        ),
+        None => (UNKNOWN_EXIT, "exit code unknown: supervisor lost".to_string()),
+    };
+    tracing::warn!(
+        "job {} attempt {} rank {}: {note}",
+        k.job,
+        k.attempt,
+        k.rank
+    );
+    crate::executor::note(&log, &note);
+    (code, done.is_none())
+}
+
+/// The code reported for a rank whose exit code is unknown.
+const UNKNOWN_EXIT: i32 = 255;
 
 /// When a grace period that starts now ends; a period too long for the
 /// clock (any user number, up to `u64::MAX` seconds) ends in a century.

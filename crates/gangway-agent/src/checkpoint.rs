@@ -60,6 +60,16 @@ pub fn read_latest(dir: &Path) -> Option<CheckpointReport> {
     })
 }
 
+/// The step and time (ms since the epoch) of a `LATEST` that marks the
+/// job's final checkpoint (`"final": true`): the job said it finished.
+pub fn read_final(dir: &Path) -> Option<(u64, u64)> {
+    let c = read_latest(dir)?;
+    let text = std::fs::read_to_string(dir.join(LATEST)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    (v.get("final")?.as_bool()? && v.get("step")?.as_u64()? == c.step)
+        .then_some((c.step, c.written_ms))
+}
+
 /// Whether `port` can be bound on every interface right now (rank 0's
 /// rendezvous store binds it). Rust's listener sets `SO_REUSEADDR`, so
 /// sockets of an earlier job in TIME_WAIT do not count as busy; a process
@@ -109,6 +119,7 @@ pub fn rank_failure(rank: u32, exit_code: i32, log: &Path) -> RankFailure {
         log_tail: log_tail(log, LOG_TAIL_LINES),
         node_fault: None,
         limit: None,
+        unknown_exit: false,
     }
 }
 

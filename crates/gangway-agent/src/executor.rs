@@ -102,7 +102,8 @@ pub enum ExecutorError {
     Docker(#[from] bollard::errors::Error),
 }
 
-fn note(log: &Path, msg: &str) {
+/// Appends a `[gangway]` line to a rank's log.
+pub(crate) fn note(log: &Path, msg: &str) {
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -592,7 +593,8 @@ impl Executor {
         if let Some(dir) = exit_file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let Some(sup) = crate::supervisor::Supervisor::new(&exit_file) else {
+        let title = crate::supervisor::title(k.job.0, k.attempt, k.rank);
+        let Some(sup) = crate::supervisor::Supervisor::new(&exit_file, &title) else {
             note(&l.log, "bad exit file path");
             let _ = exits.send((k, 125));
             return Rank::NotStarted;
@@ -640,12 +642,48 @@ impl Executor {
                 Rank::Process { pid, container }
             }
             Err(e) => {
-                note(&l.log, &format!("cannot start {:?}: {e}", l.run.command[0]));
+                note(&l.log, &cannot_start(&l, &e));
                 self.track.destroy(&container);
                 let _ = exits.send((k, 127));
                 Rank::NotStarted
             }
         }
+    }
+}
+
+/// Why a process rank could not start, naming the account that was
+/// refused and, for a permission error, the step it may not take:
+/// `cannot start "/root/venv/bin/python": permission denied for user nobody
+/// (uid 65534): /root is 0700`.
+fn cannot_start(l: &Launch, e: &std::io::Error) -> String {
+    let cmd = &l.run.command[0];
+    let who = crate::identity::who(&l.sandbox.account);
+    if e.kind() != std::io::ErrorKind::PermissionDenied {
+        return format!("cannot start {cmd:?} as {who}: {e}");
+    }
+    let path = if cmd.contains('/') {
+        let p = Path::new(cmd);
+        match &l.run.workdir {
+            Some(w) if p.is_relative() => Path::new(w).join(p),
+            _ => p.to_path_buf(),
+        }
+    } else {
+        // The first PATH entry holding it, as the exec would search.
+        let path_var = l
+            .env
+            .get("PATH")
+            .or_else(|| l.sandbox.base_env.get("PATH"))
+            .cloned()
+            .unwrap_or_default();
+        path_var
+            .split(':')
+            .map(|d| Path::new(d).join(cmd))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from(cmd))
+    };
+    match crate::identity::denied_on_the_way(&l.sandbox.account, &path) {
+        Some(why) => format!("cannot start {cmd:?}: permission denied for {who}: {why}"),
+        None => format!("cannot start {cmd:?}: permission denied for {who}"),
     }
 }
 

@@ -42,6 +42,10 @@ pub struct RankRecord {
     pub signal: i32,
     /// Its grace period in seconds.
     pub grace_seconds: u64,
+    /// The job's checkpoint directory (where a final checkpoint says the
+    /// job finished when the rank's exit code is lost).
+    #[serde(default)]
+    pub checkpoint_dir: Option<PathBuf>,
 }
 
 impl RankRecord {
@@ -68,6 +72,7 @@ pub fn record(
     container: &Container,
     signal: i32,
     grace_seconds: u64,
+    checkpoint_dir: &Path,
 ) {
     let _ = std::fs::create_dir_all(dir(state_dir));
     let rec = RankRecord {
@@ -79,6 +84,7 @@ pub fn record(
         container: container.clone(),
         signal,
         grace_seconds,
+        checkpoint_dir: Some(checkpoint_dir.to_path_buf()),
     };
     let path = file(state_dir, k);
     let tmp = path.with_extension("tmp");
@@ -86,6 +92,16 @@ pub fn record(
     if let Err(e) = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)) {
         tracing::warn!("cannot record rank {k:?}: {e}");
     }
+}
+
+/// When the rank was recorded (started), in milliseconds since the epoch.
+pub fn recorded_ms(state_dir: &Path, k: RankKey) -> Option<u64> {
+    let t = std::fs::metadata(file(state_dir, k))
+        .ok()?
+        .modified()
+        .ok()?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(d.as_millis()).ok()
 }
 
 /// Forgets a rank none of whose processes is left.
@@ -141,7 +157,15 @@ mod tests {
             name: "c".into(),
             cgroups: vec![],
         };
-        record(dir.path(), k, child.id() as i32, &c, 15, 30);
+        record(
+            dir.path(),
+            k,
+            child.id() as i32,
+            &c,
+            15,
+            30,
+            Path::new("/ckpt"),
+        );
         let found = recorded(dir.path());
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].key(), k);

@@ -138,6 +138,7 @@ mod tests {
             resume_from: None,
             max_restarts: 3,
             array: None,
+            restart_count: None,
         }
     }
 

@@ -36,6 +36,14 @@ pub enum SandboxError {
     /// Its run spec.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// Its per-job `HOME` or `TMPDIR` could not be made.
+    #[error("cannot prepare the job's HOME and TMPDIR for Unix account {account:?}: {msg}")]
+    JobDirs {
+        /// Account.
+        account: String,
+        /// Why.
+        msg: String,
+    },
 }
 
 /// Everything a rank of one job needs from the node's security rules.
@@ -80,7 +88,7 @@ pub fn prepare(cfg: &AgentConfig, a: &Assignment) -> Result<RankSandbox, Sandbox
     Ok(RankSandbox {
         base_env: base_env(&account, &cfg.pass_env),
         account,
-        loader_env: rules.policy.loader_env,
+        loader_env: rules.policy.loader_env_allowed(),
         host_network: rules.policy.host_network,
         read_only_rootfs: rules.policy.read_only_rootfs,
         mounts,
@@ -112,6 +120,76 @@ pub fn job_env(env: &BTreeMap<String, String>, loader_env: bool) -> BTreeMap<Str
         .filter(|(k, _)| loader_env || !is_loader_var(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
+}
+
+/// The per-job home directory's name inside the job's checkpoint directory
+/// (for accounts without a usable home; kept and cleaned with it).
+pub const JOB_HOME: &str = ".home";
+
+/// Whether the account's home directory is one it can use: a directory it
+/// owns (`nobody`'s `/nonexistent` and homes never created are not).
+pub fn has_home(account: &Account) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(&account.home).is_ok_and(|m| m.is_dir() && m.uid() == account.uid)
+}
+
+/// A job attempt's `TMPDIR` on this node: `<state_dir>/tmp/job-ID-ATTEMPT`,
+/// removed when the attempt ends here.
+pub fn tmp_dir(state_dir: &Path, job: u64, attempt: u32) -> std::path::PathBuf {
+    state_dir.join("tmp").join(format!("job-{job}-{attempt}"))
+}
+
+/// Makes `dir` a directory of `account` with mode 0700. Its parent may be
+/// the user's (the checkpoint directory): a symlink or file planted there is
+/// refused, and the owner and mode are set through a descriptor opened
+/// without following links.
+fn own_dir(account: &Account, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)?;
+    std::os::unix::fs::fchown(&f, Some(account.uid), Some(account.gid))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o700))?;
+    Ok(())
+}
+
+/// Creates a job attempt's `HOME` (unless the account has one: then that)
+/// and `TMPDIR` for its account; returns both variables for the base
+/// environment.
+pub fn job_dirs(
+    account: &Account,
+    checkpoint_dir: &Path,
+    tmp: &Path,
+) -> std::io::Result<BTreeMap<String, String>> {
+    let mut env = BTreeMap::new();
+    if !has_home(account) {
+        std::fs::create_dir_all(checkpoint_dir)?;
+        let home = checkpoint_dir.join(JOB_HOME);
+        own_dir(account, &home)?;
+        env.insert("HOME".into(), home.display().to_string());
+    }
+    if let Some(parent) = tmp.parent() {
+        std::fs::create_dir_all(parent)?;
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
+    }
+    own_dir(account, tmp)?;
+    env.insert("TMPDIR".into(), tmp.display().to_string());
+    Ok(env)
+}
+
+/// Removes a job attempt's `TMPDIR` (absent is fine).
+pub fn remove_tmp(tmp: &Path) {
+    match std::fs::remove_dir_all(tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("cannot remove {}: {e}", tmp.display()),
+    }
 }
 
 /// Creates the rank's log file (mode 0600) and checkpoint directory (0700),

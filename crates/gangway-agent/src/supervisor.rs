@@ -7,6 +7,12 @@
 //! reads the file instead, so a re-adopted rank's exit code is still known
 //! and a gang that finished while the agent was down is not restarted.
 //!
+//! The supervisor is not an agent: it rewrites its command line to
+//! `gangway-rank JOB/ATTEMPT/RANK` (in place, over the agent's argv, as
+//! setproctitle does), so `pkill -f "gangway agent.*node-1"` ends the agent
+//! and leaves the supervisors, which then keep the rank's exit code for the
+//! next agent.
+//!
 //! Everything here runs in a forked child of a multi-threaded process:
 //! only async-signal-safe calls, nothing allocated.
 
@@ -19,17 +25,61 @@ use std::path::Path;
 pub struct Supervisor {
     file: CString,
     tmp: CString,
+    /// The supervisor's command line (`gangway-rank JOB/ATTEMPT/RANK`).
+    title: Vec<u8>,
+    /// The process's argv area (`arg_start`, `arg_end` of /proc/self/stat),
+    /// inherited by the fork: the title is written over it.
+    args: Option<(usize, usize)>,
+}
+
+/// Where this process's argv strings lie (fields 48 and 49 of
+/// /proc/self/stat), read before the fork.
+fn argv_area() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at 3.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let start: usize = fields.get(48 - 3)?.parse().ok()?;
+    let end: usize = fields.get(49 - 3)?.parse().ok()?;
+    (start > 0 && end > start).then_some((start, end))
+}
+
+/// The command line of a rank's supervisor.
+pub fn title(job: u64, attempt: u32, rank: u32) -> String {
+    format!("gangway-rank {job}/{attempt}/{rank}")
 }
 
 impl Supervisor {
-    /// A supervisor writing to `file` (through `file.tmp` and a rename).
-    pub fn new(file: &Path) -> Option<Self> {
+    /// A supervisor writing to `file` (through `file.tmp` and a rename),
+    /// its command line `title` (see [`title`]).
+    pub fn new(file: &Path, title: &str) -> Option<Self> {
         let mut tmp = file.as_os_str().as_bytes().to_vec();
         tmp.extend_from_slice(b".tmp");
         Some(Supervisor {
             file: CString::new(file.as_os_str().as_bytes()).ok()?,
             tmp: CString::new(tmp).ok()?,
+            title: title.as_bytes().to_vec(),
+            args: argv_area(),
         })
+    }
+
+    /// Writes the title over the inherited argv area, padded with NULs
+    /// (cut to the area's size; words split at spaces as `ps` shows them).
+    ///
+    /// # Safety
+    /// Only in the forked supervisor, whose argv area is its own copy.
+    unsafe fn set_title(&self) {
+        let Some((start, end)) = self.args else {
+            return;
+        };
+        let len = end - start;
+        let area = start as *mut u8;
+        std::ptr::write_bytes(area, 0, len);
+        // Keep the last byte NUL: the kernel then reads the area alone.
+        let n = self.title.len().min(len.saturating_sub(1));
+        for (i, b) in self.title[..n].iter().enumerate() {
+            *area.add(i) = if *b == b' ' { 0 } else { *b };
+        }
     }
 
     /// Forks: returns `Ok(())` in the grandchild, which goes on to exec the
@@ -48,10 +98,12 @@ impl Supervisor {
             libc::setpgid(0, 0);
             return Ok(());
         }
-        // The supervisor (named so in `ps -o comm`; its command line is the
-        // agent's). Signals meant for the rank do not end it (SIGKILL
-        // does; then the agent knows, or reports the rank killed).
+        // The supervisor (named so in `ps -o comm`, and its command line
+        // `gangway-rank JOB/ATTEMPT/RANK`, no longer the agent's). Signals
+        // meant for the rank do not end it (SIGKILL does; then the agent
+        // reads what the rank left, see `crate::agent`).
         libc::prctl(libc::PR_SET_NAME, c"gangway-rank".as_ptr(), 0, 0, 0);
+        self.set_title();
         for sig in 1..32 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP && sig != libc::SIGCHLD {
                 libc::signal(sig, libc::SIG_IGN);

@@ -1093,7 +1093,7 @@ fn measure(a: &ClusterArgs, server: &Server, etcd: Option<&str>) -> Result<()> {
                         // as the CLI pages (an `offset` walks every job
                         // before it: O(offset), as in any keyset-less list).
                         let after = rng.next() % n;
-                        let cursor = gangway_server::listing::cursor_after(
+                        let cursor = gangway_server::http::listing::cursor_after(
                             gangway_core::JobId(after),
                             false,
                         );

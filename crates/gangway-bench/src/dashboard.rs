@@ -89,11 +89,11 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
                     gangway_server::control::NewJob::new(&spec.user.clone(), spec)
                 })
                 .collect();
-            c.submit_batch(batch, gangway_server::api::now());
+            c.submit_batch(batch, gangway_server::clock::now());
             left -= k;
             n += k;
         }
-        c.cycle(gangway_server::api::now())
+        c.cycle(gangway_server::clock::now())
             .context("scheduling the stored jobs")?;
     }
     let held = metrics_lock_holds(&app, a.requests)?;
@@ -173,7 +173,7 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
 /// (5 ms apart, so changes could get in), and how long those cycles held
 /// the state lock: a view that reads under the lock waits for the cycle.
 fn print_during_cycles(
-    app: &std::sync::Arc<gangway_server::api::App>,
+    app: &std::sync::Arc<gangway_server::http::common::App>,
     base: &str,
     n: usize,
 ) -> Result<()> {
@@ -190,7 +190,7 @@ fn print_during_cycles(
         let t = Instant::now();
         {
             let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
-            c.cycle(gangway_server::api::now()).context("cycle")?;
+            c.cycle(gangway_server::clock::now()).context("cycle")?;
         }
         alone.push(t.elapsed().as_secs_f64() * 1e3);
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -209,7 +209,7 @@ fn print_during_cycles(
                 let t = Instant::now();
                 {
                     let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
-                    c.cycle(gangway_server::api::now()).context("cycle")?;
+                    c.cycle(gangway_server::clock::now()).context("cycle")?;
                 }
                 holds.push(t.elapsed().as_secs_f64() * 1e3);
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -274,7 +274,7 @@ struct LockHolds {
     publish: Vec<f64>,
 }
 
-fn metrics_lock_holds(app: &gangway_server::api::App, n: usize) -> Result<LockHolds> {
+fn metrics_lock_holds(app: &gangway_server::http::common::App, n: usize) -> Result<LockHolds> {
     let mut h = LockHolds {
         baseline: Vec::new(),
         snapshot: Vec::new(),
@@ -307,7 +307,10 @@ fn metrics_lock_holds(app: &gangway_server::api::App, n: usize) -> Result<LockHo
 /// How long rebuilding the read view's cluster snapshot holds the state lock,
 /// in ms over `n` rebuilds each: from nothing (every node row built), and
 /// after a change that left every row as it was (each compared, reused).
-fn cluster_view_rebuilds(app: &gangway_server::api::App, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+fn cluster_view_rebuilds(
+    app: &gangway_server::http::common::App,
+    n: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let (mut full, mut reuse) = (Vec::new(), Vec::new());
     for _ in 0..n.max(1) {
         let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
@@ -329,7 +332,7 @@ fn cluster_view_rebuilds(app: &gangway_server::api::App, n: usize) -> Result<(Ve
 
 /// How long publishing the read view takes (what every release of the
 /// state lock pays), in ms over `n` publications.
-fn view_publications(app: &gangway_server::api::App, n: usize) -> Result<Vec<f64>> {
+fn view_publications(app: &gangway_server::http::common::App, n: usize) -> Result<Vec<f64>> {
     let c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
     let mut out = Vec::with_capacity(n.max(1) * 100);
     for _ in 0..n.max(1) * 100 {
@@ -351,7 +354,7 @@ struct NodesJson {
     bytes: usize,
 }
 
-fn nodes_serialization(app: &gangway_server::api::App, n: usize) -> Result<NodesJson> {
+fn nodes_serialization(app: &gangway_server::http::common::App, n: usize) -> Result<NodesJson> {
     let view = app.control.view();
     let mut out = NodesJson {
         value: Vec::new(),
@@ -360,10 +363,10 @@ fn nodes_serialization(app: &gangway_server::api::App, n: usize) -> Result<Nodes
     };
     for _ in 0..n.max(1) {
         let t = Instant::now();
-        let before = serde_json::to_vec(&gangway_server::node_list::as_value(&view))?;
+        let before = serde_json::to_vec(&gangway_server::http::node_list::as_value(&view))?;
         out.value.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
-        let typed = serde_json::to_vec(&gangway_server::node_list::NodeList(view.clone()))?;
+        let typed = serde_json::to_vec(&gangway_server::http::node_list::NodeList(view.clone()))?;
         out.typed.push(t.elapsed().as_secs_f64() * 1e3);
         if typed != before {
             anyhow::bail!("the typed node list differs from the serde_json::Value one");

@@ -159,6 +159,10 @@ pub struct TaskReport {
     /// were not started and the server must choose another port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_busy: Option<u16>,
+    /// What the node found wrong with the ranks' setup that does not stop
+    /// them (a `PATH` entry their account cannot search): job events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl TaskReport {
@@ -171,6 +175,7 @@ impl TaskReport {
             checkpoint: None,
             failure: None,
             port_busy: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -216,6 +221,10 @@ pub struct RankFailure {
     /// (`memory limit 2.9 GiB reached (OOM-killed)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<String>,
+    /// Its exit code is unknown: its supervisor was lost (killed with the
+    /// agent) before the rank ended, and `exit_code` is a stand-in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_exit: bool,
 }
 
 /// The body of `POST /v1/agent/{node}/sync`: heartbeat, GPU health and task states.
@@ -304,6 +313,11 @@ pub struct Assignment {
     /// The array task this job is, if it is one (`GANGWAY_ARRAY_TASK_ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<crate::workflow::ArrayTask>,
+    /// Restarts and requeues so far (`TORCHELASTIC_RESTART_COUNT`): the
+    /// attempt less the rendezvous port moves, which start a new attempt
+    /// without anything having run. `None` (an older server): the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<u32>,
 }
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
@@ -395,7 +409,10 @@ pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> 
         ("ROLE_NAME", ROLE_NAME.to_string()),
         ("ROLE_RANK", r.rank.to_string()),
         ("ROLE_WORLD_SIZE", a.world_size.to_string()),
-        ("TORCHELASTIC_RESTART_COUNT", a.attempt.to_string()),
+        (
+            "TORCHELASTIC_RESTART_COUNT",
+            a.restart_count.unwrap_or(a.attempt).to_string(),
+        ),
         ("TORCHELASTIC_MAX_RESTARTS", a.max_restarts.to_string()),
         ("TORCHELASTIC_RUN_ID", format!("gangway-job-{}", a.job)),
         ("CUDA_VISIBLE_DEVICES", devices),
@@ -580,6 +597,7 @@ mod tests {
                     log_tail: vec!["boom".into()],
                     node_fault: None,
                     limit: None,
+                    unknown_exit: false,
                 }),
                 ..TaskReport::new(JobId(4), 1, TaskState::Exited { exit_code: 137 })
             }],
@@ -679,6 +697,7 @@ mod tests {
             resume_from: None,
             max_restarts: 3,
             array: None,
+            restart_count: None,
         }
     }
 

@@ -191,13 +191,31 @@ pub struct RestartPolicy {
     pub max_restarts: u32,
     /// First backoff in seconds; doubles with each restart.
     pub backoff_seconds: u64,
+    /// Restart even when the attempt failed at start exactly as the one
+    /// before (see [`START_FAILURE_SECONDS`]); by default such a job fails
+    /// at once instead of spending its restarts on a missing import.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_start_failures: bool,
+    /// Exit codes that fail the job at once, without a restart (a rank's
+    /// way of saying "retrying cannot help", e.g. a missing dependency).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fail_on_exit_codes: Vec<i32>,
 }
+
+/// An attempt whose gang failed within this many seconds of its placement
+/// failed "at start". When two attempts in a row fail at start with the
+/// same exit code and the same last line of output, the job fails ("same
+/// start failure twice") instead of restarting again, unless its restart
+/// policy says `retry_start_failures: true`.
+pub const START_FAILURE_SECONDS: u64 = 10;
 
 impl Default for RestartPolicy {
     fn default() -> Self {
         RestartPolicy {
             max_restarts: 3,
             backoff_seconds: 10,
+            retry_start_failures: false,
+            fail_on_exit_codes: Vec::new(),
         }
     }
 }

@@ -28,7 +28,9 @@ pub struct NodePolicy {
     pub allow_root: bool,
     /// Containers may use the host's network namespace.
     pub host_network: bool,
-    /// `LD_PRELOAD`, `LD_LIBRARY_PATH` and the other loader variables may be set.
+    /// `LD_PRELOAD`, `LD_LIBRARY_PATH` and the other loader variables may be
+    /// set even though the queue allows root ranks (see
+    /// [`NodePolicy::loader_env_allowed`]; without `allow_root` they are).
     pub loader_env: bool,
     /// Containers get a read-only root filesystem.
     pub read_only_rootfs: bool,
@@ -55,6 +57,19 @@ pub struct RankLimitPolicy {
     /// Bytes a job may keep in its checkpoint directory on a node (none:
     /// only the node's free-space watch bounds it).
     pub checkpoint_quota_bytes: Option<u64>,
+}
+
+impl NodePolicy {
+    /// Whether the job's loader variables reach its ranks. They do by
+    /// default: ranks run as the job's own account with no new privileges,
+    /// so a loader variable changes only what the user's own processes
+    /// load. A queue that allows root ranks refuses them unless it also says
+    /// `loader_env: true`: a root rank whose `LD_LIBRARY_PATH` names a
+    /// directory another account can write would run that account's code
+    /// as root.
+    pub fn loader_env_allowed(&self) -> bool {
+        self.loader_env || !self.allow_root
+    }
 }
 
 /// Host paths that are never mounted, whatever a queue allows: each of them,
@@ -126,7 +141,7 @@ pub enum PolicyError {
         read_write: Vec<String>,
     },
     /// A loader variable in a queue that does not allow them.
-    #[error("run.env.{name}: loader variables are not allowed in queue {queue} (the queue needs loader_env: true)")]
+    #[error("run.env.{name}: loader variables are not allowed in queue {queue}: it allows root ranks (allow_root: true), so it needs loader_env: true")]
     LoaderEnv {
         /// Variable.
         name: String,
@@ -262,7 +277,7 @@ pub fn check_run(run: &RunSpec, policy: &NodePolicy, queue: &str) -> Result<(), 
     for (i, m) in run.mounts.iter().enumerate() {
         check_mount(i, m, &m.source, policy, queue, &[])?;
     }
-    if !policy.loader_env {
+    if !policy.loader_env_allowed() {
         if let Some(name) = run.env.keys().find(|k| is_loader_var(k)) {
             return Err(PolicyError::LoaderEnv {
                 name: name.clone(),
@@ -361,14 +376,25 @@ mod tests {
     }
 
     #[test]
-    fn loader_variables_and_bad_workdirs_are_refused_by_default() {
+    fn loader_variables_are_refused_where_root_is_allowed_and_bad_workdirs_always() {
         let mut run = RunSpec::default();
-        run.env.insert("LD_PRELOAD".into(), "/tmp/x.so".into());
-        let err = check_run(&run, &NodePolicy::default(), "q").expect_err("refused");
-        assert!(err.to_string().starts_with("run.env.LD_PRELOAD"), "{err}");
+        run.env
+            .insert("LD_LIBRARY_PATH".into(), "/opt/cuda/lib64".into());
+        // Ranks of the default queue never run as root: allowed.
+        assert_eq!(check_run(&run, &NodePolicy::default(), "q"), Ok(()));
+        let rooty = NodePolicy {
+            allow_root: true,
+            ..Default::default()
+        };
+        let err = check_run(&run, &rooty, "q").expect_err("refused");
+        assert!(
+            err.to_string()
+                .starts_with("run.env.LD_LIBRARY_PATH: loader variables are not allowed in queue q: it allows root ranks"),
+            "{err}"
+        );
         let allowing = NodePolicy {
             loader_env: true,
-            ..Default::default()
+            ..rooty
         };
         assert_eq!(check_run(&run, &allowing, "q"), Ok(()));
         run.env.clear();

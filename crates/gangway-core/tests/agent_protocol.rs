@@ -85,6 +85,7 @@ fn assignment(full: bool) -> Assignment {
             count: 4,
             limit: Some(2),
         }),
+        restart_count: None,
     }
 }
 
@@ -109,6 +110,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         log_tail: vec!["Killed".into()],
         node_fault: None,
         limit: None,
+        unknown_exit: false,
     });
     let mut busy = TaskReport::new(JobId(44), 0, TaskState::Exited { exit_code: 0 });
     busy.port_busy = Some(29_400);

@@ -272,44 +272,6 @@ pub fn prepare<S: Store + ?Sized>(
     Ok(written)
 }
 
-/// `POST /v1/admin/backup` (admin): the whole store, read under the state
-/// lock so no write of this server lands halfway.
-pub fn routes() -> axum::Router<std::sync::Arc<crate::api::App>> {
-    axum::Router::new().route("/v1/admin/backup", axum::routing::post(online))
-}
-
-#[utoipa::path(
-    post, path = "/v1/admin/backup", tag = "admin",
-    summary = "A backup of the whole store at one revision (admin)",
-    responses(
-        (status = 200, description = "The backup document", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
-    ),
-    security(("bearer" = []))
-)]
-pub async fn online(
-    axum::extract::State(app): axum::extract::State<std::sync::Arc<crate::api::App>>,
-    headers: axum::http::HeaderMap,
-) -> Result<axum::Json<Backup>, crate::api::ApiError> {
-    crate::api::authenticate_admin(&app, &headers, "take backups")?;
-    let now = crate::clock::now();
-    let app2 = app.clone();
-    tokio::task::spawn_blocking(move || {
-        let c = crate::api::lock(&app2)?;
-        take(&c.store, now)
-            .map(axum::Json)
-            .map_err(|e| crate::api::ApiError::from(ControlError::from(e)))
-    })
-    .await
-    .map_err(|e| {
-        crate::api::ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-    })?
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,6 +65,8 @@ pub(crate) enum Ending {
     Requeued(String),
     /// A rank or node failed: restart per the policy, or fail.
     Failed(String),
+    /// Failed with no restart, whatever the policy (the same start failure twice).
+    FailedForGood(String),
     /// Every rank exited 0.
     Succeeded(String),
     /// Stopped at its time limit.
@@ -114,6 +116,31 @@ pub(crate) enum AfterEnd {
 /// The record of a job whose attempt ends: requeued (preempted), restarting
 /// after a backoff or failed for good (a rank or node failed), or succeeded.
 pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord, AfterEnd) {
+    let start_failure = start_failure(&rec, &ending, now);
+    let ending = match (ending, &start_failure) {
+        (Ending::Failed(msg), Some(sig))
+            if rec.start_failure.as_ref() == Some(sig)
+                && !rec.spec.restart.retry_start_failures =>
+        {
+            Ending::FailedForGood(format!(
+                "same start failure twice: {msg} (set restart.retry_start_failures: true to restart anyway)"
+            ))
+        }
+        (Ending::Failed(msg), _) => match rec
+            .failure
+            .as_ref()
+            .filter(|f| f.attempt == rec.attempt)
+            .map(|f| f.exit_code)
+            .filter(|c| rec.spec.restart.fail_on_exit_codes.contains(c))
+        {
+            Some(c) => Ending::FailedForGood(format!(
+                "{msg} (exit code {c} is in restart.fail_on_exit_codes: no restart)"
+            )),
+            None => Ending::Failed(msg),
+        },
+        (e, _) => e,
+    };
+    rec.start_failure = start_failure;
     // The attempt's service counts for the ranking (`control/rank.rs`).
     if let Some(start) = rec.attempt_started() {
         let ran = now.saturating_sub(start);
@@ -170,7 +197,7 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
             rec.events.push(JobEvent::new(now, "restarting", text));
             AfterEnd::Restart
         }
-        Ending::Failed(msg) => {
+        Ending::Failed(msg) | Ending::FailedForGood(msg) => {
             rec.state = JobState::Failed;
             let text = if rec.restarts == 0 {
                 msg
@@ -192,6 +219,31 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
         }
     };
     (rec, after)
+}
+
+/// What identifies an attempt's failure at start (its first failure was
+/// reported within [`gangway_core::job::START_FAILURE_SECONDS`] of its
+/// placement): the first
+/// failing rank's exit code and last line of output. `None` for any other
+/// ending, a later failure, or one no node described.
+fn start_failure(rec: &JobRecord, ending: &Ending, now: Time) -> Option<String> {
+    if !matches!(ending, Ending::Failed(_)) {
+        return None;
+    }
+    let started = rec.attempt_started()?;
+    // When the failure was reported (the rest of the gang may take its
+    // stop grace to end).
+    let f = rec.failure.as_ref().filter(|f| f.attempt == rec.attempt)?;
+    if f.at.min(now).saturating_sub(started) > gangway_core::job::START_FAILURE_SECONDS {
+        return None;
+    }
+    let last = f
+        .log_tail
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map_or("", |l| l.trim());
+    Some(format!("{}|{last}", f.exit_code))
 }
 
 /// A node the lifecycle check acts on (see [`Control::silent_nodes`]).
@@ -1306,6 +1358,11 @@ impl<S: Store> Control<S> {
             }
             if t.port_busy.is_some() {
                 continue;
+            }
+            match self.note_warnings(node, t.job, t.attempt, &t.warnings, now) {
+                Ok(w) => changed |= w,
+                Err(ControlError::StaleAttempt(..) | ControlError::NotOnNode(..)) => {}
+                Err(e) => return Err(e),
             }
             if let Some(f) = &t.failure {
                 self.stash_failure(node, t.job, t.attempt, f);

@@ -6,22 +6,14 @@
 //! already under way when the lease ran out fails with `NotLeader` instead of
 //! landing beside the new leader's.
 
-use crate::api::App;
 use crate::control::Control;
+use crate::http::common::App;
+pub use crate::http::common::Role;
 use crate::SharedStore;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use gangway_store::EtcdStore;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// This replica's part.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// It schedules and writes.
-    Leader,
-    /// It forwards to the leader at this URL (`None`: none elected yet).
-    Follower(Option<String>),
-}
 
 /// The store key of the leader record (its value is the leader's URL).
 pub const LEADER_KEY: &str = "/leader";

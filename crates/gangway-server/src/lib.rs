@@ -3,7 +3,6 @@
 //! second, an HTTP+JSON API with bearer-token auth, and Prometheus metrics.
 
 pub mod admission;
-pub mod api;
 pub mod audit;
 pub mod authz;
 pub mod backup;
@@ -13,34 +12,27 @@ pub mod config;
 pub mod control;
 pub mod control_error;
 pub mod counted_store;
-pub mod dashboard;
-pub mod errors;
 pub mod ha;
 pub mod heartbeats;
 pub mod history;
-pub mod history_api;
+pub mod http;
 pub mod limits;
-pub mod listing;
 pub mod lock;
 pub mod metrics;
-pub mod node_list;
 pub mod nodes;
-pub mod openapi;
 pub mod policy;
 pub mod records;
 pub mod reservations;
-pub mod reservations_api;
 pub mod retention;
 pub mod view;
 pub mod workflow;
-pub mod workflow_api;
 pub mod yaml;
 
 pub use config::ServerConfig;
 
-use api::App;
 use control::Control;
 use gangway_store::{RedbStore, Store};
+use http::common::App;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -147,7 +139,7 @@ pub fn open_with_audit(
         submissions_rx: Mutex::new(Some(rx)),
         role: std::sync::RwLock::new(role),
         fenced: std::sync::atomic::AtomicBool::new(false),
-        history: Mutex::new(dashboard::QueueHistory::default()),
+        history: Mutex::new(http::dashboard::QueueHistory::default()),
         policy: live,
         watch: policy::watch::Watch::new(),
         export_dir: std::sync::OnceLock::new(),
@@ -285,7 +277,7 @@ pub async fn scheduler_loop(app: Arc<App>) {
         app.metrics
             .cycle_seconds
             .observe(start.elapsed().as_secs_f64());
-        dashboard::record(&app, clock::now());
+        http::dashboard::record(&app, clock::now());
         match result {
             Ok(d) => {
                 use metrics::DecisionLabels;
@@ -342,7 +334,7 @@ pub fn metrics_router(app: Arc<App>) -> axum::Router {
                 );
                 (
                     [(axum::http::header::CONTENT_TYPE, format.content_type())],
-                    policy::watch::render(&app, format),
+                    http::ops::render(&app, format),
                 )
             }
         }),
@@ -390,8 +382,8 @@ where
     tokio::spawn(scheduler_loop(app.clone()));
     let rx = app.submissions_rx.lock().ok().and_then(|mut g| g.take());
     if let Some(rx) = rx {
-        tokio::spawn(api::group_commit(Arc::downgrade(&app), rx));
+        tokio::spawn(http::jobs::group_commit(Arc::downgrade(&app), rx));
     }
-    axum::serve(listener, api::router(app)).await?;
+    axum::serve(listener, http::router(app)).await?;
     Ok(())
 }

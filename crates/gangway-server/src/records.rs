@@ -121,6 +121,15 @@ pub struct JobRecord {
     /// milliseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal_at_ms: Option<u64>,
+    /// The previous attempt failed at start (within
+    /// [`gangway_core::job::START_FAILURE_SECONDS`]): its exit code and last
+    /// line of output, to tell the same start failure twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<String>,
+    /// Attempts started because rank 0's rendezvous port was taken, before
+    /// anything ran: not restarts (`TORCHELASTIC_RESTART_COUNT` leaves them out).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub port_moves: u32,
     /// When the time limit was reached: the attempt ends as `timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_hit: Option<Time>,
@@ -148,6 +157,10 @@ pub struct JobRecord {
 }
 
 fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
     *v == 0
 }
 
@@ -221,6 +234,8 @@ impl JobRecord {
             failure: None,
             master_port: None,
             signal_at_ms: None,
+            port_moves: 0,
+            start_failure: None,
             time_limit_hit: None,
             stopping: None,
             held: None,

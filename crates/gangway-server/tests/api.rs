@@ -25,74 +25,20 @@ queues:
     quota: { nominal: { gpus: 8 } }
 "#;
 
-struct Server {
-    base: String,
-    _rt: tokio::runtime::Runtime,
-}
+use common::{call, Server};
 
 fn start(dir: &std::path::Path) -> Server {
-    start_with(ServerConfig::from_yaml(CONFIG).expect("config"), dir)
+    common::start_in(CONFIG, dir)
 }
 
 fn start_with(cfg: ServerConfig, dir: &std::path::Path) -> Server {
-    let common::Served { base, rt, .. } = common::serve(cfg, dir);
-    Server { base, _rt: rt }
-}
-
-fn call(req: ureq::Request, body: Option<(&str, &str)>) -> (u16, Value) {
-    let r = match body {
-        Some((ct, b)) => req.set("Content-Type", ct).send_string(b),
-        None => req.call(),
-    };
-    match r {
-        Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Value::Null)),
-        Err(ureq::Error::Status(code, resp)) => (code, resp.into_json().unwrap_or(Value::Null)),
-        Err(e) => panic!("transport error: {e}"),
-    }
+    common::start_with(cfg, dir)
 }
 
 impl Server {
-    fn get(&self, path: &str, token: &str) -> (u16, Value) {
-        call(
-            ureq::get(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}")),
-            None,
-        )
-    }
-    fn post(&self, path: &str, token: &str, ct: &str, body: &str) -> (u16, Value) {
-        call(
-            ureq::post(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}")),
-            Some((ct, body)),
-        )
-    }
-    fn submit(&self, token: &str, yaml: &str) -> (u16, Value) {
-        self.post("/v1/jobs", token, "application/yaml", yaml)
-    }
     fn register(&self, name: &str, gpus: u32) -> (u16, Value) {
         let spec = NodeSpec::uniform(name, "leaf0", "spine0", gpus, "H100", 80);
-        self.post(
-            "/v1/nodes",
-            "agent-secret",
-            "application/json",
-            &serde_json::to_string(&spec).expect("json"),
-        )
-    }
-    /// Waits (with a deadline, no fixed sleeps) until `f` holds for job `id`.
-    fn wait_job(&self, id: u64, f: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (code, v) = self.get(&format!("/v1/jobs/{id}"), "admin-secret");
-            assert_eq!(code, 200);
-            if f(&v) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting on job {id}: {v}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.register_as("agent-secret", &spec)
     }
     fn job_count(&self) -> usize {
         self.get("/v1/jobs", "admin-secret")
@@ -286,7 +232,7 @@ fn maintenance_reservations_are_admin_made_validated_and_respected() {
     let s = start_with(cfg, dir.path());
     assert_eq!(s.register("node-a", 4).0, 201);
     assert_eq!(s.register("node-b", 4).0, 201);
-    let t = gangway_server::api::now();
+    let t = gangway_server::clock::now();
     let body = |name: &str, nodes: &str, start: u64, dur: u64| {
         format!(r#"{{"name":"{name}","nodes":[{nodes}],"start":{start},"duration_seconds":{dur}}}"#)
     };
@@ -1284,7 +1230,7 @@ fn begin_in_the_future_waits_with_begin_time() {
     let begin = v["spec"]["begin"]
         .as_u64()
         .expect("stored as epoch seconds");
-    assert!(begin > gangway_server::api::now() + 3500);
+    assert!(begin > gangway_server::clock::now() + 3500);
     let soon = id_of(s.submit(
         "alice-token",
         &format!("{}begin: \"+2s\"\n", job("soon", "research", 1, 1)),
@@ -1660,7 +1606,7 @@ fn the_openapi_document_covers_every_route_and_every_documented_route_exists() {
         .expect("json");
     assert_eq!(
         doc,
-        gangway_server::openapi::document(),
+        gangway_server::http::openapi::document(),
         "served = generated"
     );
     assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
@@ -1676,7 +1622,7 @@ fn the_openapi_document_covers_every_route_and_every_documented_route_exists() {
         .collect();
     assert!(
         missing.is_empty(),
-        "routes missing from the OpenAPI document (add #[utoipa::path] to the handler and list it in gangway_server::openapi::ApiDoc): {missing:?}"
+        "routes missing from the OpenAPI document (add #[utoipa::path] to the handler and list it in gangway_server::http::openapi::ApiDoc): {missing:?}"
     );
     // The other way: every documented operation is routed, and documents
     // its parameters and JSON errors.
@@ -1744,7 +1690,7 @@ fn answers_built_as_json_match_their_documented_schemas() {
         .as_u64()
         .expect("id");
     s.wait_job(id, |j| j["state"] == "scheduled");
-    let doc = gangway_server::openapi::document();
+    let doc = gangway_server::http::openapi::document();
     let schemas = &doc["components"]["schemas"];
     // Every key served is documented, and every required one is served.
     let check = |what: &str, v: &Value, schema: &str| {

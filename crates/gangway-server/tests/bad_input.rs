@@ -5,35 +5,15 @@
 mod common;
 
 use gangway_core::NodeSpec;
-use gangway_server::ServerConfig;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const CONFIG: &str = r#"
-admin_token: admin-secret
-agent_token: agent-secret
-node_approval: auto
-users:
-  - { name: alice, token: alice-token, queues: [research] }
-queues:
-  - name: research
-"#;
+const CONFIG: &str = common::ONE_QUEUE;
 
-struct Server {
-    base: String,
-    _rt: tokio::runtime::Runtime,
-    _dir: tempfile::TempDir,
-}
+use common::Server;
 
 fn start() -> Server {
-    let dir = tempfile::tempdir().expect("tmp");
-    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
-    let common::Served { base, rt, .. } = common::serve(cfg, dir.path());
-    let s = Server {
-        base,
-        _rt: rt,
-        _dir: dir,
-    };
+    let s = common::start(CONFIG);
     let node = NodeSpec::uniform("n0", "leaf0", "spine0", 8, "H100", 80);
     let (code, _) = s.send(
         "POST",
@@ -47,18 +27,6 @@ fn start() -> Server {
 }
 
 impl Server {
-    fn send(&self, method: &str, path: &str, token: &str, ct: &str, body: &[u8]) -> (u16, String) {
-        let r = ureq::request(method, &format!("{}{path}", self.base))
-            .set("Authorization", &format!("Bearer {token}"))
-            .set("Content-Type", ct)
-            .send_bytes(body);
-        match r {
-            Ok(resp) => (resp.status(), resp.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, resp)) => (code, resp.into_string().unwrap_or_default()),
-            Err(e) => panic!("the server did not answer (crashed?): {e}"),
-        }
-    }
-
     fn jobs(&self) -> usize {
         let (_, body) = self.send("GET", "/v1/jobs", "admin-secret", "application/json", b"");
         serde_json::from_str::<Value>(&body)

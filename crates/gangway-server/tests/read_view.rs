@@ -5,7 +5,6 @@
 
 mod common;
 
-use gangway_server::ServerConfig;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,56 +22,25 @@ queues:
     quota: { nominal: { gpus: 8 } }
 "#;
 
-struct Server {
-    base: String,
-    app: Arc<gangway_server::api::App>,
-    _rt: tokio::runtime::Runtime,
-}
+use common::Server;
 
 fn start(dir: &std::path::Path) -> Server {
-    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
-    let common::Served { base, app, rt } = common::serve(cfg, dir);
-    let s = Server { base, app, _rt: rt };
+    let s = common::start_in(CONFIG, dir);
     // One cordoned node: jobs are accepted and stay pending, so nothing but
     // the client changes them.
     let node = gangway_core::NodeSpec::uniform("n0", "leaf0", "spine0", 8, "H100", 80);
     let node = serde_json::to_string(&node).expect("node");
-    let (code, body) = s.post("/v1/nodes", "admin-secret", &node);
+    let (code, body) = s.post_yaml("/v1/nodes", "admin-secret", &node);
     assert!(code == 200 || code == 201, "register: {body}");
-    let (code, body) = s.post("/v1/nodes/n0/cordon", "admin-secret", "");
+    let (code, body) = s.post_yaml("/v1/nodes/n0/cordon", "admin-secret", "");
     assert_eq!(code, 200, "cordon: {body}");
     s
 }
 
-/// A request that gives up after a minute: a read stuck behind the state
-/// lock fails the test instead of hanging it.
-fn call(req: ureq::Request, body: Option<&str>) -> (u16, Value) {
-    let req = req.timeout(Duration::from_secs(60));
-    let r = match body {
-        Some(b) => req.set("Content-Type", "application/yaml").send_string(b),
-        None => req.call(),
-    };
-    match r {
-        Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Value::Null)),
-        Err(ureq::Error::Status(code, resp)) => (code, resp.into_json().unwrap_or(Value::Null)),
-        Err(e) => panic!("transport error (blocked on the state lock?): {e}"),
-    }
-}
-
 impl Server {
-    fn get(&self, path: &str, token: &str) -> (u16, Value) {
-        call(
-            ureq::get(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}")),
-            None,
-        )
-    }
-    fn post(&self, path: &str, token: &str, body: &str) -> (u16, Value) {
-        call(
-            ureq::post(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}")),
-            Some(body),
-        )
+    /// `POST path` with a body sent as YAML (the server reads JSON as YAML).
+    fn post_yaml(&self, path: &str, token: &str, body: &str) -> (u16, Value) {
+        self.post(path, token, "application/yaml", body)
     }
 }
 
@@ -83,7 +51,7 @@ fn an_acknowledged_submission_or_cancel_is_read_back_at_once() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());
     for i in 0..40 {
-        let (code, body) = s.post("/v1/jobs", "alice-token", JOB);
+        let (code, body) = s.post_yaml("/v1/jobs", "alice-token", JOB);
         assert_eq!(code, 201, "{body}");
         let id = body["id"].as_u64().expect("id");
         let (code, job) = s.get(&format!("/v1/jobs/{id}"), "alice-token");
@@ -100,7 +68,7 @@ fn an_acknowledged_submission_or_cancel_is_read_back_at_once() {
         assert_eq!(code, 200);
         assert_eq!(page[0]["id"].as_u64(), Some(id), "listed right after");
         if i % 2 == 0 {
-            let (code, body) = s.post(&format!("/v1/jobs/{id}/cancel"), "alice-token", "");
+            let (code, body) = s.post_yaml(&format!("/v1/jobs/{id}/cancel"), "alice-token", "");
             assert_eq!(code, 200, "{body}");
             let (_, job) = s.get(&format!("/v1/jobs/{id}"), "alice-token");
             assert_eq!(job["state"], "cancelled", "the cancel is read right after");
@@ -119,7 +87,7 @@ fn an_acknowledged_submission_or_cancel_is_read_back_at_once() {
 fn listing_and_describing_do_not_wait_for_the_state_lock() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());
-    let (code, body) = s.post("/v1/jobs", "alice-token", JOB);
+    let (code, body) = s.post_yaml("/v1/jobs", "alice-token", JOB);
     assert_eq!(code, 201, "{body}");
     let id = body["id"].as_u64().expect("id");
     // Hold the state lock, as a long scheduling cycle does, while reading.
@@ -175,9 +143,9 @@ fn series(text: &str, name: &str) -> Option<f64> {
 fn nodes_queues_cluster_and_metrics_answer_while_the_state_lock_is_held() {
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());
-    let (code, body) = s.post("/v1/nodes/n0/uncordon", "admin-secret", "");
+    let (code, body) = s.post_yaml("/v1/nodes/n0/uncordon", "admin-secret", "");
     assert_eq!(code, 200, "{body}");
-    let (code, body) = s.post("/v1/jobs", "alice-token", JOB);
+    let (code, body) = s.post_yaml("/v1/jobs", "alice-token", JOB);
     assert_eq!(code, 201, "{body}");
     let id = body["id"].as_u64().expect("id");
     // The scheduler places it on n0's first GPU.
@@ -273,7 +241,7 @@ fn an_acknowledged_cordon_or_submission_shows_in_nodes_and_metrics_at_once() {
     let s = start(dir.path());
     for i in 0..20u32 {
         let action = if i % 2 == 0 { "uncordon" } else { "cordon" };
-        let (code, body) = s.post(&format!("/v1/nodes/n0/{action}"), "admin-secret", "");
+        let (code, body) = s.post_yaml(&format!("/v1/nodes/n0/{action}"), "admin-secret", "");
         assert_eq!(code, 200, "{body}");
         let nodes = get_json(&s, "/v1/nodes", "alice-token");
         assert_eq!(nodes[0]["cordoned"], i % 2 == 1, "after {action}: {nodes}");
@@ -281,7 +249,7 @@ fn an_acknowledged_cordon_or_submission_shows_in_nodes_and_metrics_at_once() {
     // The node stays cordoned: submissions stay pending and are counted.
     let pending = "gangway_jobs{state=\"pending\",queue=\"research\"}";
     for n in 1..=20 {
-        let (code, body) = s.post("/v1/jobs", "alice-token", JOB);
+        let (code, body) = s.post_yaml("/v1/jobs", "alice-token", JOB);
         assert_eq!(code, 201, "{body}");
         let (_, text) = get_text(&s, "/metrics", "admin-secret", Duration::from_secs(5));
         assert_eq!(series(&text, pending), Some(f64::from(n)), "{text}");
@@ -323,7 +291,7 @@ fn node_with_agent(s: &Server, port: u16) -> serde_json::Value {
     let mut n1 = gangway_core::NodeSpec::uniform("n1", "leaf0", "spine0", 1, "H100", 80);
     n1.address = "127.0.0.1".into();
     n1.agent_url = Some(format!("http://127.0.0.1:{port}"));
-    let (code, body) = s.post(
+    let (code, body) = s.post_yaml(
         "/v1/nodes",
         "agent-secret",
         &serde_json::to_string(&n1).expect("node"),
@@ -345,7 +313,7 @@ fn wait_state(s: &Server, id: u64, state: &str) {
 }
 
 fn submit(s: &Server, token: &str) -> u64 {
-    let (code, body) = s.post("/v1/jobs", token, JOB);
+    let (code, body) = s.post_yaml("/v1/jobs", token, JOB);
     assert_eq!(code, 201, "{body}");
     body["id"].as_u64().expect("id")
 }
@@ -361,7 +329,7 @@ fn start_pilot(s: &Server) {
     let req = serde_json::json!({
         "policy": policy.to_string(), "reason": "pilot", "pilot": ["research"],
     });
-    let (code, v) = s.post("/v1/policy/apply", "admin-secret", &req.to_string());
+    let (code, v) = s.post_yaml("/v1/policy/apply", "admin-secret", &req.to_string());
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["version"], 2, "{v}");
 }
@@ -396,14 +364,14 @@ fn usage_history_reservations_pilot_logs_and_what_if_answer_while_the_state_lock
     let mine = submit(&s, "alice-token");
     let bobs = submit(&s, "bob-token");
     for (id, token) in [(mine, "alice-token"), (bobs, "bob-token")] {
-        let (code, body) = s.post(&format!("/v1/jobs/{id}/cancel"), token, "");
+        let (code, body) = s.post_yaml(&format!("/v1/jobs/{id}/cancel"), token, "");
         assert_eq!(code, 200, "{body}");
     }
     let start_at = gangway_server::clock::now() + 3600;
     let req = serde_json::json!({
         "name": "maint", "nodes": ["n0"], "start": start_at, "duration_seconds": 600,
     });
-    let (code, body) = s.post("/v1/reservations", "admin-secret", &req.to_string());
+    let (code, body) = s.post_yaml("/v1/reservations", "admin-secret", &req.to_string());
     assert_eq!(code, 201, "{body}");
     start_pilot(&s);
 
@@ -492,7 +460,7 @@ fn a_created_or_deleted_reservation_is_read_back_at_once() {
         let req = serde_json::json!({
             "name": name, "nodes": ["n0"], "start": start_at + i, "duration_seconds": 60,
         });
-        let (code, body) = s.post("/v1/reservations", "admin-secret", &req.to_string());
+        let (code, body) = s.post_yaml("/v1/reservations", "admin-secret", &req.to_string());
         assert_eq!(code, 201, "{body}");
         let list = get_json(&s, "/v1/reservations", "alice-token");
         let names: Vec<&str> = list
@@ -533,7 +501,7 @@ fn the_reads_off_the_lock_keep_their_authorisation() {
     let running = submit(&s, "alice-token");
     wait_state(&s, running, "scheduled");
     let waiting = submit(&s, "alice-token");
-    let (code, body) = s.post(&format!("/v1/jobs/{waiting}/cancel"), "alice-token", "");
+    let (code, body) = s.post_yaml(&format!("/v1/jobs/{waiting}/cancel"), "alice-token", "");
     assert_eq!(code, 200, "{body}");
     start_pilot(&s);
     let within = Duration::from_secs(5);

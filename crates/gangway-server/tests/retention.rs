@@ -13,12 +13,12 @@ const DAY: u64 = 86_400;
 const CONFIG: &str = "admin_token: retention-admin\nagent_token: retention-join\n\
                       queues:\n  - name: q\n";
 
-fn submit(app: &gangway_server::api::App, n: usize) -> Vec<JobId> {
+fn submit(app: &gangway_server::http::common::App, n: usize) -> Vec<JobId> {
     submit_named(app, n, "")
 }
 
 /// `n` jobs of alice's, named and keyed `{tag}j{i}` / `alice:{tag}k{i}`.
-fn submit_named(app: &gangway_server::api::App, n: usize, tag: &str) -> Vec<JobId> {
+fn submit_named(app: &gangway_server::http::common::App, n: usize, tag: &str) -> Vec<JobId> {
     let mut c = app.control.lock().expect("lock");
     if c.cluster.nodes().is_empty() {
         let node = gangway_core::NodeSpec::uniform("n0", "l0", "s0", 8, "H100", 80);

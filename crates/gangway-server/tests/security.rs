@@ -35,58 +35,17 @@ queues:
     allow_non_preemptible: true
 "#;
 
-struct Server {
-    base: String,
-    dir: tempfile::TempDir,
-    _rt: tokio::runtime::Runtime,
-}
+use common::{answer, Server};
 
 fn start_with(config: &str) -> Server {
-    let dir = tempfile::tempdir().expect("tmp");
-    let cfg = ServerConfig::from_yaml(config).expect("config");
-    let common::Served { base, rt, .. } = common::serve(cfg, &dir.path().join("data"));
-    Server { base, dir, _rt: rt }
+    common::start(config)
 }
 
 fn start() -> Server {
     start_with(CONFIG)
 }
 
-fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
-    match r {
-        Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Value::Null)),
-        Err(ureq::Error::Status(code, resp)) => (code, resp.into_json().unwrap_or(Value::Null)),
-        Err(e) => panic!("transport error: {e}"),
-    }
-}
-
 impl Server {
-    fn get(&self, path: &str, token: &str) -> (u16, Value) {
-        answer(
-            ureq::get(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}"))
-                .call(),
-        )
-    }
-    fn post(&self, path: &str, token: &str, ct: &str, body: &str) -> (u16, Value) {
-        answer(
-            ureq::post(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}"))
-                .set("Content-Type", ct)
-                .send_string(body),
-        )
-    }
-    fn submit(&self, token: &str, yaml: &str) -> (u16, Value) {
-        self.post("/v1/jobs", token, "application/yaml", yaml)
-    }
-    fn register_as(&self, token: &str, spec: &NodeSpec) -> (u16, Value) {
-        self.post(
-            "/v1/nodes",
-            token,
-            "application/json",
-            &serde_json::to_string(spec).expect("json"),
-        )
-    }
     fn sync(&self, node: &str, token: &str) -> (u16, Value) {
         self.post(
             &format!("/v1/agent/{node}/sync"),
@@ -94,21 +53,6 @@ impl Server {
             "application/json",
             r#"{"gpus":[],"tasks":[]}"#,
         )
-    }
-    fn wait_job(&self, id: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (code, v) = self.get(&format!("/v1/jobs/{id}"), "admin-secret");
-            assert_eq!(code, 200);
-            if f(&v) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for job {id} to {what}: {v}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
     fn node(&self, name: &str) -> Value {
         self.get("/v1/nodes", "admin-secret")
@@ -229,7 +173,7 @@ fn nodes_that_join_wait_for_approval_and_admins_can_delete_them() {
         .0,
         200
     );
-    s.wait_job(id, "be scheduled", |j| j["state"] == "scheduled");
+    s.wait_for(id, "be scheduled", |j| j["state"] == "scheduled");
     assert_eq!(s.sync("fake", &token).1["assignments"][0]["job"], id);
     // Delete: its gang goes back to wait, its token stops working, the name may join again.
     assert_eq!(
@@ -252,7 +196,7 @@ fn nodes_that_join_wait_for_approval_and_admins_can_delete_them() {
         .0,
         200
     );
-    let j = s.wait_job(id, "leave the deleted node", |j| {
+    let j = s.wait_for(id, "leave the deleted node", |j| {
         j["state"] != "scheduled" && j["state"] != "running"
     });
     assert!(
@@ -435,7 +379,7 @@ fn a_victim_past_its_grace_loses_its_gpus_whatever_its_ranks_do() {
     );
     assert_eq!(code, 201, "{v}");
     let low = v["id"].as_u64().expect("id");
-    s.wait_job(low, "be scheduled", |j| j["state"] == "scheduled");
+    s.wait_for(low, "be scheduled", |j| j["state"] == "scheduled");
     let running = format!("{{\"job\":{low},\"state\":\"running\"}}");
     assert_eq!(
         s.post("/v1/agent/n0/report", &token, "application/json", &running)
@@ -448,10 +392,10 @@ fn a_victim_past_its_grace_loses_its_gpus_whatever_its_ranks_do() {
     );
     assert_eq!(code, 201, "{v}");
     let high = v["id"].as_u64().expect("id");
-    s.wait_job(low, "be preempted", |j| j["state"] == "preempting");
+    s.wait_for(low, "be preempted", |j| j["state"] == "preempting");
     let t = Instant::now();
     // The agent never reports the victim's exit (its ranks ignore SIGTERM).
-    let j = s.wait_job(low, "lose its GPUs", |j| j["state"] == "pending");
+    let j = s.wait_for(low, "lose its GPUs", |j| j["state"] == "pending");
     assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     let last = j["events"].as_array().and_then(|e| e.last()).cloned();
     assert!(
@@ -460,7 +404,7 @@ fn a_victim_past_its_grace_loses_its_gpus_whatever_its_ranks_do() {
             .is_some_and(|m| m.contains("grace of 2s") && m.contains("ran out")),
         "{last:?}"
     );
-    s.wait_job(high, "get the GPUs", |j| j["state"] == "scheduled");
+    s.wait_for(high, "get the GPUs", |j| j["state"] == "scheduled");
     // The node is told to stop the old attempt: it is no longer assigned.
     let (_, v) = s.sync("n0", &token);
     let jobs: Vec<u64> = v["assignments"]
@@ -732,7 +676,7 @@ fn state_changing_calls_are_audited_and_only_admins_read_the_log() {
     );
     assert!(has("unknown token", "POST /v1/jobs", None, 401), "{log}");
     // It is a file in the data dir, private, one JSON object per line.
-    let path = s.dir.path().join("data/audit.log");
+    let path = s.tmp().join("data/audit.log");
     let text = std::fs::read_to_string(&path).expect("audit file");
     assert_eq!(text.lines().count(), entries.len());
     use std::os::unix::fs::PermissionsExt;
@@ -809,9 +753,9 @@ fn metrics_auth_order_status_codes_headers_and_files_are_hardened() {
     use std::os::unix::fs::PermissionsExt;
     let mode =
         |p: &std::path::Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
-    assert_eq!(mode(&s.dir.path().join("data")), 0o700);
-    assert_eq!(mode(&s.dir.path().join("data/gangway.redb")), 0o600);
-    let store = std::fs::read(s.dir.path().join("data/gangway.redb")).expect("store");
+    assert_eq!(mode(&s.tmp().join("data")), 0o700);
+    assert_eq!(mode(&s.tmp().join("data/gangway.redb")), 0o600);
+    let store = std::fs::read(s.tmp().join("data/gangway.redb")).expect("store");
     let needle = node_token.as_bytes();
     assert!(
         !store.windows(needle.len()).any(|w| w == needle),
@@ -853,7 +797,7 @@ fn log_relay_never_follows_a_redirect() {
     assert_eq!(code, 201, "{v}");
     let (_, v) = s.submit("alice-token", &job("victim", "research", 1));
     let id = v["id"].as_u64().expect("id");
-    s.wait_job(id, "be scheduled", |j| j["state"] == "scheduled");
+    s.wait_for(id, "be scheduled", |j| j["state"] == "scheduled");
     let (code, v) = s.get(&format!("/v1/jobs/{id}/logs"), "alice-token");
     assert_eq!(code, 502, "{v}");
     assert!(error(&v).contains("302"), "{v}");

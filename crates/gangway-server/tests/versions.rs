@@ -6,61 +6,28 @@ mod common;
 
 use gangway_core::agent::{check_skew, Version, UNSTATED_VERSION, VERSION, VERSION_HEADER};
 use gangway_core::NodeSpec;
-use gangway_server::ServerConfig;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
 
-const CONFIG: &str = r#"
-admin_token: admin-secret
-agent_token: agent-secret
-node_approval: auto
-users:
-  - { name: alice, token: alice-token, queues: [research] }
-queues:
-  - name: research
-"#;
+const CONFIG: &str = common::ONE_QUEUE;
 
-struct Server {
-    base: String,
-    _rt: tokio::runtime::Runtime,
-}
+use common::{call, Server};
 
 fn start(dir: &std::path::Path) -> Server {
-    let cfg = ServerConfig::from_yaml(CONFIG).expect("config");
-    let common::Served { base, rt, .. } = common::serve(cfg, dir);
-    Server { base, _rt: rt }
-}
-
-fn call(req: ureq::Request, body: Option<(&str, &str)>) -> (u16, Value) {
-    let r = match body {
-        Some((ct, b)) => req.set("Content-Type", ct).send_string(b),
-        None => req.call(),
-    };
-    match r {
-        Ok(resp) => (resp.status(), resp.into_json().unwrap_or(Value::Null)),
-        Err(ureq::Error::Status(code, resp)) => (code, resp.into_json().unwrap_or(Value::Null)),
-        Err(e) => panic!("transport error: {e}"),
-    }
+    common::start_in(CONFIG, dir)
 }
 
 impl Server {
-    fn get(&self, path: &str) -> Value {
-        let (code, v) = call(
-            ureq::get(&format!("{}{path}", self.base)).set("Authorization", "Bearer admin-secret"),
-            None,
-        );
+    /// `GET path` as admin, which must answer 200.
+    fn get_ok(&self, path: &str) -> Value {
+        let (code, v) = self.get(path, "admin-secret");
         assert_eq!(code, 200, "GET {path}: {v}");
         v
     }
-    fn post(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
-        call(
-            ureq::post(&format!("{}{path}", self.base))
-                .set("Authorization", &format!("Bearer {token}")),
-            Some(("application/json", &body.to_string())),
-        )
+    fn post_json(&self, path: &str, token: &str, body: &Value) -> (u16, Value) {
+        self.post(path, token, "application/json", &body.to_string())
     }
     /// Registers `name` as an agent stating `version` (none: no header).
-    fn register(&self, name: &str, version: Option<&str>) -> (u16, Value) {
+    fn register_version(&self, name: &str, version: Option<&str>) -> (u16, Value) {
         let spec = NodeSpec::uniform(name, "leaf0", "spine0", 4, "H100", 80);
         let mut req = ureq::post(&format!("{}/v1/nodes", self.base))
             .set("Authorization", "Bearer agent-secret");
@@ -75,7 +42,7 @@ impl Server {
             )),
         )
     }
-    fn submit(&self, name: &str) -> u64 {
+    fn submit_job(&self, name: &str) -> u64 {
         let (code, v) = call(
             ureq::post(&format!("{}/v1/jobs", self.base))
                 .set("Authorization", "Bearer alice-token"),
@@ -87,20 +54,8 @@ impl Server {
         assert_eq!(code, 201, "{v}");
         v["id"].as_u64().expect("id")
     }
-    /// Waits (with a deadline, no fixed sleeps) until `f` holds for job `id`.
-    fn wait_job(&self, id: u64, what: &str, f: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let v = self.get(&format!("/v1/jobs/{id}"));
-            if f(&v) {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "job {id}: not {what}: {v}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
     fn apply(&self, policy: &Value, reason: &str) -> (u16, Value) {
-        self.post(
+        self.post_json(
             "/v1/policy/apply",
             "admin-secret",
             &json!({ "policy": policy.to_string(), "reason": reason }),
@@ -113,18 +68,18 @@ fn a_backfill_mode_applied_as_policy_takes_effect_at_the_next_cycle_and_rolls_ba
     let dir = tempfile::tempdir().expect("tmp");
     let s = start(dir.path());
     for n in ["n0", "n1"] {
-        assert_eq!(s.register(n, Some(VERSION)).0, 201);
+        assert_eq!(s.register_version(n, Some(VERSION)).0, 201);
     }
-    let running = s.submit("first");
-    s.wait_job(running, "scheduled", |j| j["state"] == "scheduled");
-    let second = s.submit("second");
-    s.wait_job(second, "scheduled", |j| j["state"] == "scheduled");
-    let waiting = s.submit("third");
+    let running = s.submit_job("first");
+    s.wait_for(running, "scheduled", |j| j["state"] == "scheduled");
+    let second = s.submit_job("second");
+    s.wait_for(second, "scheduled", |j| j["state"] == "scheduled");
+    let waiting = s.submit_job("third");
     // Easy backfill (the default): it holds the reservation, with an estimate.
     let planned = |j: &Value| j["estimated_start"].is_u64();
-    s.wait_job(waiting, "planned", planned);
+    s.wait_for(waiting, "planned", planned);
 
-    let v1 = s.get("/v1/policy");
+    let v1 = s.get_ok("/v1/policy");
     assert_eq!(v1["policy"]["scheduler"]["backfill"], "easy");
     assert_eq!(v1["policy"]["scheduler"]["plan_depth"], 200);
     let mut off = v1["policy"].clone();
@@ -137,26 +92,29 @@ fn a_backfill_mode_applied_as_policy_takes_effect_at_the_next_cycle_and_rolls_ba
         json!(["scheduler.backfill: \"easy\" -> \"off\""])
     );
     assert_eq!(
-        s.get("/v1/policy/diff?a=1&b=2"),
+        s.get_ok("/v1/policy/diff?a=1&b=2"),
         json!(["scheduler.backfill: \"easy\" -> \"off\""])
     );
     // The next cycle plans nothing: no estimate, a reason code instead.
-    let w = s.wait_job(waiting, "unplanned", |j| {
+    let w = s.wait_for(waiting, "unplanned", |j| {
         j["estimated_start"].is_null() && j["reason_code"].is_string()
     });
     assert_eq!(w["state"], "pending");
-    assert_eq!(s.get(&format!("/v1/jobs/{running}"))["state"], "scheduled");
+    assert_eq!(
+        s.get_ok(&format!("/v1/jobs/{running}"))["state"],
+        "scheduled"
+    );
 
     // Rollback restores easy backfill, again at the next cycle.
-    let (code, v3) = s.post(
+    let (code, v3) = s.post_json(
         "/v1/policy/rollback",
         "admin-secret",
         &json!({ "reason": "estimates back" }),
     );
     assert_eq!(code, 201, "{v3}");
     assert_eq!(v3["version"], 3);
-    assert_eq!(s.get("/v1/policy")["policy"], v1["policy"]);
-    s.wait_job(waiting, "planned again", planned);
+    assert_eq!(s.get_ok("/v1/policy")["policy"], v1["policy"]);
+    s.wait_for(waiting, "planned again", planned);
 
     // Invalid settings are refused, naming the field; nothing changes.
     let mut bad = v1["policy"].clone();
@@ -179,7 +137,7 @@ fn a_backfill_mode_applied_as_policy_takes_effect_at_the_next_cycle_and_rolls_ba
             .is_some_and(|m| m.contains("scheduler.plan_depth: 1000000 is out of range")),
         "{e}"
     );
-    assert_eq!(s.get("/v1/policy")["version"], 3);
+    assert_eq!(s.get_ok("/v1/policy")["version"], 3);
 }
 
 #[test]
@@ -194,7 +152,7 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
         accepted.push(at(me.major, me.minor - 1));
     }
     for (i, v) in accepted.iter().enumerate() {
-        let (code, body) = s.register(&format!("ok-{i}"), Some(v));
+        let (code, body) = s.register_version(&format!("ok-{i}"), Some(v));
         assert_eq!(code, 201, "agent {v}: {body}");
         assert_eq!(body["server_version"], VERSION);
     }
@@ -204,7 +162,7 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
         refused.push(at(me.major, me.minor - 2));
     }
     for (i, v) in refused.iter().enumerate() {
-        let (code, body) = s.register(&format!("far-{i}"), Some(v));
+        let (code, body) = s.register_version(&format!("far-{i}"), Some(v));
         assert_eq!(code, 409, "agent {v}: {body}");
         let msg = body["error"].as_str().unwrap_or_default();
         assert!(
@@ -213,7 +171,7 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
             "{msg}"
         );
     }
-    let (code, body) = s.register("garbled", Some("banana"));
+    let (code, body) = s.register_version("garbled", Some("banana"));
     assert_eq!(code, 400, "{body}");
     assert!(
         body["error"]
@@ -222,7 +180,7 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
         "{body}"
     );
     // An agent that states no version predates the header: 0.1.
-    let (code, body) = s.register("silent", None);
+    let (code, body) = s.register_version("silent", None);
     let expect = if check_skew(me, UNSTATED_VERSION).is_ok() {
         201
     } else {
@@ -231,7 +189,7 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
     assert_eq!(code, expect, "{body}");
     // A registered agent that falls outside the policy (servers upgraded
     // past it while it ran) is refused on sync too.
-    let (code, body) = s.register("syncer", Some(VERSION));
+    let (code, body) = s.register_version("syncer", Some(VERSION));
     assert_eq!(code, 201, "{body}");
     let token = body["node_token"].as_str().expect("node token").to_string();
     let sync = |v: &str| {
@@ -253,7 +211,7 @@ fn agents_one_minor_version_apart_register_and_further_ones_are_refused() {
         "{body}"
     );
     // The refused ones were not registered.
-    let nodes = s.get("/v1/nodes").to_string();
+    let nodes = s.get_ok("/v1/nodes").to_string();
     assert!(
         nodes.contains("\"ok-0\"") && nodes.contains("\"ok-1\""),
         "{nodes}"

@@ -57,7 +57,7 @@ pub fn run(c: &Conn, cmd: AdminCmd) -> Result<()> {
                         bail!("{}: no store here", dir.display());
                     }
                     let store = open_store(&dir)?;
-                    backup::take(&store, gangway_server::api::now())?
+                    backup::take(&store, gangway_server::clock::now())?
                 }
                 None => {
                     let v = c.post("/v1/admin/backup", "application/json", "")?;

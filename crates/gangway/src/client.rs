@@ -332,37 +332,6 @@ pub fn submit_id(
         .context("the server's answer has no job id")
 }
 
-/// Waits until every job has ended, printing each one's final state.
-pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
-    let mut left: Vec<u64> = ids.to_vec();
-    while !left.is_empty() {
-        let mut still = Vec::new();
-        for id in left {
-            let job = c.get(&format!("/v1/jobs/{id}"))?;
-            let state = s(&job, "state");
-            if matches!(
-                state.as_str(),
-                "succeeded" | "failed" | "cancelled" | "timeout"
-            ) {
-                let last = job
-                    .get("events")
-                    .and_then(Value::as_array)
-                    .and_then(|e| e.last())
-                    .map(|e| s(e, "message"))
-                    .unwrap_or_default();
-                println!("job {id}: {state} ({last})");
-            } else {
-                still.push(id);
-            }
-        }
-        left = still;
-        if !left.is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(500));
-        }
-    }
-    Ok(())
-}
-
 fn post_spec(
     c: &Conn,
     file: &std::path::Path,
@@ -602,7 +571,7 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             at(j, "/spec/name"),
             at(j, "/spec/queue"),
             s(j, "user"),
-            s(j, "state"),
+            crate::human::shown_state(j),
             gpus(j)
         );
         if let Some(t) = j.get("submitted_at").and_then(Value::as_u64) {
@@ -720,9 +689,63 @@ fn contract_lines(j: &Value) -> String {
 }
 
 /// `gangway cancel ID`.
-pub fn cancel(c: &Conn, id: u64) -> Result<()> {
+///
+/// A job whose ranks run is `cancelling` until every node reports none of
+/// its processes left (they get the checkpoint signal and at most 10 s);
+/// with `wait`, returns once it is `cancelled` (or ended otherwise).
+pub fn cancel(c: &Conn, id: u64, wait: bool) -> Result<()> {
     let v = c.post(&format!("/v1/jobs/{id}/cancel"), "application/json", "")?;
-    c.print(&v, |_| format!("job {id} cancelled\n"))
+    // An array's id cancels every task.
+    let ids: Vec<u64> = match v.get("jobs").and_then(Value::as_array) {
+        Some(a) if !a.is_empty() => a.iter().filter_map(Value::as_u64).collect(),
+        _ => vec![id],
+    };
+    let now_state = |id: u64| -> Result<(String, Value)> {
+        let j = c.get(&format!("/v1/jobs/{id}"))?;
+        Ok((crate::human::shown_state(&j), j))
+    };
+    let (state, job) = now_state(id)?;
+    c.print(&v, |_| match state.as_str() {
+        "cancelling" => {
+            let why = job
+                .get("events")
+                .and_then(Value::as_array)
+                .and_then(|e| {
+                    e.iter()
+                        .rev()
+                        .find(|e| e.get("kind").and_then(Value::as_str) == Some("cancelling"))
+                })
+                .map(|e| format!(" ({})", s(e, "message")))
+                .unwrap_or_default();
+            format!("job {id} cancelling{why}\n")
+        }
+        other => format!("job {id} {other}\n"),
+    })?;
+    if !wait {
+        return Ok(());
+    }
+    let mut left = ids;
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for id in left {
+            let (state, _) = now_state(id)?;
+            if matches!(
+                state.as_str(),
+                "cancelled" | "succeeded" | "failed" | "timeout"
+            ) {
+                if c.output != Output::Json {
+                    println!("job {id} {state}");
+                }
+            } else {
+                still.push(id);
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    Ok(())
 }
 
 /// `gangway nodes`.

@@ -5,6 +5,23 @@
 use serde_json::Value;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// A job's state as people should read it: a gang being stopped says so
+/// and why (`cancelling`, `stopping (time limit)`, `stopping (rank
+/// failed)`), although its record stays live until no process is left.
+pub fn shown_state(j: &Value) -> String {
+    let state = j.get("state").and_then(Value::as_str).unwrap_or("-");
+    let live = matches!(state, "scheduled" | "running" | "preempting");
+    let cause = j.pointer("/stopping/cause").and_then(Value::as_str);
+    match (live, cause) {
+        (true, Some("cancelled")) => "cancelling".into(),
+        (true, Some("failed")) => "stopping (rank failed)".into(),
+        _ if state == "preempting" && j.get("time_limit_hit").is_some_and(|t| !t.is_null()) => {
+            "stopping (time limit)".into()
+        }
+        _ => state.to_string(),
+    }
+}
+
 /// Seconds since the epoch, now.
 pub fn now() -> u64 {
     SystemTime::now()
@@ -184,5 +201,29 @@ mod tests {
         let p = vec![json!({ "node": "n", "gpus": [4, 5, 6, 7] })];
         assert_eq!(rank_groups(&p), vec!["n: rank 0 GPUs 4-7"]);
         assert_eq!(ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+    }
+
+    #[test]
+    fn a_gang_being_stopped_says_why() {
+        use serde_json::json;
+        let shown = |j: Value| shown_state(&j);
+        assert_eq!(shown(json!({"state": "running"})), "running");
+        assert_eq!(
+            shown(json!({"state": "running", "stopping": {"cause": "cancelled", "by": "a"}})),
+            "cancelling"
+        );
+        assert_eq!(
+            shown(json!({"state": "preempting", "time_limit_hit": 100})),
+            "stopping (time limit)"
+        );
+        assert_eq!(shown(json!({"state": "preempting"})), "preempting");
+        assert_eq!(
+            shown(json!({"state": "running", "stopping": {"cause": "failed", "message": "x"}})),
+            "stopping (rank failed)"
+        );
+        assert_eq!(
+            shown(json!({"state": "cancelled", "stopping": {"cause": "cancelled", "by": "a"}})),
+            "cancelled"
+        );
     }
 }

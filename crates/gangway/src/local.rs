@@ -580,12 +580,15 @@ pub fn up(a: &UpArgs) -> Result<()> {
             println!("submitted {} as job {id}", f.display());
             ids.push(id);
         }
+        // With --exit-when-done the cluster exits with the jobs' outcome
+        // (0 only if every submitted job succeeded), after stopping its agents.
+        let mut outcome = Ok(());
         if a.exit_when_done && !ids.is_empty() {
             let conn2 = conn.clone();
             let ids2 = ids.clone();
-            let wait = tokio::task::spawn_blocking(move || crate::client::wait_all(&conn2, &ids2));
+            let wait = tokio::task::spawn_blocking(move || crate::wait::wait_all(&conn2, &ids2));
             tokio::select! {
-                r = wait => { r??; }
+                r = wait => { outcome = r.map_err(anyhow::Error::from).and_then(|r| r); }
                 _ = wait_for_signal() => {}
             }
         } else {
@@ -594,6 +597,6 @@ pub fn up(a: &UpArgs) -> Result<()> {
         for h in agents {
             h.shutdown().await;
         }
-        Ok(())
+        outcome
     })
 }

@@ -137,10 +137,14 @@ enum Command {
         /// Job id.
         id: u64,
     },
-    /// Cancels a job.
+    /// Cancels a job: prints `cancelling` while its ranks get the checkpoint
+    /// signal and at most 10 s to stop, `cancelled` once none is left.
     Cancel {
         /// Job id.
         id: u64,
+        /// Wait until the job is `cancelled` (no process of it left).
+        #[arg(long)]
+        wait: bool,
     },
     /// Lists nodes and their GPUs; with an action, changes one (admin).
     Nodes {
@@ -267,7 +271,7 @@ fn server(
             // The store is etcd; the audit log stays in this replica's data dir.
             gangway_server::private_dir(data_dir)?;
             let audit = gangway_server::audit::AuditLog::open(&data_dir.join("audit.log"))?;
-            gangway_server::backup::prepare(e, Some(data_dir), gangway_server::api::now())?;
+            gangway_server::backup::prepare(e, Some(data_dir), gangway_server::clock::now())?;
             let app = gangway_server::open_with_audit(
                 cfg,
                 std::sync::Arc::new(e.clone()),
@@ -487,14 +491,14 @@ fn run() -> Result<()> {
         Command::Openapi => {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&gangway_server::openapi::document())?
+                serde_json::to_string_pretty(&gangway_server::http::openapi::document())?
             );
             Ok(())
         }
         Command::Queue(a) => queue::run(c, &a),
         Command::Describe { id } => client::describe(c, id, false),
         Command::Why { id } => client::describe(c, id, true),
-        Command::Cancel { id } => client::cancel(c, id),
+        Command::Cancel { id, wait } => client::cancel(c, id, wait),
         Command::Nodes { action: None } => client::nodes(c),
         Command::Nodes { action: Some(a) } => {
             let (verb, name) = match &a {

@@ -155,7 +155,7 @@ pub fn row(j: &Value, wide: bool, now: u64) -> String {
         cut(&text(j.pointer("/spec/name")), 20),
         cut(&text(j.pointer("/spec/queue")), 12),
         cut(&text(j.get("user")), 10),
-        text(j.get("state")),
+        crate::human::shown_state(j),
         gpus(j)
     );
     if wide {

@@ -54,7 +54,7 @@ pub fn progress(j: &Value) -> String {
                 (None, None) => format!("job {id}: pending"),
             }
         }
-        "scheduled" | "running" => {
+        "scheduled" | "running" | "preempting" => {
             let mut nodes: Vec<&str> = Vec::new();
             for p in j
                 .get("placement")
@@ -68,6 +68,7 @@ pub fn progress(j: &Value) -> String {
                     }
                 }
             }
+            let state = crate::human::shown_state(j);
             if nodes.is_empty() {
                 format!("job {id}: {state}")
             } else {
@@ -119,6 +120,48 @@ pub fn wait(c: &Conn, id: u64, every: Duration) -> Result<()> {
             };
         }
         std::thread::sleep(every);
+    }
+}
+
+/// Waits until every job has ended, printing each one's final state; the
+/// outcome is that of `submit --wait`: `Ok` only when every job succeeded,
+/// else a [`JobOutcome`] for the first job that did not.
+pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
+    let mut left: Vec<u64> = ids.to_vec();
+    // The first job (in submission order) that did not succeed.
+    let mut outcome: Option<JobOutcome> = None;
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for id in left {
+            let job = c.get(&format!("/v1/jobs/{id}"))?;
+            let state = crate::client::show(job.get("state"));
+            if matches!(
+                state.as_str(),
+                "succeeded" | "failed" | "cancelled" | "timeout"
+            ) {
+                let last = job
+                    .get("events")
+                    .and_then(Value::as_array)
+                    .and_then(|e| e.last())
+                    .map(|e| crate::client::show(e.get("message")))
+                    .unwrap_or_default();
+                println!("job {id}: {state} ({last})");
+                let code = exit_code(&job);
+                if code != 0 && outcome.as_ref().is_none_or(|o| o.id > id) {
+                    outcome = Some(JobOutcome { id, state, code });
+                }
+            } else {
+                still.push(id);
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+    match outcome {
+        Some(o) => Err(o.into()),
+        None => Ok(()),
     }
 }
 

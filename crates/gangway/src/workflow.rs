@@ -150,7 +150,7 @@ fn enc(s: &str) -> String {
 
 /// Every row the filters select, all pages.
 pub fn fetch_history(c: &Conn, a: &HistoryArgs) -> Result<Vec<HistoryEntry>> {
-    let now = gangway_server::api::now();
+    let now = gangway_server::clock::now();
     let mut q = Vec::new();
     for (k, v) in [("user", &a.user), ("queue", &a.queue), ("state", &a.state)] {
         if let Some(v) = v {

@@ -8,6 +8,7 @@ mod agents;
 use agents::*;
 use serde_json::{json, Value};
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A launcher like torchrun: it starts two workers in sessions of their
@@ -527,6 +528,123 @@ fn a_rank_killed_by_the_oom_killer_is_named_so() {
         events(&j)
             .iter()
             .any(|(k, m)| k == "failed" && m.contains("OOM-killed")),
+        "{:?}",
+        events(&j)
+    );
+}
+
+/// A rank that runs until `$OUT/stop`, then (with `FINAL` set) announces
+/// the job's final checkpoint, and exits 0.
+const FINISHING: &str = r#"#!/bin/sh
+echo $$ > "$OUT/rank-$GANGWAY_JOB_ID"
+while [ ! -e "$OUT/stop" ]; do sleep 0.1; done
+if [ -n "$FINAL" ]; then
+  echo '{"step": 60, "path": "step-60", "final": true}' > "$GANGWAY_CHECKPOINT_DIR/LATEST.tmp"
+  mv "$GANGWAY_CHECKPOINT_DIR/LATEST.tmp" "$GANGWAY_CHECKPOINT_DIR/LATEST"
+fi
+echo "DONE 60 steps"
+"#;
+
+/// Pids of the processes whose command line starts with `prefix` (words
+/// joined by spaces, as `pgrep -f` reads them).
+fn cmdline_pids(prefix: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if line.starts_with(prefix) {
+            v.push(pid);
+        }
+    }
+    v
+}
+
+/// The usual way to kill an agent, `pkill -9 -f "gangway agent.*NODE"`,
+/// matches the agent only: each supervisor's command line is
+/// `gangway-rank JOB/ATTEMPT/RANK`. Then the supervisors are SIGKILLed as
+/// well, so nobody can learn the ranks' exit codes: the job that announced
+/// its final checkpoint succeeds on attempt 0 with no restart spent; the
+/// one that did not fails as "exit code unknown: supervisor lost".
+#[test]
+fn ranks_that_finish_after_their_agent_and_supervisors_were_killed_are_judged_by_what_they_left() {
+    let mut c = Cluster::start("127.0.0.1");
+    let node = format!("suplost-{}", std::process::id());
+    c.agent(&node, 2, &[], &[]);
+    c.wait_nodes(1);
+    let script = c.dir.path().join("finishing.sh");
+    std::fs::write(&script, FINISHING).expect("script");
+    let job = |name: &str, fin: bool| {
+        let mut env = json!({ "OUT": c.out.display().to_string() });
+        if fin {
+            env["FINAL"] = json!("1");
+        }
+        json!({
+            "name": name, "queue": "default", "replicas": 1,
+            "resources": { "gpus": 1 },
+            "restart": { "max_restarts": 0 },
+            "run": { "command": ["sh", script.display().to_string()], "env": env }
+        })
+    };
+    let done = c.submit(&job("finishes", true));
+    let silent = c.submit(&job("silent", false));
+    for id in [done, silent] {
+        c.wait_job(id, "run", 30, |j| state(j) == "running");
+    }
+    let rank_pid = |id: u64| {
+        wait_for("rank pid", 10, || {
+            std::fs::read_to_string(c.out.join(format!("rank-{id}")))
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+        })
+    };
+    let ranks = [rank_pid(done), rank_pid(silent)];
+    let sups: Vec<u32> = [done, silent]
+        .iter()
+        .flat_map(|id| cmdline_pids(&format!("gangway-rank {id}/0/0")))
+        .collect();
+    assert_eq!(sups.len(), 2, "one supervisor per rank, named gangway-rank");
+    // pkill -f's pattern for the agent names the agent alone.
+    let agent_pid = c.agents[&node].id();
+    let matched = Command::new("pgrep")
+        .args(["-f", &format!("gangway agent.*{node}")])
+        .output()
+        .expect("pgrep");
+    let matched: Vec<u32> = String::from_utf8_lossy(&matched.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(matched, vec![agent_pid], "only the agent matches");
+    // Agent and supervisors die together; the ranks run on and finish.
+    kill_agent(&mut c, &node);
+    for s in &sups {
+        let _ = Command::new("kill").args(["-9", &s.to_string()]).status();
+    }
+    std::fs::write(c.out.join("stop"), "").expect("stop");
+    wait_for("ranks finished", 10, || {
+        ranks.iter().all(|p| !alive(*p)).then_some(())
+    });
+    c.agent(&node, 2, &[], &[]);
+    let j = c.wait_job(done, "succeed", 30, |j| {
+        matches!(state(j), "succeeded" | "failed" | "restarting")
+    });
+    assert_eq!(state(&j), "succeeded", "{j:#}");
+    assert_eq!(
+        (j["attempt"].as_u64(), j["restarts"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let j = c.wait_job(silent, "fail", 30, |j| {
+        matches!(state(j), "succeeded" | "failed")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    assert!(
+        events(&j)
+            .iter()
+            .any(|(k, m)| k == "failed" && m.starts_with("exit code unknown: supervisor lost on")),
         "{:?}",
         events(&j)
     );

@@ -118,6 +118,7 @@ impl NodeWork {
                     resume_from: rec.checkpoint.as_ref().map(|c| c.path.clone()),
                     max_restarts: rec.spec.restart.max_restarts,
                     array: rec.array.clone(),
+                    restart_count: Some(rec.attempt.saturating_sub(rec.port_moves)),
                 }
             })
             .collect()

@@ -96,6 +96,16 @@ pub fn failure_phrase(f: &FailureRecord) -> String {
     parts.join(", ")
 }
 
+/// Whether a job's ranks are launchers that start workers of their own
+/// (torchrun, `python -m torch.distributed.run`): then one of Gangway's
+/// ranks is a replica holding several of torch's ranks, and events say
+/// "replica" so the two numberings are not confused.
+pub fn launches_workers(run: &gangway_core::RunSpec) -> bool {
+    run.command
+        .iter()
+        .any(|w| w.contains("torchrun") || w.contains("torch.distributed.run"))
+}
+
 /// The rendezvous ports taken per node during one pass that places jobs
 /// (a cycle, a port moved): filled per node from the job table's index and
 /// the ports found blocked, then updated as ports are handed out.
@@ -209,13 +219,13 @@ impl<S: Store> Control<S> {
         // hold the new one back.
         rec.master_port = None;
         rec.attempt += 1;
+        rec.port_moves = rec.port_moves.saturating_add(1);
         rec.ran_attempt = rec.attempt;
         rec.started_on.clear();
         rec.exited_on.clear();
         let msg = match self.assign_port(&mut rec, &mut used) {
             Some(p) => format!(
-                "rendezvous port {port} is in use on {node} by another process; moved to port {p} (attempt {})",
-                rec.attempt
+                "rendezvous port {port} is in use on {node} by another process; moved to port {p} (not a restart: nothing ran)"
             ),
             None => format!(
                 "rendezvous port {port} is in use on {node} and every port of {}-{} is taken there",
@@ -229,7 +239,8 @@ impl<S: Store> Control<S> {
     }
 
     /// A checkpoint announced by a job's ranks: kept as the job's last
-    /// checkpoint (and the scheduler's measure of work a preemption loses).
+    /// checkpoint (and the scheduler's measure of work a preemption loses);
+    /// an event only when it is the job's first or ends a stop.
     /// Returns whether it was new.
     pub(super) fn note_checkpoint(
         &mut self,
@@ -265,18 +276,59 @@ impl<S: Store> Control<S> {
             attempt,
             node: node.to_string(),
         };
-        let mut msg = format!("checkpoint at step {} ({})", c.step, c.path);
-        if rec.state == JobState::Preempting {
-            msg = format!(
+        // Every announcement updates the job's last checkpoint; only the
+        // job's first and the one that ends a stop are events, so periodic
+        // checkpoints do not bury the events that matter.
+        let first = rec.checkpoint.is_none();
+        let event = if rec.state == JobState::Preempting {
+            Some(format!(
                 "{}; stopping the gang now",
                 checkpoint_phrase(Some(&record), rec.signal_at_ms)
-            );
-        }
+            ))
+        } else {
+            first.then(|| format!("checkpoint at step {} ({})", c.step, c.path))
+        };
         rec.checkpoint = Some(record);
-        rec.events.push(JobEvent::new(now, "checkpoint", msg));
+        if let Some(msg) = event {
+            rec.events.push(JobEvent::new(now, "checkpoint", msg));
+        }
         self.write(rec)?;
         let _ = self.cluster.record_checkpoint(id, c.written_ms / 1000);
         Ok(true)
+    }
+
+    /// Warnings a node reported about a job's ranks (a `PATH` entry their
+    /// account cannot search): each is an event once per attempt. Returns
+    /// whether any was new.
+    pub(super) fn note_warnings(
+        &mut self,
+        node: &str,
+        id: JobId,
+        attempt: u32,
+        warnings: &[String],
+        now: Time,
+    ) -> Result<bool, ControlError> {
+        if warnings.is_empty() {
+            return Ok(false);
+        }
+        let mut rec = self.reported(node, id, attempt)?;
+        let since = rec.attempt_started().unwrap_or(0);
+        let mut added = false;
+        for w in warnings.iter().take(8) {
+            let msg = format!("on {node}: {w}");
+            let seen = rec
+                .events
+                .iter()
+                .any(|e| e.at >= since && e.kind == "warning" && e.message == msg);
+            if !seen {
+                rec.events.push(JobEvent::new(now, "warning", msg));
+                added = true;
+            }
+        }
+        if added {
+            self.write(rec)?;
+        }
+        Ok(added)
     }
 
     /// Whether the gang may stop before its grace ends: it is being
@@ -317,6 +369,7 @@ impl<S: Store> Control<S> {
             .contract_state
             .failures
             .remove(&(rec.id, rec.attempt, node.to_string()));
+        let unknown = f.as_ref().is_some_and(|f| f.unknown_exit);
         let record = FailureRecord {
             attempt: rec.attempt,
             node: node.to_string(),
@@ -331,8 +384,18 @@ impl<S: Store> Control<S> {
             log_tail: f.map(|f| f.log_tail).unwrap_or_default(),
             at: now,
         };
-        let mut msg = format!("exited with code {} on {node}", record.exit_code);
-        let detail = failure_phrase(&record);
+        let mut msg = if unknown {
+            format!("exit code unknown: supervisor lost on {node}")
+        } else {
+            format!("exited with code {} on {node}", record.exit_code)
+        };
+        let mut detail = failure_phrase(&record);
+        if launches_workers(&rec.spec.run) {
+            // torch numbers its workers' ranks itself: Gangway's is the replica.
+            if let Some(rest) = detail.strip_prefix("rank ") {
+                detail = format!("replica {rest}");
+            }
+        }
         if !detail.is_empty() {
             msg += &format!(" ({detail})");
         }
@@ -604,6 +667,9 @@ mod tests {
         assert!(sync_one(&mut c, busy.clone(), 12));
         let rec = &c.jobs[&id].0;
         assert_eq!(rec.attempt, 1, "a new attempt");
+        assert_eq!((rec.port_moves, rec.restarts), (1, 0), "not a restart");
+        let a = c.assignments("n").into_iter().find(|a| a.job == id);
+        assert_eq!(a.and_then(|a| a.restart_count), Some(0));
         assert_eq!(
             rec.state,
             JobState::Scheduled,
@@ -657,6 +723,20 @@ mod tests {
         assert!(!a.stop_now);
         assert_eq!(a.resume_from.as_deref(), Some("/ck/alice/job-1/step-340"));
         assert_eq!(a.checkpoint_subdir, "alice/job-1");
+        // A later periodic checkpoint updates the job's last checkpoint
+        // without an event: only the first one (and one ending a stop) is.
+        let events = |c: &Control<RedbStore>| {
+            c.jobs[&id]
+                .0
+                .events
+                .iter()
+                .filter(|e| e.kind == "checkpoint")
+                .count()
+        };
+        assert_eq!(events(&c), 1);
+        assert!(sync_one(&mut c, ck(345, 21_000), 31));
+        assert_eq!(c.jobs[&id].0.checkpoint.as_ref().map(|k| k.step), Some(345));
+        assert_eq!(events(&c), 1, "folded into the last checkpoint");
         // Being stopped, with a checkpoint from after the signal: stop now.
         let mut rec = JobRecord::clone(&c.jobs[&id].0);
         rec.state = JobState::Preempting;
@@ -769,6 +849,40 @@ mod tests {
         f.signal = None;
         f.oom_killed = false;
         assert_eq!(failure_phrase(&f), "rank 5");
+    }
+
+    #[test]
+    fn torchrun_jobs_call_gangway_s_rank_a_replica() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let mut spec = JobSpec::new("t", "q", 1, 1);
+        spec.run.command = vec![
+            "sh".into(),
+            "-c".into(),
+            "exec torchrun --nnodes=1 x.py".into(),
+        ];
+        assert!(launches_workers(&spec.run));
+        let id = c.submit("alice", spec, 10).expect("submit");
+        c.cycle(11).expect("cycle");
+        let failing = TaskReport {
+            failure: Some(RankFailure {
+                rank: 0,
+                exit_code: 1,
+                signal: None,
+                oom_killed: false,
+                log_tail: vec!["worker 3 failed".into()],
+                unknown_exit: false,
+            }),
+            ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 1 })
+        };
+        sync_one(&mut c, failing, 12);
+        let ev = &c.jobs[&id].0.events;
+        assert!(
+            ev.iter()
+                .any(|e| e.message.contains("exited with code 1 on n (replica 0)")),
+            "{ev:?}"
+        );
+        assert!(!launches_workers(&gangway_core::RunSpec::default()));
     }
 
     #[test]

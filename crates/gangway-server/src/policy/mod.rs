@@ -12,7 +12,6 @@
 //! scheduler state in place ([`gangway_sched::ClusterState::replace_queues`]):
 //! it takes effect at the next cycle, and no pending or running job is lost.
 
-pub mod api;
 pub mod watch;
 pub mod whatif;
 

@@ -233,20 +233,6 @@ impl Watch {
     }
 }
 
-/// The server's metrics and these, as one exposition (one `# EOF` in
-/// OpenMetrics), in the format the scrape asked for. The job and GPU gauges
-/// are set from the read view first: no state lock.
-pub fn render(app: &crate::api::App, format: crate::metrics::Format) -> String {
-    app.metrics
-        .publish(crate::metrics::Snapshot::of_view(&app.control.view()));
-    app.metrics.publish_lock(&app.control.lock_use());
-    let om = format!("{}{}", app.watch.render(), app.metrics.render());
-    match format {
-        crate::metrics::Format::OpenMetrics => om,
-        crate::metrics::Format::Text => crate::metrics::openmetrics_to_text(&om),
-    }
-}
-
 /// The Prometheus alert rules for these metrics (`gangway alerts`).
 pub fn alert_rules() -> String {
     r#"# Gangway's alert rules (`gangway alerts > gangway-rules.yaml`; load with

@@ -3,48 +3,31 @@
 //! token, refreshing every two seconds. This module also holds the API views
 //! only the dashboard needs: the cluster grid, the queue history and `whoami`.
 
-use crate::api::{ApiError, App};
+pub mod samples;
+
+use super::common::*;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use gangway_core::{JobId, Time};
+pub use samples::{QueueHistory, HISTORY_EVERY, HISTORY_SAMPLES};
 use serde::Serialize;
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// The page (served as is; everything else it needs comes from the API).
 const PAGE: &str = include_str!("page.html");
 
-/// Samples kept of each queue's GPU usage: 6 hours at one per 30 s.
-pub const HISTORY_SAMPLES: usize = 720;
-/// Seconds between samples.
-pub const HISTORY_EVERY: Time = 30;
-
-/// Each queue's GPUs in use over time, oldest first.
-#[derive(Default)]
-pub struct QueueHistory {
-    /// (time, GPUs in use per queue in the config's order).
-    pub samples: VecDeque<(Time, Vec<u64>)>,
-}
-
-impl QueueHistory {
-    /// Records a sample if the last one is older than [`HISTORY_EVERY`].
-    pub fn sample(&mut self, now: Time, usage: Vec<u64>) {
-        if self
-            .samples
-            .back()
-            .is_some_and(|(t, _)| now < t + HISTORY_EVERY)
-        {
-            return;
-        }
-        if self.samples.len() == HISTORY_SAMPLES {
-            self.samples.pop_front();
-        }
-        self.samples.push_back((now, usage));
-    }
+/// `GET /v1/whoami`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WhoAmI {
+    /// The token's principal (user name, `admin`...).
+    pub name: String,
+    /// Whether it is the admin token.
+    pub admin: bool,
 }
 
 /// One node in the cluster grid: its GPUs' states as one letter each
@@ -141,22 +124,18 @@ async fn page() -> Response {
 #[utoipa::path(
     get, path = "/v1/whoami", tag = "dashboard",
     summary = "Who the token belongs to",
-    responses((status = 200, description = "name and admin", body = crate::openapi::WhoAmI),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to; retry", body = crate::openapi::ErrorBody)),
+    responses((status = 200, description = "name and admin", body = crate::http::dashboard::WhoAmI),
+        Errors<{ UNAUTHENTICATED | FORBIDDEN_CLUSTER_READ | REQUEST_RATE | INTERNAL_READ | NO_LEADER }>),
     security(("bearer" = []))
 )]
 async fn whoami(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let p = crate::api::authenticate_person(&app, &headers)?;
+    let p = crate::http::common::authenticate_person(&app, &headers)?;
     Ok(Json(json!({
         "name": p.name(),
-        "admin": p == crate::api::Principal::Admin,
+        "admin": p == crate::http::common::Principal::Admin,
     })))
 }
 
@@ -165,18 +144,14 @@ async fn whoami(
     get, path = "/v1/cluster", tag = "dashboard",
     summary = "Racks, nodes and GPUs with their state and job, and the totals",
     responses((status = 200, description = "The cluster grid", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to; retry", body = crate::openapi::ErrorBody)),
+        Errors<{ UNAUTHENTICATED | FORBIDDEN_CLUSTER_READ | REQUEST_RATE | INTERNAL_READ | NO_LEADER }>),
     security(("bearer" = []))
 )]
 async fn cluster(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Json<ClusterView>, ApiError> {
-    crate::api::authenticate_person(&app, &headers)?;
+    crate::http::common::authenticate_person(&app, &headers)?;
     // The read view: the nodes' snapshot and the job records (for each GPU's
     // job, its queue and user). No state lock.
     let v = app.control.view();
@@ -260,18 +235,14 @@ async fn cluster(
     get, path = "/v1/queues/history", tag = "dashboard",
     summary = "Queue usage over the last hours (the dashboard's chart)",
     responses((status = 200, description = "Samples per queue", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not read the cluster", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to; retry", body = crate::openapi::ErrorBody)),
+        Errors<{ UNAUTHENTICATED | FORBIDDEN_CLUSTER_READ | REQUEST_RATE | INTERNAL_READ | NO_LEADER }>),
     security(("bearer" = []))
 )]
 async fn queue_history(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    crate::api::authenticate_person(&app, &headers)?;
+    crate::http::common::authenticate_person(&app, &headers)?;
     let names: Vec<String> = (app.control.view().cluster.queues.iter())
         .map(|q| q.spec.name.clone())
         .collect();

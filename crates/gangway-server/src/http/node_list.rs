@@ -4,7 +4,7 @@
 //! allocation per key and GPU.
 //!
 //! The shape is the one the OpenAPI document gives
-//! ([`crate::openapi::NodeView`], [`crate::openapi::GpuView`]). Keys are
+//! ([`crate::http::nodes::NodeView`], [`crate::http::nodes::GpuView`]). Keys are
 //! written in alphabetical order, as the `Value` map this replaced wrote
 //! them, so the bytes are the same (a test below compares them); a node
 //! waiting for approval has no `cordon_reason` key, as before.

@@ -2,7 +2,7 @@
 //! `/release` (an array's id: all of its pending tasks) and `/update` (owner
 //! or admin; see `workflow.rs` for the rules).
 
-use crate::api::{authenticate_person, lock, now, read_body, ApiError, App, Principal};
+use super::common::*;
 use crate::workflow::{updated_spec, Hold, JobUpdate};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -38,14 +38,7 @@ fn owned(c: &crate::control::Control<crate::SharedStore>, p: &Principal, id: u64
     params(("id" = u64, Path, description = "Job id")),
     responses(
         (status = 200, description = "Held: {id, held, reason_code, jobs}", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -79,14 +72,7 @@ pub async fn hold(
     params(("id" = u64, Path, description = "Job id")),
     responses(
         (status = 200, description = "Released: {id, released, jobs}", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -113,16 +99,7 @@ pub async fn release(
     request_body(content = Object, content_type = "application/json", description = "{priority?, time_limit?, queue?, name?}"),
     responses(
         (status = 200, description = "The updated job", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | TOO_LARGE | UNSATISFIABLE | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]

@@ -13,10 +13,10 @@
 //! `policy` is the policy file's text (YAML or JSON), parsed with the
 //! configuration's budgets on the blocking pool.
 
-use super::whatif::{self, WhatIf};
-use super::{Action, GateResult, Policy, PolicyError, PolicyVersion, MAX_REASON_BYTES};
-use crate::api::{authenticate_admin, authenticate_person, blocking, lock, now, ApiError, App};
+use super::common::*;
 use crate::history::HistoryEntry;
+use crate::policy::whatif::{self, WhatIf};
+use crate::policy::{Action, GateResult, Policy, PolicyError, PolicyVersion, MAX_REASON_BYTES};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
@@ -49,7 +49,7 @@ impl From<PolicyError> for ApiError {
     }
 }
 
-/// The routes (merged into [`crate::api::router`]).
+/// The routes (merged into [`crate::http::router`]).
 pub fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/policy", get(show_current))
@@ -72,11 +72,7 @@ fn bad(field: &str, msg: &str) -> ApiError {
     summary = "The scheduling policy in force, with its version",
     responses(
         (status = 200, description = "The current version", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ UNAUTHENTICATED | FORBIDDEN | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -86,7 +82,7 @@ pub async fn show_current(
 ) -> ApiResult<Json<PolicyVersion>> {
     authenticate_person(&app, &headers)?;
     // Stored versions are read from the store: no state lock.
-    let v = super::current(&app.store)?
+    let v = crate::policy::current(&app.store)?
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "no policy version stored yet"))?;
     Ok(Json(v))
 }
@@ -97,13 +93,7 @@ pub async fn show_current(
     params(("n" = u64, Path, description = "Version number")),
     responses(
         (status = 200, description = "The version", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -116,7 +106,7 @@ pub async fn show_version(
     let n: u64 = n
         .parse()
         .map_err(|_| bad("version", "must be a positive whole number"))?;
-    Ok(Json(super::load_version(&app.store, n)?))
+    Ok(Json(crate::policy::load_version(&app.store, n)?))
 }
 
 /// `?a=N&b=M`.
@@ -136,13 +126,7 @@ pub struct DiffQuery {
     params(("a" = u64, Query, description = "First version"), ("b" = u64, Query, description = "Second version")),
     responses(
         (status = 200, description = "The differences", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -152,9 +136,9 @@ pub async fn diff(
     Query(q): Query<DiffQuery>,
 ) -> ApiResult<Json<Vec<String>>> {
     authenticate_person(&app, &headers)?;
-    let a = super::load_version(&app.store, q.a)?;
-    let b = super::load_version(&app.store, q.b)?;
-    Ok(Json(super::diff(&a.policy, &b.policy)))
+    let a = crate::policy::load_version(&app.store, q.a)?;
+    let b = crate::policy::load_version(&app.store, q.b)?;
+    Ok(Json(crate::policy::diff(&a.policy, &b.policy)))
 }
 
 #[utoipa::path(
@@ -162,11 +146,7 @@ pub async fn diff(
     summary = "The decision log: every version with who, when, why, diff, evidence, gates and the day after",
     responses(
         (status = 200, description = "Every version, newest first", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ UNAUTHENTICATED | FORBIDDEN | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -179,13 +159,13 @@ pub async fn log(
     let app2 = app.clone();
     blocking(move || {
         // The store and the read view's jobs: no state lock.
-        let mut all = super::all_versions(&app2.store)?;
+        let mut all = crate::policy::all_versions(&app2.store)?;
         let view = app2.control.view();
         // Days still running: their figures so far.
         for v in &mut all {
             if v.after.as_ref().is_none_or(|a| !a.complete) && v.at <= t {
-                let end = v.at.saturating_add(super::AFTER_SECONDS).min(t);
-                v.after = Some(super::live_figures_of(&view.jobs, v.at, end));
+                let end = v.at.saturating_add(crate::policy::AFTER_SECONDS).min(t);
+                v.after = Some(crate::policy::live_figures_of(&view.jobs, v.at, end));
             }
         }
         Ok(Json(all))
@@ -298,8 +278,8 @@ struct Snapshot {
 
 fn snapshot(app: &App, candidate: &Policy, t: Time) -> ApiResult<Snapshot> {
     let view = app.control.view();
-    super::check_view(candidate, &app.cfg, &view)?;
-    let current = super::current(&app.store)?
+    crate::policy::check_view(candidate, &app.cfg, &view)?;
+    let current = crate::policy::current(&app.store)?
         .ok_or_else(|| ApiError::new(StatusCode::CONFLICT, "no policy version stored yet"))?;
     let entries = view
         .jobs
@@ -320,7 +300,7 @@ fn snapshot(app: &App, candidate: &Policy, t: Time) -> ApiResult<Snapshot> {
 fn evaluate(app: &App, candidate: &Policy, since: u64) -> ApiResult<(PolicyVersion, WhatIfAnswer)> {
     let t = now();
     let snap = snapshot(app, candidate, t)?;
-    let diff = super::diff(&snap.current.policy, candidate);
+    let diff = crate::policy::diff(&snap.current.policy, candidate);
     let (what_if, gates, mut table) = if snap.nodes.is_empty() {
         (
             None,
@@ -370,14 +350,7 @@ async fn parse_policy(text: String) -> ApiResult<Policy> {
     request_body(content = Object, content_type = "application/json", description = "{policy, since_seconds}"),
     responses(
         (status = 200, description = "The what-if table and gate results", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | TOO_LARGE | UNSATISFIABLE | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -387,7 +360,7 @@ pub async fn what_if(
     body: axum::body::Body,
 ) -> ApiResult<Json<WhatIfAnswer>> {
     authenticate_admin(&app, &headers, "run a policy what-if")?;
-    let req: WhatIfRequest = json_body(&crate::api::read_body(&app, body).await?)?;
+    let req: WhatIfRequest = json_body(&crate::http::common::read_body(&app, body).await?)?;
     let since = since_of(req.since_seconds)?;
     let candidate = parse_policy(req.policy).await?;
     let app2 = app.clone();
@@ -398,14 +371,14 @@ pub async fn what_if(
 /// `base`; on a store failure the previous policy goes back in.
 fn install_and_commit(app: &App, v: &PolicyVersion, base: &PolicyVersion) -> ApiResult<()> {
     let mut c = lock(app)?;
-    super::check(&v.policy, &app.cfg, &c)?;
-    let now_cur = super::current_number(&c.store)?;
+    crate::policy::check(&v.policy, &app.cfg, &c)?;
+    let now_cur = crate::policy::current_number(&c.store)?;
     if now_cur.map(|(n, _)| n) != Some(base.version) {
         return Err(PolicyError::Conflict(now_cur.map_or(0, |(n, _)| n)).into());
     }
-    super::install(&mut c, &v.policy)?;
-    if let Err(e) = super::commit(&c.store, v, now_cur) {
-        if let Err(back) = super::install(&mut c, &base.policy) {
+    crate::policy::install(&mut c, &v.policy)?;
+    if let Err(e) = crate::policy::commit(&c.store, v, now_cur) {
+        if let Err(back) = crate::policy::install(&mut c, &base.policy) {
             tracing::error!("policy: cannot put version {} back: {back}", base.version);
         }
         return Err(e.into());
@@ -477,15 +450,7 @@ fn propose(app: &App, p: Proposal) -> ApiResult<PolicyVersion> {
     request_body(content = Object, content_type = "application/json", description = "{policy, reason, force, since_seconds, pilot}"),
     responses(
         (status = 200, description = "The new version", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | CONFLICT | TOO_LARGE | UNSATISFIABLE | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -495,7 +460,7 @@ pub async fn apply(
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
     let who = authenticate_admin(&app, &headers, "change the scheduling policy")?;
-    let req: ApplyRequest = json_body(&crate::api::read_body(&app, body).await?)?;
+    let req: ApplyRequest = json_body(&crate::http::common::read_body(&app, body).await?)?;
     check_reason(&req.reason)?;
     let since = since_of(req.since_seconds)?;
     let candidate = parse_policy(req.policy).await?;
@@ -506,12 +471,12 @@ pub async fn apply(
             Some(queues) => {
                 let base = {
                     let c = lock(&app2)?;
-                    super::check(&candidate, &app2.cfg, &c)?;
-                    super::current(&c.store)?.ok_or_else(|| {
+                    crate::policy::check(&candidate, &app2.cfg, &c)?;
+                    crate::policy::current(&c.store)?.ok_or_else(|| {
                         ApiError::new(StatusCode::CONFLICT, "no policy version stored yet")
                     })?
                 };
-                let eff = super::pilot_policy(&base.policy, &candidate, &queues)?;
+                let eff = crate::policy::pilot_policy(&base.policy, &candidate, &queues)?;
                 (
                     eff,
                     Action::Pilot {
@@ -543,15 +508,7 @@ pub async fn apply(
     request_body(content = Object, content_type = "application/json", description = "{reason, force, since_seconds}"),
     responses(
         (status = 200, description = "The new version", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | CONFLICT | TOO_LARGE | UNSATISFIABLE | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -561,14 +518,14 @@ pub async fn promote(
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
     let who = authenticate_admin(&app, &headers, "promote a policy pilot")?;
-    let req: PromoteRequest = json_body(&crate::api::read_body(&app, body).await?)?;
+    let req: PromoteRequest = json_body(&crate::http::common::read_body(&app, body).await?)?;
     check_reason(&req.reason)?;
     let since = since_of(req.since_seconds)?;
     let app2 = app.clone();
     let v = blocking(move || {
         let base = {
             let c = lock(&app2)?;
-            super::current(&c.store)?.ok_or_else(|| {
+            crate::policy::current(&c.store)?.ok_or_else(|| {
                 ApiError::new(StatusCode::CONFLICT, "no policy version stored yet")
             })?
         };
@@ -609,11 +566,11 @@ pub struct PilotStatus {
     /// Since when.
     pub since: Time,
     /// Live figures of jobs started since, pilot queues together.
-    pub pilot: super::LiveFigures,
+    pub pilot: crate::policy::LiveFigures,
     /// Live figures of jobs started since in every other queue.
-    pub others: super::LiveFigures,
+    pub others: crate::policy::LiveFigures,
     /// Per queue (all queues), live.
-    pub live: std::collections::BTreeMap<String, super::LiveFigures>,
+    pub live: std::collections::BTreeMap<String, crate::policy::LiveFigures>,
     /// The what-if's prediction for the pilot queues (candidate side).
     pub predicted: std::collections::BTreeMap<String, whatif::Figures>,
 }
@@ -623,11 +580,7 @@ pub struct PilotStatus {
     summary = "The running pilot: its queues' live figures against the prediction and the other queues",
     responses(
         (status = 200, description = "The pilot, or none", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ UNAUTHENTICATED | FORBIDDEN | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -641,7 +594,7 @@ pub async fn pilot_status(
     blocking(move || {
         // The store and the read view's jobs: no state lock.
         let view = app2.control.view();
-        let v = super::current(&app2.store)?
+        let v = crate::policy::current(&app2.store)?
             .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "no policy version stored yet"))?;
         let Action::Pilot { queues, .. } = &v.action else {
             return Err(ApiError::new(
@@ -649,7 +602,7 @@ pub async fn pilot_status(
                 format!("version {} is not a pilot", v.version),
             ));
         };
-        let live = super::live_figures_of(&view.jobs, v.at, t.saturating_add(1));
+        let live = crate::policy::live_figures_of(&view.jobs, v.at, t.saturating_add(1));
         let (mut pw, mut ow) = (Vec::new(), Vec::new());
         for (r, _) in view.jobs.values() {
             let Some(s) = r
@@ -672,7 +625,7 @@ pub async fn pilot_status(
         }
         let fig = |v: &mut Vec<f64>| {
             let s = gangway_sim::metrics::Stats::of(v);
-            super::LiveFigures {
+            crate::policy::LiveFigures {
                 jobs: s.n,
                 avg_wait: s.mean,
                 p95_wait: s.p95,
@@ -709,16 +662,7 @@ pub async fn pilot_status(
     request_body(content = Object, content_type = "application/json", description = "{version, reason}"),
     responses(
         (status = 200, description = "The new version", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | TOO_LARGE | UNSATISFIABLE | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -728,13 +672,13 @@ pub async fn rollback(
     body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<PolicyVersion>)> {
     let p = authenticate_admin(&app, &headers, "roll back the scheduling policy")?;
-    let req: RollbackRequest = json_body(&crate::api::read_body(&app, body).await?)?;
+    let req: RollbackRequest = json_body(&crate::http::common::read_body(&app, body).await?)?;
     check_reason(&req.reason)?;
     let app2 = app.clone();
     let v = blocking(move || {
         let (base, target) = {
             let c = lock(&app2)?;
-            let base = super::current(&c.store)?.ok_or_else(|| {
+            let base = crate::policy::current(&c.store)?.ok_or_else(|| {
                 ApiError::new(StatusCode::CONFLICT, "no policy version stored yet")
             })?;
             let to = match req.version {
@@ -752,7 +696,7 @@ pub async fn rollback(
             if to == base.version {
                 return Err(bad("version", &format!("{to} is already in force")));
             }
-            (base, super::load_version(&c.store, to)?)
+            (base, crate::policy::load_version(&c.store, to)?)
         };
         let v = PolicyVersion {
             version: base.version + 1,
@@ -762,7 +706,7 @@ pub async fn rollback(
             reason: req.reason,
             action: Action::Rollback { to: target.version },
             previous: Some(base.version),
-            diff: super::diff(&base.policy, &target.policy),
+            diff: crate::policy::diff(&base.policy, &target.policy),
             evidence: None,
             gates: Vec::new(),
             forced: false,

@@ -1,7 +1,7 @@
 //! `GET /v1/history`: the HTTP half of [`crate::history`] (the rows and
 //! their query live there, free of HTTP).
 
-use crate::api::{authenticate_person, blocking, ApiError, App, Principal};
+use super::common::*;
 use crate::history::{page, HistoryFilter, HistoryPage, HistoryQuery, DEFAULT_PAGE, MAX_PAGE};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -38,12 +38,7 @@ fn final_states(list: &str) -> Result<Vec<JobState>, ApiError> {
     params(("user" = Option<String>, Query, description = "Only this user"), ("queue" = Option<String>, Query, description = "Only this queue"), ("state" = Option<String>, Query, description = "Final states, comma-separated"), ("since" = Option<u64>, Query, description = "Ended at or after (epoch seconds)"), ("until" = Option<u64>, Query, description = "Ended before (epoch seconds)"), ("cursor" = Option<u64>, Query, description = "From the previous page"), ("limit" = Option<u64>, Query, description = "Rows per page (1 to 5,000; 500 by default)")),
     responses(
         (status = 200, description = "{entries: [HistoryEntry], next_cursor}", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]

@@ -2,7 +2,7 @@
 //! (admin), `GET /v1/reservations` (any person) and
 //! `DELETE /v1/reservations/{name}` (admin).
 
-use crate::api::{authenticate_admin, authenticate_person, lock, now, ApiError, App};
+use super::common::*;
 use crate::reservations::{
     check_name, CreateReservation, MaintenanceReservation, ReservationError,
 };
@@ -32,15 +32,7 @@ impl From<ReservationError> for ApiError {
     request_body(content = Object, content_type = "application/json", description = "{name, nodes, start, duration_seconds}"),
     responses(
         (status = 201, description = "{name, nodes, start, end, created_by}", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "conflicts with the object's state", body = crate::openapi::ErrorBody),
-        (status = 413, description = "body larger than max_body_bytes", body = crate::openapi::ErrorBody),
-        (status = 422, description = "valid, but the cluster or queue can never satisfy it", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | CONFLICT | TOO_LARGE | UNSATISFIABLE | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -50,7 +42,7 @@ pub async fn create(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let p = authenticate_admin(&app, &headers, "create reservations")?;
-    let body = crate::api::read_body(&app, body).await?;
+    let body = crate::http::common::read_body(&app, body).await?;
     let req: CreateReservation = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("reservation: {e}")))?;
     let r = lock(&app)?.create_reservation(req, &p.name(), now())?;
@@ -67,11 +59,7 @@ pub async fn create(
     summary = "Maintenance reservations",
     responses(
         (status = 200, description = "Every reservation", body = Object),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ UNAUTHENTICATED | FORBIDDEN | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
@@ -92,13 +80,7 @@ pub async fn list(
     params(("name" = String, Path, description = "Reservation name")),
     responses(
         (status = 200, description = "Deleted", body = Object),
-        (status = 400, description = "malformed request: the message names the field or parameter", body = crate::openapi::ErrorBody),
-        (status = 401, description = "missing or unknown bearer token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "this token may not do this (names the rule)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "no such object", body = crate::openapi::ErrorBody),
-        (status = 429, description = "request rate or waiting-job limit reached; retry later", body = crate::openapi::ErrorBody),
-        (status = 500, description = "internal error (store, poisoned state)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "no leader to forward to, or shutting down; retry", body = crate::openapi::ErrorBody)
+        Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
     ),
     security(("bearer" = []))
 )]
