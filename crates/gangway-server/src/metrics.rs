@@ -196,6 +196,10 @@ pub struct Metrics {
     pub store_compactions: Counter,
     /// The revision the store's history was last compacted to.
     pub store_compacted_revision: Gauge,
+    /// Nodes cordoned automatically for what they did (see `blame`).
+    pub node_auto_cordons: Counter,
+    /// 1 while auto-cordon is stopped because many nodes qualified at once.
+    pub auto_cordon_halted: Gauge,
     /// The (state, queue) pairs the job gauge last showed.
     job_labels: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
     /// Times each holder took the state lock.
@@ -225,6 +229,8 @@ impl Metrics {
             gpus_unhealthy: Gauge::default(),
             gpus_unhealthy_by_cause: Family::default(),
             causes_shown: Default::default(),
+            node_auto_cordons: Counter::default(),
+            auto_cordon_halted: Gauge::default(),
             cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             decisions: Family::default(),
             api_requests: Family::default(),
@@ -256,6 +262,16 @@ impl Metrics {
             "gpus_unhealthy_by_cause",
             "Unhealthy GPUs by cause: xid_N, xid_unknown, gpu_lost, ecc_uncorrected, row_remapping_failed, row_remapping_pending, other",
             m.gpus_unhealthy_by_cause.clone(),
+        );
+        registry.register(
+            "node_auto_cordons",
+            "Nodes cordoned automatically for node-caused failures",
+            m.node_auto_cordons.clone(),
+        );
+        registry.register(
+            "auto_cordon_halted",
+            "1 while auto-cordon is stopped: more than half the nodes qualified at once",
+            m.auto_cordon_halted.clone(),
         );
         registry.register(
             "scheduling_cycle_seconds",
