@@ -872,6 +872,8 @@ mod tests {
                 oom_killed: false,
                 log_tail: vec!["worker 3 failed".into()],
                 unknown_exit: false,
+                node_fault: None,
+                limit: None,
             }),
             ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 1 })
         };
