@@ -233,15 +233,18 @@ fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pr
         .output()
         .ok()
         .and_then(|o| {
+            // Free as the agent counts it: available / size.
             let t = String::from_utf8_lossy(&o.stdout).to_string();
-            let pct = t
+            let cols: Vec<u64> = t
                 .lines()
                 .nth(1)?
                 .split_whitespace()
-                .nth(4)?
-                .trim_end_matches('%')
-                .to_string();
-            pct.parse::<u32>().ok().map(|used| 100 - used)
+                .skip(1)
+                .take(3)
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            let (size, avail) = (*cols.first()?, *cols.get(2)?);
+            (size > 0).then(|| (avail * 100 / size) as u32)
         })
         .unwrap_or(100);
     if host_free < 6 {
