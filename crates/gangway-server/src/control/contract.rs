@@ -874,8 +874,6 @@ mod tests {
                 node_fault: None,
                 limit: None,
                 unknown_exit: false,
-                node_fault: None,
-                limit: None,
             }),
             ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 1 })
         };
