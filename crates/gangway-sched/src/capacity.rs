@@ -4,13 +4,10 @@
 //! scheduling session clones it and works on its private copy.
 
 use crate::bitset::Bitset;
-use crate::state::{NodeInfo, QueueInfo};
+use crate::model::{NodeInfo, QueueInfo};
 use gangway_core::{Resource, Resources};
 
-/// A node index into [`crate::ClusterState::nodes`].
-pub type NodeIdx = u32;
-/// A queue index into [`crate::ClusterState::queues`].
-pub type QueueId = u32;
+pub use crate::model::{NodeIdx, QueueId};
 
 /// Mutable view of free resources and queue usage.
 #[derive(Clone, Debug, Default)]

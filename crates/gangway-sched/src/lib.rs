@@ -22,8 +22,11 @@ pub mod backfill;
 pub mod bitset;
 pub mod capacity;
 pub mod explain;
+pub mod model;
 pub mod order;
 pub mod placement;
+pub mod policies;
+pub mod policy;
 pub mod predict;
 pub mod preempt;
 pub mod quota;
@@ -145,9 +148,20 @@ pub const DEFAULT_MAX_VICTIMS_EXAMINED: usize = 16_384;
 /// Default of [`SchedulerConfig::max_pending_examined`].
 pub const DEFAULT_MAX_PENDING_EXAMINED: usize = 20_000;
 
-/// Policy switches for a cycle.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The scheduler's settings: the scheduling policy by name and the core's
+/// switches and bounds for a cycle. Its serialised form is a versioned
+/// policy's `scheduler` section (and the configuration file's): every field
+/// may be left out (the default is kept); `strict_order`, `plan_budget` and
+/// `max_victims_examined` are not written or read there (the policy named
+/// sets the first, the core's defaults the others).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct SchedulerConfig {
+    /// The scheduling policy, a name in [`policies`]' registry (`gangway`
+    /// by default): it ranks the jobs and sets the switches it defines on
+    /// top of these ([`policy::SchedulingPolicy::configure`]). The core's
+    /// cycle itself does not read it.
+    pub policy: String,
     /// Plan starts for pending jobs, reserve GPUs for the first of them and
     /// backfill around the reservations.
     pub backfill: Backfill,
@@ -165,6 +179,7 @@ pub struct SchedulerConfig {
     /// `Priority` and no estimate, as beyond `plan_depth`. On a busy
     /// 50,000-node cluster one plan may walk hundreds of thousands of ends;
     /// this keeps the cycle short whatever the queue holds.
+    #[serde(skip)]
     pub plan_budget: usize,
     /// Most preemption searches per cycle. Keeping preemption gradual matters:
     /// on the contended Chronus trace, 4 gives a 7.7 h average JCT and 6,500
@@ -172,6 +187,7 @@ pub struct SchedulerConfig {
     pub max_preemption_searches: usize,
     /// Strict order (classic FIFO): once a job cannot start, no later job of
     /// its queue may start this cycle. Off for Gangway's own policy.
+    #[serde(skip)]
     pub strict_order: bool,
     /// Most jobs signalled to stop in one cycle (victims of all preemptions).
     /// With the rule that a job evicted at an instant is not evicted again at
@@ -198,6 +214,7 @@ pub struct SchedulerConfig {
     /// can make room for costs a bounded time however many jobs run. A
     /// search that finishes within the bound chooses what an unbounded one
     /// would.
+    #[serde(skip)]
     pub max_victims_examined: usize,
     /// Most pending jobs examined per cycle (Slurm's `default_queue_depth`
     /// and `bf_max_job_test` play this part). Below it every pending job is
@@ -217,6 +234,7 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
+            policy: policies::DEFAULT.to_string(),
             backfill: Backfill::Easy,
             preemption: true,
             fair_share: true,

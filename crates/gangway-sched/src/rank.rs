@@ -59,6 +59,9 @@ pub struct RankParams {
     pub thresholds: Vec<u64>,
     /// Aging bound as a multiple of the expected run time.
     pub aging_factor: u64,
+    /// Tiresias' band boundaries, GPU-seconds, ascending (the `tiresias`
+    /// policy's bands: [`crate::policies::tiresias`]).
+    pub las_thresholds: Vec<u64>,
 }
 
 impl Default for RankParams {
@@ -66,6 +69,7 @@ impl Default for RankParams {
         RankParams {
             thresholds: GANGWAY_THRESHOLDS.to_vec(),
             aging_factor: AGING_FACTOR,
+            las_thresholds: LAS_THRESHOLDS.to_vec(),
         }
     }
 }

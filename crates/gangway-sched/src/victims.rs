@@ -24,8 +24,7 @@
 //! reported from the future) the classes' orders do not hold, and the stream
 //! falls back to computing and sorting every candidate of the allowed classes.
 
-use crate::capacity::QueueId;
-use crate::state::{Job, JobStatus};
+use crate::model::{Job, JobStatus, QueueId};
 use crate::PreemptReason;
 use gangway_core::{JobId, Time};
 use std::cmp::Reverse;

@@ -26,6 +26,7 @@
 //! max_grace_seconds: 600
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
 //! scheduler:                  # seeds policy version 1 (then: gangway policy apply)
+//!   policy: gangway           # or fifo, priority, slurm, capacity, tiresias, qssf
 //!   backfill: easy            # or conservative, reservations:N, off (see docs/BACKFILL.md)
 //!   plan_depth: 200           # pending jobs given a start estimate per cycle
 //! retention: { finished_jobs: 7d, idempotency_keys: 24h, store_history: 1m }   # the defaults
@@ -86,127 +87,61 @@ pub struct ContractConfig {
     pub master_ports: PortRange,
 }
 
-/// The scheduler's knobs a policy sets (the rest of
-/// [`gangway_sched::SchedulerConfig`] is fixed by the server).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SchedulerKnobs {
-    /// Backfill: `easy` (a reservation for the first job that does not
-    /// fit), `conservative` (for every planned job), `reservations:N`, or
-    /// `off` (docs/BACKFILL.md).
-    pub backfill: gangway_sched::Backfill,
-    /// Pending jobs given a planned start per cycle, in order (0 to
-    /// [`crate::config::MAX_PLAN_DEPTH`]); later ones wait with reason `Priority`.
-    pub plan_depth: usize,
-    /// Preempt lower-priority work and reclaim lent quota.
-    pub preemption: bool,
-    /// DRF fair share between queues (otherwise submit order within a priority).
-    pub fair_share: bool,
-    /// Most preemption searches per cycle (1 to 1024).
-    pub max_preemption_searches: usize,
-    /// Most jobs signalled to stop in one cycle (1 to 100,000).
-    pub max_preemptions_per_cycle: usize,
-    /// A job preempted this many times is no longer a victim (`None`: no budget).
-    pub preemption_budget: Option<u32>,
-    /// A job that has run less than this in its attempt is not a victim
-    /// (seconds, at most 7 days).
-    pub min_run_seconds: u64,
-    /// The minimum run time grows with each preemption: a job preempted
-    /// `k` times is a victim only after `(k + 1) × min_run_seconds`
-    /// ([`gangway_sched::SchedulerConfig::min_run_grows`]).
-    pub min_run_grows: bool,
-    /// Most pending jobs a cycle examines (100 to 10,000,000): the head of
-    /// the order, then a rotating share of the rest, so a deep queue does
-    /// not lengthen every cycle.
-    pub max_pending_examined: usize,
-}
-
-impl Default for SchedulerKnobs {
-    fn default() -> Self {
-        let d = SchedulerConfig::default();
-        SchedulerKnobs {
-            backfill: d.backfill,
-            plan_depth: d.plan_depth,
-            preemption: d.preemption,
-            fair_share: d.fair_share,
-            max_preemption_searches: d.max_preemption_searches,
-            max_preemptions_per_cycle: d.max_preemptions_per_cycle,
-            preemption_budget: d.preemption_budget,
-            min_run_seconds: d.min_run_seconds,
-            min_run_grows: d.min_run_grows,
-            max_pending_examined: d.max_pending_examined,
+/// Range checks of the scheduler settings (a policy's `scheduler`
+/// section, the configuration file's), naming the field
+/// (`scheduler.plan_depth: ...`), and its `policy` against the registry of
+/// scheduling policies (the error lists the known names). The settings the
+/// stored form leaves out (`strict_order`, `plan_budget`,
+/// `max_victims_examined`) are the core's defaults or the named policy's.
+pub fn check_scheduler(s: &SchedulerConfig) -> Result<(), String> {
+    gangway_sched::policies::lookup(&s.policy).map_err(|e| format!("scheduler.policy: {e}"))?;
+    let range = |field: &str, v: u64, lo: u64, hi: u64| {
+        if v < lo || v > hi {
+            Err(format!(
+                "scheduler.{field}: {v} is out of range ({lo} to {hi})"
+            ))
+        } else {
+            Ok(())
         }
-    }
-}
-
-impl SchedulerKnobs {
-    /// The scheduling core's configuration with these knobs.
-    pub fn config(&self) -> SchedulerConfig {
-        SchedulerConfig {
-            backfill: self.backfill,
-            plan_depth: self.plan_depth,
-            preemption: self.preemption,
-            fair_share: self.fair_share,
-            max_preemption_searches: self.max_preemption_searches,
-            max_preemptions_per_cycle: self.max_preemptions_per_cycle,
-            preemption_budget: self.preemption_budget,
-            min_run_seconds: self.min_run_seconds,
-            min_run_grows: self.min_run_grows,
-            max_pending_examined: self.max_pending_examined,
-            ..SchedulerConfig::default()
-        }
-    }
-
-    /// Range checks, naming the field (`scheduler.plan_depth: ...`).
-    pub fn check(&self) -> Result<(), String> {
-        let range = |field: &str, v: u64, lo: u64, hi: u64| {
-            if v < lo || v > hi {
-                Err(format!(
-                    "scheduler.{field}: {v} is out of range ({lo} to {hi})"
-                ))
-            } else {
-                Ok(())
-            }
-        };
+    };
+    range(
+        "plan_depth",
+        s.plan_depth as u64,
+        0,
+        crate::config::MAX_PLAN_DEPTH as u64,
+    )?;
+    range(
+        "max_preemption_searches",
+        s.max_preemption_searches as u64,
+        1,
+        1024,
+    )?;
+    range(
+        "max_preemptions_per_cycle",
+        s.max_preemptions_per_cycle as u64,
+        1,
+        100_000,
+    )?;
+    if let Some(b) = s.preemption_budget {
         range(
-            "plan_depth",
-            self.plan_depth as u64,
+            "preemption_budget",
+            u64::from(b),
             0,
-            crate::config::MAX_PLAN_DEPTH as u64,
+            u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
         )?;
-        range(
-            "max_preemption_searches",
-            self.max_preemption_searches as u64,
-            1,
-            1024,
-        )?;
-        range(
-            "max_preemptions_per_cycle",
-            self.max_preemptions_per_cycle as u64,
-            1,
-            100_000,
-        )?;
-        if let Some(b) = self.preemption_budget {
-            range(
-                "preemption_budget",
-                u64::from(b),
-                0,
-                u64::from(gangway_core::MAX_PREEMPTION_BUDGET),
-            )?;
-        }
-        range(
-            "max_pending_examined",
-            self.max_pending_examined as u64,
-            100,
-            10_000_000,
-        )?;
-        range(
-            "min_run_seconds",
-            self.min_run_seconds,
-            0,
-            gangway_core::MAX_MIN_RUN_SECONDS,
-        )
     }
+    range(
+        "max_pending_examined",
+        s.max_pending_examined as u64,
+        100,
+        10_000_000,
+    )?;
+    range(
+        "min_run_seconds",
+        s.min_run_seconds,
+        0,
+        gangway_core::MAX_MIN_RUN_SECONDS,
+    )
 }
 
 /// Targets a policy change must meet in the what-if before it is applied
@@ -446,10 +381,11 @@ pub struct ServerConfig {
     /// Rendezvous ports (`MASTER_PORT`), outside the ephemeral range.
     #[serde(default)]
     pub master_ports: gangway_core::agent::PortRange,
-    /// Scheduler knobs (backfill, preemption, fair share): part of the
-    /// versioned policy, seeded from here at the first start.
+    /// The scheduling policy by name and the scheduler's settings
+    /// (backfill, preemption, fair share): part of the versioned policy,
+    /// seeded from here at the first start.
     #[serde(default)]
-    pub scheduler: SchedulerKnobs,
+    pub scheduler: SchedulerConfig,
     /// Targets a policy change must meet in the what-if (see `gangway policy apply`).
     #[serde(default)]
     pub gates: Gates,
@@ -616,9 +552,7 @@ impl ServerConfig {
                 "metrics_token: must be at least 8 characters".into(),
             ));
         }
-        c.scheduler
-            .check()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        check_scheduler(&c.scheduler).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         c.retention.seconds().map_err(ConfigError::Invalid)?;
         c.retention
             .store_history_seconds()
@@ -768,7 +702,10 @@ mod tests {
         .expect("knobs");
         assert_eq!(c.scheduler.backfill, Backfill::Reservations(3));
         assert_eq!(c.scheduler.plan_depth, 50);
-        assert_eq!(c.scheduler.config().backfill, Backfill::Reservations(3));
+        assert_eq!(
+            gangway_sched::policies::configure(&c.scheduler).backfill,
+            Backfill::Reservations(3)
+        );
         // The older top-level keys seed the same knobs.
         let old = ServerConfig::from_yaml(&format!(
             "{BASE}scheduler: {{ fair_share: false }}\nbackfill: conservative\nplan_depth: 7\n"

@@ -1,13 +1,12 @@
-//! Gangway's trace-driven simulator: loaders for real GPU-cluster traces, a
-//! cluster description, a discrete-event engine that runs the *same*
-//! `gangway-sched` core as the server, baseline policies under the same
-//! engine, metrics, and reports (JSON, CSV, a table and SVG plots).
+//! Gangway's trace-driven simulator: loaders for real GPU-cluster traces
+//! ([`trace`]), the engine (re-exported from `gangway-sim-engine`: a cluster
+//! description, a discrete-event engine that runs the *same*
+//! `gangway-sched` core as the server, the policies of the core's registry
+//! and the SRTF oracle, metrics), the scorecard, and reports (JSON, CSV, a
+//! table and SVG plots).
 
-pub mod cluster;
-pub mod engine;
+pub use gangway_sim_engine::{cluster, engine, job, metrics, policy};
 pub mod fgd;
-pub mod metrics;
-pub mod policy;
 pub mod report;
 pub mod scorecard;
 pub mod trace;

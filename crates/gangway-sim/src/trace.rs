@@ -5,121 +5,14 @@
 //! counted, never silently dropped.
 
 use flate2::read::GzDecoder;
-use gangway_core::{PriorityClass, Time};
-use serde::Serialize;
-use std::collections::BTreeMap;
+use gangway_core::PriorityClass;
+pub use gangway_sim_engine::trace::{LoadReport, Trace, TraceError, TraceJob, KNOWN};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use thiserror::Error;
 
-/// One job of a trace, in Gangway's terms.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TraceJob {
-    /// Row id in the source (for reports).
-    pub name: String,
-    /// Submission, seconds from the trace's first submission.
-    pub submit: Time,
-    /// Run time in seconds when it runs without interruption.
-    pub duration: u64,
-    /// Total GPUs of the gang (0 for CPU-only tasks).
-    pub gpus: u32,
-    /// CPU per job in thousandths of a core (0: not given).
-    pub cpu_millis: u64,
-    /// Memory per job in MiB (0: not given).
-    pub memory_mib: u64,
-    /// Queue (team / virtual cluster) it is charged to.
-    pub queue: String,
-    /// Priority class.
-    pub priority: PriorityClass,
-    /// Required GPU model, if the trace names one.
-    pub gpu_model: Option<String>,
-    /// Submitting user, if the trace names one (run-time prediction keys on it).
-    pub user: String,
-    /// The job's kind (model or application name), if the trace names one.
-    pub app: Option<String>,
-    /// The user's time limit (Slurm `--time`), seconds, if the trace has one.
-    pub time_limit: Option<u64>,
+fn report_of(t: &Table<'_>) -> LoadReport {
+    LoadReport::of(&t.path, t.rows.len())
 }
-
-/// What a loader did with the rows of its file.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LoadReport {
-    /// The file read.
-    pub source: String,
-    /// Data rows in the file.
-    pub rows: usize,
-    /// Jobs produced.
-    pub loaded: usize,
-    /// Rows skipped, by reason.
-    pub skipped: BTreeMap<String, usize>,
-    /// Rows kept but changed, by reason.
-    pub adjusted: BTreeMap<String, usize>,
-}
-
-impl LoadReport {
-    fn new(t: &Table<'_>) -> Self {
-        LoadReport {
-            source: t.path.clone(),
-            rows: t.rows.len(),
-            ..Default::default()
-        }
-    }
-
-    fn skip(&mut self, why: &str) {
-        *self.skipped.entry(why.to_string()).or_default() += 1;
-    }
-    fn adjust(&mut self, why: &str) {
-        *self.adjusted.entry(why.to_string()).or_default() += 1;
-    }
-    /// Rows skipped in all.
-    pub fn skipped_total(&self) -> usize {
-        self.skipped.values().sum()
-    }
-}
-
-/// A loaded trace.
-#[derive(Clone, Debug, Serialize)]
-pub struct Trace {
-    /// Trace name (`philly`, `chronus-mix1`, ...).
-    pub name: String,
-    /// Jobs by submission time.
-    pub jobs: Vec<TraceJob>,
-    /// What was skipped and why.
-    pub report: LoadReport,
-}
-
-/// A trace file that could not be read at all.
-#[derive(Debug, Error)]
-pub enum TraceError {
-    /// I/O.
-    #[error("reading {path}: {source}")]
-    Io {
-        /// File.
-        path: String,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// Header missing a column.
-    #[error("{path}: header lacks column {column:?} (found: {found})")]
-    MissingColumn {
-        /// File.
-        path: String,
-        /// Column.
-        column: String,
-        /// Header seen.
-        found: String,
-    },
-    /// Unknown trace name.
-    #[error("unknown trace {0:?}; known: {KNOWN}")]
-    Unknown(String),
-    /// The trace exists but has no job table here.
-    #[error("trace {0:?} has no job table in this copy ({1})")]
-    NoJobs(String, &'static str),
-}
-
-/// Names accepted by [`load`].
-pub const KNOWN: &str =
-    "philly, philly-excerpt, chronus-mix1, chronus-mix2, chronus-slo, tiresias-60, openb";
 
 /// A small excerpt of the Philly trace shipped with the code, so the simulator
 /// runs without `../shared` (the first 3,000 jobs in submission order).
@@ -240,7 +133,7 @@ pub fn parse_philly(path: &str, text: &str) -> Result<Trace, TraceError> {
         t.col("num_gpus")?,
         t.col("cluster")?,
     );
-    let mut report = LoadReport::new(&t);
+    let mut report = report_of(&t);
     let mut raw = Vec::new();
     for (i, row) in t.rows.iter().enumerate() {
         let Some(at) = field(row, ts).and_then(parse_timestamp) else {
@@ -308,7 +201,7 @@ pub fn parse_chronus(name: &str, path: &str, text: &str) -> Result<Trace, TraceE
         t.col("job_type")?,
     );
     let model = t.col("model_name").unwrap_or(usize::MAX);
-    let mut report = LoadReport::new(&t);
+    let mut report = report_of(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
         let (Some(g), Some(s), Some(d)) = (
@@ -358,7 +251,7 @@ pub fn parse_tiresias(path: &str, text: &str) -> Result<Trace, TraceError> {
         t.col("submit_time")?,
         t.col("duration")?,
     );
-    let mut report = LoadReport::new(&t);
+    let mut report = report_of(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
         let (Some(g), Some(s), Some(d)) = (
@@ -408,7 +301,7 @@ pub fn parse_openb(path: &str, text: &str) -> Result<Trace, TraceError> {
         t.col("deletion_time")?,
         t.col("scheduled_time")?,
     );
-    let mut report = LoadReport::new(&t);
+    let mut report = report_of(&t);
     let mut jobs = Vec::new();
     for row in &t.rows {
         let (Some(g), Some(created), Some(deleted)) = (
@@ -495,7 +388,7 @@ pub fn parse_csv(name: &str, path: &str, text: &str) -> Result<Trace, TraceError
         opt("cpu_millis"),
         opt("memory_mib"),
     );
-    let mut report = LoadReport::new(&t);
+    let mut report = report_of(&t);
     let mut raw = Vec::new();
     for (i, row) in t.rows.iter().enumerate() {
         let submit = field(row, st).and_then(|v| {

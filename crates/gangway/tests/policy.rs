@@ -614,3 +614,108 @@ fn the_what_if_runs_offline_from_an_exported_history() {
         .expect("what-if");
     assert!(!out.status.success());
 }
+
+/// A job of one GPU that sleeps, declaring `runtime` seconds.
+fn sleeper(name: &str, runtime: u64) -> Value {
+    serde_json::json!({
+        "name": name,
+        "queue": "default",
+        "replicas": 1,
+        "resources": { "gpus": 1 },
+        "runtime_seconds": runtime,
+        "run": { "command": ["sh", "-c", "sleep 3600"] }
+    })
+}
+
+#[test]
+fn a_policy_naming_tiresias_ranks_the_next_cycle_by_it() {
+    // One GPU. Under the default policy (gangway) the job with less
+    // declared work goes first; under Tiresias both have received nothing
+    // (the same band), so the one submitted first goes first.
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("tiresias-n0", 1, &[], &[]);
+    c.wait_nodes(1);
+    let started = |id: u64| c.job(id)["state"] != "pending";
+    let first_of = |c: &Cluster, blocker: u64, long: u64, short: u64| -> u64 {
+        c.wait_job(blocker, "running", 60, |j| j["state"] == "running");
+        c.post(&format!("/v1/jobs/{blocker}/cancel"));
+        wait_for_start(c, long, short)
+    };
+    let blocker = c.submit(&sleeper("blocker", 3600));
+    c.wait_job(blocker, "running", 60, |j| j["state"] == "running");
+    let long = c.submit(&sleeper("long", 36_000));
+    let short = c.submit(&sleeper("short", 60));
+    assert!(!started(long) && !started(short));
+    assert_eq!(
+        first_of(&c, blocker, long, short),
+        short,
+        "gangway: less work first"
+    );
+    c.post(&format!("/v1/jobs/{long}/cancel"));
+    let running = short;
+
+    // `policy apply` of `scheduler.policy: tiresias`: an unknown name is
+    // refused with the known ones listed.
+    let mut p: Value = c.get("/v1/policy")["policy"].clone();
+    p["scheduler"]["policy"] = "lottery".into();
+    let bad = c.dir.path().join("lottery.yaml");
+    std::fs::write(&bad, p.to_string()).expect("write");
+    refused(
+        &cli(
+            &c,
+            ADMIN,
+            &[
+                "policy",
+                "apply",
+                bad.to_str().expect("path"),
+                "--reason",
+                "r",
+            ],
+        ),
+        "422",
+        &[
+            "scheduler.policy",
+            "unknown scheduling policy \"lottery\"",
+            "known: gangway, fifo, priority, slurm, capacity, tiresias, qssf",
+        ],
+    );
+    p["scheduler"]["policy"] = "tiresias".into();
+    let file = c.dir.path().join("tiresias.yaml");
+    std::fs::write(&file, p.to_string()).expect("write");
+    let out = ok(&cli(
+        &c,
+        ADMIN,
+        &[
+            "policy",
+            "apply",
+            file.to_str().expect("path"),
+            "--reason",
+            "try tiresias",
+        ],
+    ));
+    assert!(out.contains("scheduler.policy"), "{out}");
+    assert_eq!(
+        c.get("/v1/policy")["policy"]["scheduler"]["policy"],
+        "tiresias"
+    );
+    let long = c.submit(&sleeper("long-2", 36_000));
+    let short = c.submit(&sleeper("short-2", 60));
+    assert_eq!(
+        first_of(&c, running, long, short),
+        long,
+        "tiresias: first come first"
+    );
+}
+
+/// Which of `a` and `b` leaves `pending` first (the other must still be pending).
+fn wait_for_start(c: &Cluster, a: u64, b: u64) -> u64 {
+    agents::wait_for("one of two jobs scheduled", 60, || {
+        let (sa, sb) = (c.job(a)["state"].clone(), c.job(b)["state"].clone());
+        match (sa != "pending", sb != "pending") {
+            (true, false) => Some(a),
+            (false, true) => Some(b),
+            (true, true) => panic!("both started: {sa} {sb}"),
+            _ => None,
+        }
+    })
+}

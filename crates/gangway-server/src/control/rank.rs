@@ -1,7 +1,10 @@
-//! Gangway's ranking in the live server: every cycle, each live job's
-//! priority (class plus attained-service band) and rank inside its queue
-//! (predicted remaining work, aging) are set from its stored record by
-//! [`gangway_sched::rank`], the same code the simulator measures.
+//! Ranking in the live server: every cycle, each live job's priority and
+//! rank inside its queue are set from its stored record by the scheduling
+//! policy the cluster's policy names (`scheduler.policy`, a plugin of
+//! [`gangway_sched::policies`], the same code the simulator measures). For
+//! the default policy, `gangway`, that is the class plus an
+//! attained-service band, and the predicted remaining work with aging
+//! ([`gangway_sched::rank`]).
 //!
 //! A queue whose `ordering` is `fifo` keeps its jobs at their class's top
 //! band with rank 0: priority, then submission order
@@ -26,6 +29,7 @@
 use super::Control;
 use crate::records::JobRecord;
 use gangway_core::{BeginAt, JobId, JobState, Time};
+use gangway_sched::policy::{QueueUsage, RankInput};
 use gangway_sched::rank::{self, KnownRuntime, RankFacts, RankParams, Ranked, REFRESH_SECONDS};
 use gangway_sched::JobStatus;
 use gangway_store::Store;
@@ -41,6 +45,9 @@ pub(crate) struct RankMemo {
     pub(crate) refreshed_at: Option<Time>,
     /// The ranking's knobs.
     pub(crate) params: RankParams,
+    /// Each queue's decayed usage, for a policy with a fair-share factor
+    /// (accrued at each refresh).
+    usage: QueueUsage,
     /// Jobs that entered the scheduler since the last ranking without a
     /// write of their records (a gated job released): ranked at the next
     /// cycle with the jobs whose records changed.
@@ -134,6 +141,11 @@ impl<S: Store> Control<S> {
             .ranks
             .refreshed_at
             .is_none_or(|t| now >= t.saturating_add(REFRESH_SECONDS));
+        let plugin = gangway_sched::policies::of(&self.sched);
+        if refresh && plugin.changes().queue_usage {
+            let dt = self.ranks.refreshed_at.map_or(0, |t| now.saturating_sub(t));
+            self.ranks.usage.accrue(&self.cluster, dt);
+        }
         let changed = self.jobs.take_changed();
         let entered = std::mem::take(&mut self.ranks.entered);
         let went_back = self.ranks.last_at.is_some_and(|t| now < t);
@@ -200,15 +212,14 @@ impl<S: Store> Control<S> {
                     p.map_or(KnownRuntime::Unknown, KnownRuntime::Predicted)
                 }
             };
-            let ordering = self.cluster.queues()[job.queue as usize].spec.ordering;
             let started = running.then(|| rec.attempt_started());
             let f = facts_started(rec, started, runtime, now);
-            let r = rank::rank_in(ordering, &self.ranks.params, &f);
+            let input = self.rank_input(rec, job, &f, now);
+            let r = plugin.rank(&input).ranked(f.class);
             // When its band moves. Without a start (placed, not reported
             // running) its running time stays 0 until its record changes.
             let due = match started {
-                Some(Some(_)) => rank::verdict_moves_after(ordering, &self.ranks.params, &f)
-                    .map(|dt| now.saturating_add(dt)),
+                Some(Some(_)) => plugin.moves_after(&input).map(|dt| now.saturating_add(dt)),
                 _ => None,
             };
             verdicts.push((rec.id, rec.attempt, r, due));
@@ -238,6 +249,27 @@ impl<S: Store> Control<S> {
         looked_at
     }
 
+    /// What the scheduling policy reads to rank `job` (stored as `rec`).
+    fn rank_input<'a>(
+        &'a self,
+        rec: &'a JobRecord,
+        job: &'a gangway_sched::Job,
+        facts: &'a RankFacts,
+        now: Time,
+    ) -> RankInput<'a> {
+        let queue = &self.cluster.queues()[job.queue as usize].spec;
+        RankInput {
+            facts,
+            class: rec.spec.priority,
+            queue: &queue.name,
+            ordering: queue.ordering,
+            now,
+            params: &self.ranks.params,
+            state: &self.cluster,
+            usage: &self.ranks.usage,
+        }
+    }
+
     /// The jobs a walk of every ranked job would rank differently now: a
     /// running one whose priority moved (its rank is read only once it is
     /// pending again: see the module doc), or a pending one whose applied
@@ -257,12 +289,11 @@ impl<S: Store> Control<S> {
             };
             let stale = if running {
                 let runtime = KnownRuntime::of(job, self.cluster.predictor());
-                let ordering = self.cluster.queues()[job.queue as usize].spec.ordering;
-                let r = rank::rank_in(
-                    ordering,
-                    &self.ranks.params,
-                    &facts(rec, running, runtime, now),
-                );
+                let plugin = gangway_sched::policies::of(&self.sched);
+                let f = facts(rec, running, runtime, now);
+                let r = plugin
+                    .rank(&self.rank_input(rec, job, &f, now))
+                    .ranked(f.class);
                 r.priority != current.priority
             } else {
                 self.ranks.applied.get(&rec.id) != Some(&(rec.attempt, current))

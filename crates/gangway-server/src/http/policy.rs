@@ -624,7 +624,7 @@ pub async fn pilot_status(
             }
         }
         let fig = |v: &mut Vec<f64>| {
-            let s = gangway_sim::metrics::Stats::of(v);
+            let s = gangway_sim_engine::metrics::Stats::of(v);
             crate::policy::LiveFigures {
                 jobs: s.n,
                 avg_wait: s.mean,

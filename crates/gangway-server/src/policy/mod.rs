@@ -16,9 +16,10 @@ pub mod watch;
 pub mod whatif;
 
 use crate::config::ServerConfig;
-pub use crate::config::{Gates, SchedulerKnobs};
+pub use crate::config::{check_scheduler, Gates};
 use crate::control::{decode, encode, Control, ControlError};
 use gangway_core::{QueueSpec, Time};
+use gangway_sched::SchedulerConfig;
 use gangway_store::{Compare, Op, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -51,9 +52,10 @@ pub struct Policy {
     /// configuration and must match the configuration file's.
     #[serde(default)]
     pub queues: Vec<QueueSpec>,
-    /// Scheduler knobs.
+    /// The scheduling policy by name (`scheduler.policy`) and the
+    /// scheduler's settings.
     #[serde(default)]
-    pub scheduler: SchedulerKnobs,
+    pub scheduler: SchedulerConfig,
     /// Targets a change must meet.
     #[serde(default)]
     pub gates: Gates,
@@ -64,7 +66,7 @@ impl Policy {
     pub fn from_config(cfg: &ServerConfig) -> Self {
         Policy {
             queues: cfg.queues.clone(),
-            scheduler: cfg.scheduler,
+            scheduler: cfg.scheduler.clone(),
             gates: cfg.gates,
         }
     }
@@ -303,7 +305,7 @@ impl Live {
     pub fn set(&self, policy: &Policy) {
         let mut cfg = (*self.config()).clone();
         cfg.queues = policy.queues.clone();
-        cfg.scheduler = policy.scheduler;
+        cfg.scheduler = policy.scheduler.clone();
         cfg.gates = policy.gates;
         let next = Arc::new(cfg);
         match self.0.write() {
@@ -428,7 +430,7 @@ fn check_against(
     jobs: &crate::records::JobMap,
 ) -> Result<(), PolicyError> {
     let bad = |m: String| Err(PolicyError::Invalid(m));
-    candidate.scheduler.check().map_err(PolicyError::Invalid)?;
+    check_scheduler(&candidate.scheduler).map_err(PolicyError::Invalid)?;
     candidate.gates.check().map_err(PolicyError::Invalid)?;
     if candidate.queues.len() > MAX_QUEUES {
         return bad(format!("queues: at most {MAX_QUEUES}"));
@@ -527,8 +529,9 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
         .replace_queues(&policy.queues)
         .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
     c.queue_specs = policy.queues.clone();
-    c.sched = policy.scheduler.config();
-    // A queue's ordering may have changed: re-rank every job at the next cycle.
+    c.sched = gangway_sched::policies::configure(&policy.scheduler);
+    // A queue's ordering or the scheduling policy may have changed: re-rank
+    // every job at the next cycle.
     c.ranks.refreshed_at = None;
     Ok(())
 }
@@ -723,7 +726,7 @@ pub fn live_figures_of(jobs: &crate::records::JobMap, from: Time, to: Time) -> A
         all.push(w);
     }
     let fig = |v: &mut Vec<f64>| {
-        let s = gangway_sim::metrics::Stats::of(v);
+        let s = gangway_sim_engine::metrics::Stats::of(v);
         LiveFigures {
             jobs: s.n,
             avg_wait: s.mean,
@@ -1009,6 +1012,68 @@ mod tests {
         // Loaded again: nothing more to record.
         load_or_seed(&mut c, &old_cfg, 20).expect("load");
         assert_eq!(all_versions(&c.store).expect("all").len(), 2);
+    }
+
+    #[test]
+    fn a_version_stored_with_the_knobs_of_before_loads_and_runs_the_default_policy() {
+        // Version 1 exactly as the server stored it when the scheduler
+        // section was a separate knob struct: no `policy` field.
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+        let v1 = r#"{"version":1,"policy":{"queues":[{"name":"default"}],"scheduler":{"backfill":"conservative","plan_depth":50,"preemption":true,"fair_share":false,"max_preemption_searches":8,"max_preemptions_per_cycle":256,"preemption_budget":3,"min_run_seconds":600,"min_run_grows":true,"max_pending_examined":20000},"gates":{"max_p95_wait_worse_pct":null,"max_utilisation_drop_points":null,"min_jain":null}},"author":"config","at":5,"reason":"seeded","action":{"kind":"seed"},"previous":null,"diff":[],"evidence":null,"gates":[],"forced":false,"after":null}"#;
+        store.put(&version_key(1), v1.as_bytes()).expect("put");
+        store.put(CURRENT_KEY, br#"{"version":1}"#).expect("put");
+        let v = load_version(&store, 1).expect("an old version still loads");
+        let s = &v.policy.scheduler;
+        assert_eq!(s.policy, "gangway");
+        assert_eq!(s.backfill, gangway_sched::Backfill::Conservative);
+        assert_eq!(
+            (s.plan_depth, s.fair_share, s.max_preemption_searches),
+            (50, false, 8)
+        );
+        assert_eq!(
+            (s.preemption_budget, s.min_run_seconds, s.min_run_grows),
+            (Some(3), 600, true)
+        );
+        // The fields the stored form leaves out are the core's defaults.
+        let d = SchedulerConfig::default();
+        assert_eq!(
+            (s.strict_order, s.plan_budget, s.max_victims_examined),
+            (d.strict_order, d.plan_budget, d.max_victims_examined)
+        );
+        let cfg = ServerConfig::from_yaml("admin_token: admin-secret\nagent_token: agent-secret\n")
+            .expect("config");
+        let mut c = Control::open(store, &v.policy.queues).expect("control");
+        let p = load_or_seed(&mut c, &cfg, 10).expect("installs");
+        assert_eq!(p, v.policy);
+        assert_eq!(c.sched, v.policy.scheduler);
+        assert_eq!(
+            all_versions(&c.store).expect("all").len(),
+            1,
+            "nothing to upgrade"
+        );
+    }
+
+    #[test]
+    fn a_policy_names_a_registered_scheduling_policy_whose_switches_it_runs() {
+        let mut p = Policy::from_config(&cfg());
+        assert_eq!(p.scheduler.policy, "gangway");
+        p.scheduler.policy = "lottery".into();
+        let e = check_scheduler(&p.scheduler)
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            e.contains("scheduler.policy: unknown scheduling policy \"lottery\"; known: gangway, fifo, priority, slurm, capacity, tiresias, qssf"),
+            "{e}"
+        );
+        let p = Policy::from_yaml("scheduler: { policy: fifo, preemption: true }").expect("reads");
+        check_scheduler(&p.scheduler).expect("fifo is known");
+        // FIFO's switches win over the site's: no preemption, strict order.
+        let core = gangway_sched::policies::configure(&p.scheduler);
+        assert_eq!((core.preemption, core.strict_order), (false, true));
+        assert_eq!(core.policy, "fifo");
+        let e = Policy::from_yaml("scheduler: { strict_order: true }").expect_err("not a field");
+        assert!(e.to_string().contains("strict_order"), "{e}");
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The what-if: this cluster's own history (finished jobs as
 //! [`HistoryEntry`] rows: submit times, requests, queues, users, observed run
-//! times, failures) replayed through the simulator, which runs the same
-//! scheduling core, once under the policy in force and once under a
-//! candidate, on the cluster's own nodes. The server runs it off the state
+//! times, failures) replayed through the simulator's engine, which runs the
+//! same scheduling core, once under the policy in force and once under a
+//! candidate, on the cluster's own nodes. Each side runs the scheduling
+//! policy its version names (`scheduler.policy`, from the registry the live
+//! server ranks by), so two policies compare as well as two settings of one. The server runs it off the state
 //! lock, on a copy; `gangway policy what-if --history FILE` runs it offline.
 //!
 //! What is replayed of each job is what happened to it: it asks for its GPUs
@@ -17,9 +19,9 @@
 use super::{GateResult, Gates, Policy, PolicyError};
 use crate::history::HistoryEntry;
 use gangway_core::{NodeSpec, PriorityClass, Time};
-use gangway_sim::engine::{Engine, SimOptions};
-use gangway_sim::metrics::Stats;
-use gangway_sim::trace::{LoadReport, Trace, TraceJob};
+use gangway_sim_engine::engine::{Engine, SimOptions};
+use gangway_sim_engine::metrics::Stats;
+use gangway_sim_engine::trace::{LoadReport, Trace, TraceJob};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -85,6 +87,12 @@ pub struct WhatIf {
     /// each is replayed; each policy's replay preempts on its own).
     #[serde(default)]
     pub observed_preemptions: u64,
+    /// The scheduling policy the version in force names (`scheduler.policy`).
+    #[serde(default)]
+    pub current_policy: String,
+    /// The scheduling policy the candidate names.
+    #[serde(default)]
+    pub candidate_policy: String,
     /// The policy in force.
     pub current: Side,
     /// The candidate.
@@ -170,21 +178,24 @@ fn replay(trace: &Trace, nodes: &[NodeSpec], policy: &Policy) -> Result<Side, Po
             .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
     }
     let capacity = state.total().gpus.max(1) as f64;
+    // The scheduling policy the version names ranks the jobs, with its
+    // switches on the version's settings: the live server's cycle.
     let engine = Engine::with_state(
         trace,
         state,
-        policy.scheduler.config(),
+        gangway_sched::policies::of(&policy.scheduler),
+        gangway_sched::policies::configure(&policy.scheduler),
         SimOptions::default(),
     );
     let (result, jobs) = engine
         .run_with_jobs(&mut |_, _| {})
         .map_err(|e| PolicyError::Invalid(format!("what-if: {e}")))?;
     let span = result.makespan.max(1) as f64;
-    let mut per: BTreeMap<String, Vec<&gangway_sim::engine::SimJob>> = BTreeMap::new();
+    let mut per: BTreeMap<String, Vec<&gangway_sim_engine::engine::SimJob>> = BTreeMap::new();
     for j in &jobs {
         per.entry(j.trace.queue.clone()).or_default().push(j);
     }
-    let figures = |js: &[&gangway_sim::engine::SimJob]| -> Figures {
+    let figures = |js: &[&gangway_sim_engine::engine::SimJob]| -> Figures {
         let mut waits = Vec::new();
         let mut jcts = Vec::new();
         let mut f = Figures {
@@ -214,7 +225,7 @@ fn replay(trace: &Trace, nodes: &[NodeSpec], policy: &Policy) -> Result<Side, Po
         f.gpu_utilisation_pct = 100.0 * useful / (capacity * span);
         f
     };
-    let all: Vec<&gangway_sim::engine::SimJob> = jobs.iter().collect();
+    let all: Vec<&gangway_sim_engine::engine::SimJob> = jobs.iter().collect();
     let mut overall = figures(&all);
     overall.jain = Some(result.jain_fairness);
     Ok(Side {
@@ -276,6 +287,12 @@ pub fn run(
         failed_jobs,
         failed_attempts,
         observed_preemptions,
+        current_policy: gangway_sched::policies::of(&current.scheduler)
+            .name()
+            .to_string(),
+        candidate_policy: gangway_sched::policies::of(&candidate.scheduler)
+            .name()
+            .to_string(),
         current: a,
         candidate: b?,
     })
@@ -348,6 +365,11 @@ pub fn human(secs: f64) -> String {
 /// The what-if as a table: one row per queue and one overall, each figure
 /// as `current -> candidate`.
 pub fn table(w: &WhatIf) -> String {
+    let policies = if w.current_policy == w.candidate_policy {
+        w.current_policy.clone()
+    } else {
+        format!("{} -> {}", w.current_policy, w.candidate_policy)
+    };
     let mut rows = vec![[
         "scope".to_string(),
         "jobs".into(),
@@ -401,6 +423,10 @@ pub fn table(w: &WhatIf) -> String {
         "what-if: {} jobs of this cluster's history on {} GPUs (current -> candidate)\n",
         w.jobs, w.gpus
     );
+    // Evidence stored before versions named their policy has no names.
+    if !policies.is_empty() {
+        out.push_str(&format!("scheduling policy: {policies}\n"));
+    }
     for r in &rows {
         let line: Vec<String> = r
             .iter()
@@ -518,6 +544,42 @@ mod tests {
         let w = run(&h, 0, &nodes, &cur, &greedy).expect("what-if");
         let (easy, off) = (&w.current.queues["a"], &w.candidate.queues["a"]);
         assert!(off.p95_wait > easy.p95_wait + 600.0, "{easy:?} {off:?}");
+    }
+
+    #[test]
+    fn two_scheduling_policies_compare_on_the_same_history() {
+        let nodes = vec![NodeSpec::uniform("n0", "l", "s", 8, "H100", 80)];
+        // A whole-node job holds the node; then a long job and a short one,
+        // both declaring their run times, wait for it. Gangway's policy runs
+        // the short one first (less remaining work); FIFO and Tiresias (the
+        // same band: neither has run) the one submitted first.
+        let mut h = vec![
+            entry(1, "a", 0, 10_000, 8),
+            entry(2, "a", 10, 5_000, 8),
+            entry(3, "a", 20, 60, 8),
+        ];
+        for e in &mut h {
+            e.runtime_seconds = Some(e.run_seconds);
+        }
+        let gangway = policy(8, 8);
+        for other in ["fifo", "tiresias"] {
+            let mut cand = gangway.clone();
+            cand.scheduler.policy = other.into();
+            let w = run(&h, 0, &nodes, &gangway, &cand).expect("what-if");
+            assert_eq!(
+                (w.current_policy.as_str(), w.candidate_policy.as_str()),
+                ("gangway", other)
+            );
+            let (g, o) = (&w.current.overall, &w.candidate.overall);
+            // Gangway: the short job waits ~10,000 s and the long ~10,060 s;
+            // first come first: the long ~9,990 s and the short ~14,980 s.
+            assert!(o.avg_wait > g.avg_wait + 1_000.0, "{other}: {g:?} {o:?}");
+            assert!(
+                table(&w).contains(&format!("scheduling policy: gangway -> {other}")),
+                "{}",
+                table(&w)
+            );
+        }
     }
 
     #[test]

@@ -5,10 +5,14 @@
 //! are applied — the engine adds no scheduling policy of its own.
 
 use crate::cluster::{ClusterError, ClusterSpec};
+pub use crate::job::SimJob;
 use crate::metrics::{Recorder, SimResult};
-use crate::policy::{Policy, Ranking};
-use crate::trace::{Trace, TraceJob};
+use crate::policy::Policy;
+use crate::trace::Trace;
 use gangway_core::{JobId, JobSpec, Time, TopologyConstraint};
+use gangway_sched::policy::{
+    class_tier, QueueUsage, RankChanges, RankInput, SchedulingPolicy, Verdict, TIER_SPAN,
+};
 use gangway_sched::{apply, schedule, ClusterState, Decisions, StateConfig, StateError};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -109,45 +113,6 @@ enum Ev {
     Arrive(usize),
 }
 
-/// A job's life in the simulation.
-#[derive(Clone, Debug)]
-pub struct SimJob {
-    /// From the trace.
-    pub trace: TraceJob,
-    /// Work saved in checkpoints, seconds.
-    pub done: u64,
-    /// Current run's start.
-    pub run_start: Option<Time>,
-    /// Attempt counter (stale events are ignored).
-    pub attempt: u32,
-    /// First start.
-    pub first_start: Option<Time>,
-    /// Completion.
-    pub finish: Option<Time>,
-    /// Time spent pending so far.
-    pub waited: u64,
-    /// Since when it is pending.
-    pub pending_since: Time,
-    /// Times preempted.
-    pub preemptions: u32,
-    /// GPU-seconds lost (work since the last checkpoint, and the grace period).
-    pub lost_gpu_seconds: u64,
-    /// GPU-seconds received in finished runs.
-    pub attained: u64,
-    /// When the checkpoint signal was sent in this run.
-    pub signalled: Option<Time>,
-    /// Rejected by validation.
-    pub rejected: Option<String>,
-    /// Seconds without progress at the start of the current run (restoring a checkpoint).
-    pub overhead: u64,
-}
-
-impl SimJob {
-    fn remaining(&self) -> u64 {
-        self.trace.duration.saturating_sub(self.done)
-    }
-}
-
 /// Shape of a gang of `gpus` GPUs on nodes of at most `max_node` GPUs:
 /// one replica when it fits a node, else replicas of the largest divisor that does.
 pub fn gang_shape(gpus: u32, max_node: u32) -> (u32, u32) {
@@ -164,9 +129,31 @@ pub fn gang_shape(gpus: u32, max_node: u32) -> (u32, u32) {
     (gpus / per, per)
 }
 
+/// Who ranks the jobs of a run.
+#[derive(Clone, Copy, Debug)]
+enum Ranker {
+    /// A plugin of the scheduling core's registry.
+    Plugin(&'static dyn SchedulingPolicy),
+    /// The SRTF oracle: shortest true remaining run time first (simulator only).
+    Srtf,
+}
+
+impl Ranker {
+    fn changes(self) -> RankChanges {
+        match self {
+            Ranker::Plugin(p) => p.changes(),
+            Ranker::Srtf => RankChanges {
+                while_running: true,
+                ..RankChanges::default()
+            },
+        }
+    }
+}
+
 /// One simulation of one policy on one trace.
 pub struct Engine {
     policy: Policy,
+    ranker: Ranker,
     opts: SimOptions,
     state: ClusterState,
     jobs: Vec<SimJob>,
@@ -183,10 +170,10 @@ pub struct Engine {
     debug: bool,
     /// When ranks that change with time (age, aging) were last refreshed.
     last_refresh: Option<Time>,
-    /// Gangway's ranking knobs (the run's LAS thresholds).
+    /// The ranking's knobs (Gangway's bands, the run's LAS thresholds).
     rank_params: gangway_sched::rank::RankParams,
-    /// Slurm fair share: per queue, decayed GPU-seconds used.
-    queue_usage: std::collections::BTreeMap<String, f64>,
+    /// Fair-share factors: per queue, decayed GPU-seconds used.
+    queue_usage: QueueUsage,
     /// Events processed.
     pub events_processed: u64,
     /// Scheduling cycles run.
@@ -207,26 +194,30 @@ impl Engine {
         queues.dedup();
         let state = spec.build(&queues, StateConfig::default())?;
         let cfg = policy.config();
-        Ok(Self::from_parts(trace, policy, state, cfg, opts))
+        let ranker = policy.plugin().map_or(Ranker::Srtf, Ranker::Plugin);
+        Ok(Self::from_parts(trace, policy, ranker, state, cfg, opts))
     }
 
     /// Prepares a run of `trace` on a cluster state built by the caller (nodes
-    /// and queue tree) with the core configured by `cfg`; jobs are ranked
-    /// within their queue and priority class by `gangway_sched::rank` (each
-    /// queue's `ordering`), as on a live server. The policy what-if replays a
-    /// cluster's own history this way, once per candidate policy.
+    /// and queue tree) with the core configured by `cfg`; jobs are ranked by
+    /// `plugin` (Gangway's takes each queue's `ordering`), as on a live
+    /// server running it. The policy what-if replays a cluster's own history
+    /// this way, once per policy compared.
     pub fn with_state(
         trace: &Trace,
         state: ClusterState,
+        plugin: &'static dyn SchedulingPolicy,
         cfg: gangway_sched::SchedulerConfig,
         opts: SimOptions,
     ) -> Self {
-        Self::from_parts(trace, Policy::Gangway, state, cfg, opts)
+        let label = plugin.name().parse().unwrap_or(Policy::Gangway);
+        Self::from_parts(trace, label, Ranker::Plugin(plugin), state, cfg, opts)
     }
 
     fn from_parts(
         trace: &Trace,
         policy: Policy,
+        ranker: Ranker,
         state: ClusterState,
         cfg: gangway_sched::SchedulerConfig,
         opts: SimOptions,
@@ -263,10 +254,12 @@ impl Engine {
         // the Tiresias baseline's.
         let rank_params = gangway_sched::rank::RankParams {
             aging_factor: AGING_FACTOR,
+            las_thresholds: opts.las_thresholds.clone(),
             ..gangway_sched::rank::RankParams::default()
         };
         let mut e = Engine {
             policy,
+            ranker,
             opts,
             state,
             jobs,
@@ -504,119 +497,64 @@ impl Engine {
         Ok(())
     }
 
-    /// The run time the scheduler may know for job `i`: declared, else
-    /// predicted from the jobs completed so far (median), with its prediction.
-    fn known_runtime(&self, i: usize) -> (Option<u64>, Option<gangway_sched::predict::Prediction>) {
-        let Some(job) = self.state.job(Self::id(i)) else {
-            return (None, None);
-        };
-        if let Some(d) = job.spec.runtime_seconds {
-            return (Some(d), None);
-        }
-        let p = self.state.predictor().predict(&job.predict_key());
-        (p.map(|p| p.median()), p)
-    }
-
-    /// Sets a job's priority (baselines) or in-queue rank (Gangway) for
-    /// ranking policies.
+    /// Sets job `i`'s priority and in-queue rank by the run's policy.
     fn rerank(&mut self, i: usize) {
         let id = Self::id(i);
         let now = self.now;
         let j = &self.jobs[i];
-        let gpus = u64::from(j.trace.gpus).max(1);
-        let ran = j.run_start.map_or(0, |s| now - s);
-        // Every policy honours the jobs' priority classes (a trace's
-        // best-effort jobs never go ahead of its normal ones, as FIFO,
-        // Slurm and capacity queues keep them): the baselines' own order
-        // applies within a class.
-        let tier = class_tier(j.trace.priority);
-        let prio = match self.policy.ranking() {
-            Ranking::Classes => return,
-            Ranking::AttainedService => {
-                let a = j.attained + u64::from(j.trace.gpus) * ran;
-                let band = self.opts.las_thresholds.iter().filter(|t| a >= **t).count();
-                tier + 1000 - (band.min(1000) as i32)
-            }
-            Ranking::RemainingTime => {
+        let plugin = match self.ranker {
+            Ranker::Srtf => {
+                // Every policy honours the jobs' priority classes: SRTF's
+                // order applies within a class.
+                let ran = j.run_start.map_or(0, |s| now - s);
                 let left = j.remaining().saturating_sub(ran);
-                tier + TIER_SPAN - 1 - (left / 60).min(TIER_SPAN as u64 - 1) as i32
-            }
-            Ranking::PredictedService => {
-                let (rt, _) = self.known_runtime(i);
-                let work = rt.unwrap_or(0).saturating_mul(gpus) / 60;
-                tier + TIER_SPAN - 1 - work.min(TIER_SPAN as u64 - 1) as i32
-            }
-            Ranking::Multifactor => tier + self.multifactor(i),
-            Ranking::WithinQueue => {
-                // Gangway's ranking, the same code as the live server's.
-                let Some(job) = self.state.job(id) else {
-                    return;
-                };
-                let facts = gangway_sched::rank::RankFacts {
-                    class: j.trace.priority.value(),
-                    gpus: u64::from(j.trace.gpus),
-                    attained_gpu_seconds: j.attained,
-                    running_for: j.run_start.map(|s| now - s),
-                    waited: j.waited + now.saturating_sub(j.pending_since),
-                    submitted: j.trace.submit,
-                    runtime: gangway_sched::rank::KnownRuntime::of(job, self.state.predictor()),
-                };
-                let ordering = self.state.queues()[job.queue as usize].spec.ordering;
-                let r = gangway_sched::rank::rank_in(ordering, &self.rank_params, &facts);
-                let _ = gangway_sched::rank::apply(&mut self.state, id, r);
+                let prio = class_tier(j.trace.priority) + TIER_SPAN
+                    - 1
+                    - (left / 60).min(TIER_SPAN as u64 - 1) as i32;
+                let _ = self.state.set_priority(id, prio);
                 return;
             }
+            Ranker::Plugin(p) => p,
         };
-        let _ = self.state.set_priority(id, prio);
-    }
-
-    /// Slurm's multifactor priority: PriorityWeightAge, PriorityWeightFairshare
-    /// and PriorityWeightJobSize of 1000 each; age saturates at PriorityMaxAge
-    /// (7 days); fair share 2^(-usage/share) over usage decayed with a 7-day
-    /// half-life; PriorityFavorSmall (fewer GPUs, higher).
-    fn multifactor(&self, i: usize) -> i32 {
-        let j = &self.jobs[i];
-        let age = (self.now.saturating_sub(j.trace.submit) as f64 / (7.0 * 86_400.0)).min(1.0);
-        let total_gpus = self.state.total().gpus.max(1) as f64;
-        let size = 1.0 - (f64::from(j.trace.gpus) / total_gpus).min(1.0);
-        let all: f64 = self.queue_usage.values().sum();
-        let queues = self.state.queues();
-        let nominal_total: u64 = queues
-            .iter()
-            .filter(|q| q.children.is_empty())
-            .filter_map(|q| q.spec.quota.nominal.gpus)
-            .sum();
-        let leaves = queues
-            .iter()
-            .filter(|q| q.children.is_empty())
-            .count()
-            .max(1);
-        let share = match self
-            .state
-            .queue_index(&j.trace.queue)
-            .and_then(|q| queues[q as usize].spec.quota.nominal.gpus)
-        {
-            Some(n) if nominal_total > 0 => n as f64 / nominal_total as f64,
-            _ => 1.0 / leaves as f64,
+        let Some(job) = self.state.job(id) else {
+            return;
         };
-        let used = if all > 0.0 {
-            self.queue_usage.get(&j.trace.queue).copied().unwrap_or(0.0) / all
-        } else {
-            0.0
+        let facts = gangway_sched::rank::RankFacts {
+            class: j.trace.priority.value(),
+            gpus: u64::from(j.trace.gpus),
+            attained_gpu_seconds: j.attained,
+            running_for: j.run_start.map(|s| now - s),
+            waited: j.waited + now.saturating_sub(j.pending_since),
+            submitted: j.trace.submit,
+            runtime: gangway_sched::rank::KnownRuntime::of(job, self.state.predictor()),
         };
-        let fs = 2f64.powf(-used / share.max(1e-9));
-        (1000.0 * (age + fs + size)).round() as i32
+        let verdict = plugin.rank(&RankInput {
+            facts: &facts,
+            class: j.trace.priority,
+            queue: &j.trace.queue,
+            ordering: self.state.queues()[job.queue as usize].spec.ordering,
+            now,
+            params: &self.rank_params,
+            state: &self.state,
+            usage: &self.queue_usage,
+        });
+        match verdict {
+            Verdict::Class => {}
+            Verdict::Priority(p) => {
+                let _ = self.state.set_priority(id, p);
+            }
+            Verdict::Ranked(r) => {
+                let _ = gangway_sched::rank::apply(&mut self.state, id, r);
+            }
+        }
     }
 
     /// Refreshes ranks that change with time alone (age, aging, predictions),
     /// every 5 simulated minutes, like Slurm's PriorityCalcPeriod.
     fn refresh_ranks(&mut self) {
         const PERIOD: Time = gangway_sched::rank::REFRESH_SECONDS;
-        let r = self.policy.ranking();
-        if !matches!(
-            r,
-            Ranking::Multifactor | Ranking::WithinQueue | Ranking::PredictedService
-        ) {
+        let changes = self.ranker.changes();
+        if !changes.with_time {
             return;
         }
         let now = self.now;
@@ -626,17 +564,8 @@ impl Engine {
             None => 0,
         };
         self.last_refresh = Some(now);
-        if r == Ranking::Multifactor {
-            let decay = 0.5f64.powf(dt as f64 / (7.0 * 86_400.0));
-            for v in self.queue_usage.values_mut() {
-                *v *= decay;
-            }
-            for (q, info) in self.state.queues().iter().enumerate() {
-                if info.children.is_empty() {
-                    let used = self.state.queue_usage(q as u32).gpus as f64 * dt as f64;
-                    *self.queue_usage.entry(info.spec.name.clone()).or_default() += used;
-                }
-            }
+        if changes.queue_usage {
+            self.queue_usage.accrue(&self.state, dt);
         }
         let pending: Vec<usize> = self
             .state
@@ -653,10 +582,8 @@ impl Engine {
     fn cycle(&mut self) -> Result<(), SimError> {
         let now = self.now;
         self.refresh_ranks();
-        if matches!(
-            self.policy.ranking(),
-            Ranking::AttainedService | Ranking::RemainingTime | Ranking::WithinQueue
-        ) {
+        let changes = self.ranker.changes();
+        if changes.while_running {
             let running: Vec<usize> = self
                 .state
                 .running_by_end()
@@ -696,20 +623,15 @@ impl Engine {
                 // It becomes a possible victim then: the core must look again.
                 self.push(now + min_run, Ev::Cross(i, a));
             }
-            if matches!(
-                self.policy.ranking(),
-                Ranking::AttainedService | Ranking::WithinQueue
-            ) {
-                let thresholds = if self.policy.ranking() == Ranking::WithinQueue {
-                    &self.rank_params.thresholds
-                } else {
-                    &self.opts.las_thresholds
-                };
-                if let Some(t) = gangway_sched::rank::next_threshold(thresholds, attained) {
-                    let dt = (t - attained).div_ceil(gpus);
-                    if dt < left {
-                        self.push(now + dt, Ev::Cross(i, a));
-                    }
+            // A running job whose band moves is ranked again then.
+            let next = changes
+                .bands
+                .of(&self.rank_params)
+                .and_then(|thresholds| gangway_sched::rank::next_threshold(thresholds, attained));
+            if let Some(t) = next {
+                let dt = (t - attained).div_ceil(gpus);
+                if dt < left {
+                    self.push(now + dt, Ev::Cross(i, a));
                 }
             }
         }
@@ -740,23 +662,4 @@ impl Engine {
         self.rec.cycle(&self.state, &d, now);
         Ok(())
     }
-}
-
-/// Priorities one class spans in the baselines that set their own priority
-/// (Tiresias, SRTF, QSSF): their orders fit inside it, so classes never cross.
-const TIER_SPAN: i32 = 100_000_000;
-
-/// The base priority of a class's tier for those baselines.
-fn class_tier(c: gangway_core::PriorityClass) -> i32 {
-    use gangway_core::PriorityClass as P;
-    let ordinal = match c {
-        P::BestEffort => 0,
-        P::Low => 1,
-        P::Normal => 2,
-        P::High => 3,
-        P::Production => 4,
-        P::Critical => 5,
-    };
-    // At most 5 × 10^8 + 10^8 - 1 < i32::MAX.
-    ordinal * TIER_SPAN
 }

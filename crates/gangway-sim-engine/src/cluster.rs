@@ -312,11 +312,15 @@ impl ClusterSpec {
             "tiresias" | "tiresias-60" => Ok(Self::tiresias()),
             "openb" => {
                 let p = traces.join("alibaba-openb-2023/openb_node_list_all_node.csv");
-                Ok(Self::from_node_table("openb", &trace::read(&p)?, false))
+                Ok(Self::from_node_table(
+                    "openb",
+                    &trace::read_plain(&p)?,
+                    false,
+                ))
             }
             "pai" => {
                 let p = traces.join("alibaba-pai-2020/pai_machine_spec.csv");
-                Ok(Self::from_node_table("pai", &trace::read(&p)?, true))
+                Ok(Self::from_node_table("pai", &trace::read_plain(&p)?, true))
             }
             _ => Err(ClusterError::Unknown(name.into())),
         }

@@ -3,7 +3,7 @@
 //! share against quota over time, Jain's fairness across queues, starvation,
 //! preemptions and GPU-hours lost, fragmentation.
 
-use crate::engine::SimJob;
+use crate::job::SimJob;
 use crate::policy::Policy;
 use gangway_core::Time;
 use gangway_sched::{ClusterState, Decisions};
