@@ -68,6 +68,14 @@ struct Task {
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
     port_busy: Option<u16>,
+    /// Each rank's memory limit in MiB (named when the kernel OOM-kills one).
+    memory_mib: u64,
+    /// The job's checkpoint quota on this node in bytes (0: none).
+    quota: u64,
+    /// Its checkpoint directory's size at the last measurement.
+    ckpt_bytes: u64,
+    /// The limit this agent stopped it for, with the value reached.
+    limit: Option<String>,
     /// What is wrong with the ranks' setup without stopping them (for the
     /// job's events).
     warnings: Vec<String>,
@@ -94,6 +102,10 @@ impl Task {
             ckpt: None,
             first_failure: None,
             port_busy: None,
+            memory_mib: 0,
+            quota: 0,
+            ckpt_bytes: 0,
+            limit: None,
             warnings: Vec::new(),
         }
     }
@@ -114,6 +126,9 @@ fn state_tag(dir: &std::path::Path) -> String {
 /// How long a stopping rank's processes get between two looks.
 const POLL: Duration = Duration::from_millis(100);
 
+/// How often checkpoint directories and free space are measured.
+const DISK_CHECK: Duration = Duration::from_secs(1);
+
 /// A running agent.
 pub struct Agent {
     cfg: AgentConfig,
@@ -126,6 +141,12 @@ pub struct Agent {
     exits_rx: UnboundedReceiver<(RankKey, i32)>,
     agent_url: String,
     server_index: std::sync::atomic::AtomicUsize,
+    /// Why the node is under disk pressure, while it is.
+    disk_pressure: Option<String>,
+    /// When the disk was last looked at.
+    disk_checked: Option<Instant>,
+    /// Room kept back for the agent's own state.
+    reserve: crate::disk::Reserve,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -237,6 +258,7 @@ impl Agent {
         let (exits_tx, exits_rx) = unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
         let node = cfg.node.clone();
+        let reserve = crate::disk::Reserve::new(&cfg.state_dir);
         let mut agent = Agent {
             cfg,
             discovery,
@@ -248,6 +270,9 @@ impl Agent {
             exits_rx,
             agent_url,
             server_index: Default::default(),
+            disk_pressure: None,
+            disk_checked: None,
+            reserve,
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -358,8 +383,13 @@ impl Agent {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The memory this node offers: the declared size, capped at the real one.
+    fn node_memory_mib(&self) -> u64 {
+        crate::limits::node_memory_mib(self.cfg.memory_mib, machine_size().1)
+    }
+
     fn node_spec(&self) -> NodeSpec {
-        let (cpu, mem) = machine_size();
+        let (cpu, _) = machine_size();
         NodeSpec {
             name: self.cfg.node.clone(),
             gpus: self.discovery.gpus.clone(),
@@ -368,11 +398,7 @@ impl Agent {
             } else {
                 cpu
             },
-            memory_mib: if self.cfg.memory_mib > 0 {
-                self.cfg.memory_mib
-            } else {
-                mem
-            },
+            memory_mib: self.node_memory_mib(),
             leaf: self.cfg.leaf.clone(),
             spine: self.cfg.spine.clone(),
             labels: self.cfg.labels.clone(),
@@ -549,6 +575,15 @@ impl Agent {
             let log = log_path(&self.cfg.state_dir.join("logs"), job.0, attempt, rank);
             let mut f = crate::checkpoint::rank_failure(rank, code, &log);
             f.oom_killed = r.oom_killed || self.executor.oom_killed(&r.handle);
+            if f.oom_killed && t.memory_mib > 0 {
+                f.limit = Some(crate::limits::memory_limit_text(t.memory_mib));
+            }
+            if t.limit.is_some() {
+                f.limit = t.limit.clone();
+            }
+            f.node_fault =
+                self.executor
+                    .node_fault(crate::executor::RankKey { job, attempt, rank });
             f.unknown_exit = r.unknown_exit;
             Some(f)
         });
@@ -569,6 +604,7 @@ impl Agent {
 
     async fn sync(&self) -> Result<SyncResponse, SyncError> {
         let req = SyncRequest {
+            disk_pressure: self.disk_pressure.clone(),
             gpus: self.discovery.health(&self.cfg.state_dir),
             tasks: self
                 .tasks
@@ -597,6 +633,7 @@ impl Agent {
             }
             self.drain_exits();
             changed |= self.poll_ranks();
+            changed |= self.watch_disk();
             self.enforce_grace().await;
             let due = match last_sync {
                 None => true,
@@ -670,6 +707,72 @@ impl Agent {
         } else {
             self.kill_all().await;
         }
+    }
+
+    /// Every [`DISK_CHECK`]: measures each job's checkpoint directory
+    /// against its quota and the free space of the state and checkpoint
+    /// filesystems. A job over quota is stopped; under pressure the node says
+    /// so (and takes no new work), the agent gives back its reserve, and the
+    /// job that wrote most since the last look is stopped. Returns whether
+    /// anything changed that the server must hear.
+    fn watch_disk(&mut self) -> bool {
+        if self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
+            return false;
+        }
+        self.disk_checked = Some(Instant::now());
+        let mut changed = false;
+        let mut top: Option<(TaskKey, u64)> = None;
+        for (k, t) in self.tasks.iter_mut() {
+            let Some(dir) = &t.ckpt else { continue };
+            if !t.view().alive() || t.limit.is_some() {
+                continue;
+            }
+            let used = crate::disk::dir_bytes(dir);
+            let grew = used.saturating_sub(t.ckpt_bytes);
+            t.ckpt_bytes = used;
+            if t.quota > 0 && used > t.quota {
+                let why = crate::disk::quota_text(t.quota, used);
+                tracing::warn!("job {} attempt {}: {why}; stopping it", k.0, k.1);
+                t.limit = Some(why);
+                t.kill_at = Some(Instant::now());
+                changed = true;
+                continue;
+            }
+            if top.is_none_or(|(_, g)| grew > g) {
+                top = Some((*k, grew));
+            }
+        }
+        let percent = self.cfg.disk_pressure_percent;
+        let pressure = if percent == 0 {
+            None
+        } else {
+            let mut roots = vec![self.cfg.state_dir.clone(), self.cfg.checkpoint_root.clone()];
+            roots.extend(self.tasks.values().filter_map(|t| t.ckpt.clone()));
+            roots.iter().find_map(|p| crate::disk::pressure(p, percent))
+        };
+        match &pressure {
+            Some(why) => {
+                self.reserve.release();
+                if self.disk_pressure.is_none() {
+                    tracing::error!("node {}: {why}", self.cfg.node);
+                }
+                if let Some((k, _)) = top {
+                    if let Some(t) = self.tasks.get_mut(&k) {
+                        let why =
+                            format!("stopped for the node's disk pressure, writing most ({why})");
+                        tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
+                        t.limit = Some(why);
+                        t.kill_at = Some(Instant::now());
+                    }
+                }
+            }
+            None => self.reserve.hold(),
+        }
+        if pressure != self.disk_pressure {
+            self.disk_pressure = pressure;
+            changed = true;
+        }
+        changed
     }
 
     /// The next grace deadline still ahead (past ones are re-killed at
@@ -812,6 +915,7 @@ impl Agent {
     /// Drops a task none of whose processes is left, with its `TMPDIR`.
     fn forget_task(&mut self, k: TaskKey) {
         self.tasks.remove(&k);
+        self.executor.forget_node_faults(k.0, k.1);
         crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
     }
 
@@ -973,14 +1077,24 @@ impl Agent {
                 }
             };
             let exit_file = crate::leftovers::exit_file(&self.cfg.state_dir, rk);
+            let limits = crate::limits::rank_limits(
+                a.cpu_millis,
+                a.memory_mib,
+                &a.rules.policy.limits,
+                self.node_memory_mib(),
+                self.discovery.gpus.len() as u32,
+                r.gpus.len() as u32,
+            );
+            task.memory_mib = limits.memory_mib;
+            task.quota = a.rules.policy.limits.checkpoint_quota_bytes.unwrap_or(0);
             let launch = Launch {
                 key: rk,
                 exit_file: exit_file.clone(),
                 run: a.run.clone(),
                 env,
                 gpus: r.gpus.clone(),
-                cpu_millis: a.cpu_millis,
-                memory_mib: a.memory_mib,
+                limits,
+                rotation: crate::logs::Rotation::of(&a.rules.policy.limits),
                 log,
                 signal: a.checkpoint_signal,
                 grace_seconds: a.grace_seconds,

@@ -117,6 +117,8 @@ pub fn rank_failure(rank: u32, exit_code: i32, log: &Path) -> RankFailure {
         signal: (exit_code > 128 && exit_code < 128 + 65).then(|| exit_code - 128),
         oom_killed: false,
         log_tail: log_tail(log, LOG_TAIL_LINES),
+        node_fault: None,
+        limit: None,
         unknown_exit: false,
     }
 }

@@ -85,6 +85,9 @@ pub struct AgentConfig {
     /// On a clean stop, leave the ranks running for the next agent to adopt
     /// (an upgrade or restart) instead of killing them.
     pub leave_ranks_on_exit: bool,
+    /// Free space (percent) below which a data or checkpoint filesystem is
+    /// under pressure (0: never).
+    pub disk_pressure_percent: u32,
 }
 
 impl AgentConfig {
@@ -123,6 +126,7 @@ impl AgentConfig {
             proctrack: crate::proctrack::ProcTrackKind::Auto,
             cgroup_parent: "gangway".into(),
             leave_ranks_on_exit: false,
+            disk_pressure_percent: crate::disk::DEFAULT_PRESSURE_PERCENT,
         }
     }
 }

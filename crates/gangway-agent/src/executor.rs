@@ -13,7 +13,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::StreamExt;
 use gangway_core::{JobId, RunSpec};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tokio::sync::mpsc::UnboundedSender;
@@ -44,10 +44,10 @@ pub struct Launch {
     pub env: BTreeMap<String, String>,
     /// Host GPU indices.
     pub gpus: Vec<u32>,
-    /// CPU limit in thousandths of a core (0: none).
-    pub cpu_millis: u64,
-    /// Memory limit in MiB (0: none).
-    pub memory_mib: u64,
+    /// Its limits (CPU, memory, processes; see [`crate::limits`]).
+    pub limits: Limits,
+    /// How its log is rotated.
+    pub rotation: crate::logs::Rotation,
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     /// The job's checkpoint directory (mounted read-write into containers).
@@ -89,6 +89,9 @@ pub struct Executor {
     /// Tells this agent's containers from those of another agent on the
     /// same machine (tests run several).
     tag: String,
+    /// Ranks this agent could not start for a reason outside the job (the
+    /// node's fault, reported to the server's node blame), with why.
+    node_faults: std::sync::Arc<std::sync::Mutex<HashMap<RankKey, String>>>,
 }
 
 /// Why the executor could not be set up.
@@ -143,7 +146,28 @@ impl Executor {
             node: node.to_string(),
             track,
             tag: tag.to_string(),
+            node_faults: Default::default(),
         })
+    }
+
+    /// Why the agent could not start rank `k`, when the node, not the job,
+    /// was the cause.
+    pub fn node_fault(&self, k: RankKey) -> Option<String> {
+        self.node_faults.lock().ok()?.get(&k).cloned()
+    }
+
+    /// Forgets what was noted about the ranks of an attempt that is gone.
+    pub fn forget_node_faults(&self, job: JobId, attempt: u32) {
+        if let Ok(mut m) = self.node_faults.lock() {
+            m.retain(|k, _| !(k.job == job && k.attempt == attempt));
+        }
+    }
+
+    fn blame_node(&self, k: RankKey, why: String) {
+        tracing::error!("rank {k:?} not started, the node's fault: {why}");
+        if let Ok(mut m) = self.node_faults.lock() {
+            m.insert(k, why);
+        }
     }
 
     /// The process tracker.
@@ -299,10 +323,21 @@ impl Executor {
             );
         }
         // User numbers: a limit too large for Docker's i64 is no limit at all.
-        host.memory = (l.memory_mib > 0)
-            .then(|| i64::try_from(l.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX));
-        host.nano_cpus = (l.cpu_millis > 0)
-            .then(|| i64::try_from(l.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
+        let lim = l.limits;
+        host.memory = (lim.memory_mib > 0)
+            .then(|| i64::try_from(lim.memory_mib.saturating_mul(1 << 20)).unwrap_or(i64::MAX));
+        host.nano_cpus = (lim.cpu_millis > 0)
+            .then(|| i64::try_from(lim.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX));
+        host.cpu_shares = (lim.cpu_millis > 0).then(|| lim.cpu_shares() as i64);
+        host.pids_limit = (lim.pids > 0).then(|| i64::try_from(lim.pids).unwrap_or(i64::MAX));
+        // Docker's own copy of the output is bounded like the agent's.
+        host.log_config = Some(bollard::models::HostConfigLogConfig {
+            typ: Some("json-file".into()),
+            config: Some(HashMap::from([
+                ("max-size".to_string(), l.rotation.max_bytes.to_string()),
+                ("max-file".to_string(), l.rotation.max_files.to_string()),
+            ])),
+        });
         host.device_requests = device_requests;
         let labels = [
             ("gangway.job", k.job.to_string()),
@@ -343,7 +378,7 @@ impl Executor {
             let _ = exits.send((k, 125));
             return Rank::NotStarted;
         }
-        watch_container(d, name.clone(), k, l.log, exits, None);
+        watch_container(d, name.clone(), k, (l.log, l.rotation), exits, None);
         Rank::Container(name)
     }
 
@@ -384,12 +419,12 @@ fn watch_container(
     d: Docker,
     name: String,
     k: RankKey,
-    log: PathBuf,
+    (log, rotation): (PathBuf, crate::logs::Rotation),
     exits: ExitSender,
     since: Option<i32>,
 ) {
     tokio::spawn(async move {
-        let logs = tokio::spawn(copy_logs(d.clone(), name.clone(), log, since));
+        let logs = tokio::spawn(copy_logs(d.clone(), name.clone(), log, rotation, since));
         let code = match d.wait_container(&name, None).next().await {
             Some(Ok(r)) => r.status_code as i32,
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code as i32,
@@ -461,7 +496,8 @@ impl Executor {
                     d.clone(),
                     self.docker_name(k),
                     k,
-                    log,
+                    // Re-adopted: its queue's rotation is not known here.
+                    (log, crate::logs::Rotation::of(&Default::default())),
                     exits.clone(),
                     Some(now),
                 );
@@ -482,12 +518,14 @@ impl Executor {
     }
 }
 
-async fn copy_logs(d: Docker, name: String, log: PathBuf, since: Option<i32>) {
-    let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-    else {
+async fn copy_logs(
+    d: Docker,
+    name: String,
+    log: PathBuf,
+    rotation: crate::logs::Rotation,
+    since: Option<i32>,
+) {
+    let Ok(mut f) = crate::logs::RotatingLog::open(&log, rotation) else {
         return;
     };
     let opts = LogsOptionsBuilder::default()
@@ -513,31 +551,39 @@ impl Executor {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!("rank log {}: {e}", l.log.display());
+                self.blame_node(k, format!("cannot open the rank's log: {e}"));
                 let _ = exits.send((k, 125));
                 return Rank::NotStarted;
             }
         };
         let (out, err) = match log.try_clone() {
             Ok(e) => (log, e),
-            Err(_) => {
+            Err(e) => {
+                self.blame_node(k, format!("cannot duplicate the rank's log: {e}"));
                 let _ = exits.send((k, 125));
                 return Rank::NotStarted;
             }
         };
         let name = self.container_name(k);
-        let limits = Limits {
-            cpu_millis: l.cpu_millis,
-            memory_mib: l.memory_mib,
-        };
+        let limits = l.limits;
         let container = match self.track.create(&name, limits) {
             Ok(c) => c,
             Err(e) => {
                 note(&l.log, &format!("cannot create the rank's container: {e}"));
+                self.blame_node(k, format!("cannot create the rank's container: {e}"));
                 let _ = exits.send((k, 125));
                 return Rank::NotStarted;
             }
         };
         let join = self.track.join(&container);
+        // No cgroup holds the rank under the subreaper: rlimits stand in.
+        let rlimits = (self.track.kind() == crate::proctrack::ProcTrackKind::Subreaper)
+            .then(|| crate::limits::Rlimits::of(limits));
+        let Some(pump) = crate::logpump::LogPump::new(&l.log, l.rotation) else {
+            note(&l.log, "bad log file path");
+            let _ = exits.send((k, 125));
+            return Rank::NotStarted;
+        };
         let exit_file = l.exit_file.clone();
         let _ = std::fs::remove_file(&exit_file);
         // The supervisor writes the exit code there: on a fresh state dir the
@@ -571,6 +617,10 @@ impl Executor {
         unsafe {
             cmd.pre_exec(move || {
                 join.join()?;
+                if let Some(r) = &rlimits {
+                    r.apply()?;
+                }
+                pump.start()?;
                 sup.fork()
             });
         }

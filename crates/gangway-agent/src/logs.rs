@@ -54,21 +54,18 @@ async fn read_log(
     }
     let path = log_path(&s.dir, job, attempt, rank);
     let offset = q.offset.unwrap_or(0);
-    let mut f = std::fs::File::open(&path).map_err(|_| {
-        (
+    if !path.exists() {
+        return Err((
             StatusCode::NOT_FOUND,
             format!("no log for job {job} attempt {attempt} rank {rank}"),
-        )
-    })?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = offset.min(len);
-    let mut buf = Vec::new();
-    f.seek(SeekFrom::Start(start))
-        .and_then(|_| f.take(MAX_CHUNK).read_to_end(&mut buf))
+        ));
+    }
+    let (buf, next, skipped) = read_rotated(&path, offset, MAX_CHUNK)
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok(Json(LogChunk {
         data: String::from_utf8_lossy(&buf).into_owned(),
-        next_offset: start + buf.len() as u64,
+        next_offset: next,
+        dropped: skipped,
     }))
 }
 
@@ -83,4 +80,220 @@ pub fn router(s: LogServer) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/logs/{job}/{attempt}/{rank}", get(read_log))
         .with_state(s)
+}
+
+/// Log size per file at which a rank's log is rotated, when its queue says
+/// nothing (the kubelet's `containerLogMaxSize`).
+pub const DEFAULT_LOG_MAX_BYTES: u64 = 10 << 20;
+/// Log files kept per rank, the current one included (`containerLogMaxFiles`).
+pub const DEFAULT_LOG_MAX_FILES: u32 = 5;
+
+/// How a rank's log is bounded: rotated at `max_bytes`, `max_files` kept
+/// (`rank-R.log`, then `rank-R.log.1` … the oldest); what falls off the end
+/// is counted in `rank-R.log.dropped`, so readers can say so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rotation {
+    /// Bytes per file.
+    pub max_bytes: u64,
+    /// Files kept, the current one included (at least 1).
+    pub max_files: u32,
+}
+
+impl Rotation {
+    /// The queue's rotation, or the defaults.
+    pub fn of(p: &gangway_core::node_policy::RankLimitPolicy) -> Self {
+        Rotation {
+            max_bytes: p.log_max_bytes.unwrap_or(DEFAULT_LOG_MAX_BYTES).max(4096),
+            max_files: p
+                .log_max_files
+                .unwrap_or(DEFAULT_LOG_MAX_FILES)
+                .clamp(1, 100),
+        }
+    }
+
+    /// The most a rank's log takes on disk.
+    pub fn cap(&self) -> u64 {
+        self.max_bytes.saturating_mul(u64::from(self.max_files))
+    }
+}
+
+/// `rank-R.log.N`: the Nth older file of a rotated log (0: the current one).
+pub fn rotated_path(log: &std::path::Path, n: u32) -> PathBuf {
+    if n == 0 {
+        return log.to_path_buf();
+    }
+    let mut s = log.as_os_str().to_os_string();
+    s.push(format!(".{n}"));
+    PathBuf::from(s)
+}
+
+/// `rank-R.log.dropped`: bytes of the log rotated away for good.
+pub fn dropped_path(log: &std::path::Path) -> PathBuf {
+    let mut s = log.as_os_str().to_os_string();
+    s.push(".dropped");
+    PathBuf::from(s)
+}
+
+/// Bytes of `log` rotated away for good.
+pub fn dropped_bytes(log: &std::path::Path) -> u64 {
+    std::fs::read_to_string(dropped_path(log))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Bytes of a rotated log on disk, every kept file together.
+pub fn bytes_on_disk(log: &std::path::Path) -> u64 {
+    (0..=100)
+        .map(|n| rotated_path(log, n))
+        .take_while(|p| p.exists())
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Reads a rotated log as one stream: byte `offset` counts from the start of
+/// everything the rank ever wrote; what was rotated away is skipped (the
+/// returned `skipped` says how many bytes). Returns the data, the offset to
+/// ask for next and the bytes skipped.
+pub fn read_rotated(
+    log: &std::path::Path,
+    offset: u64,
+    max: u64,
+) -> std::io::Result<(Vec<u8>, u64, u64)> {
+    let dropped = dropped_bytes(log);
+    // Oldest first: `.K` … `.1`, then the current file.
+    let mut files: Vec<(PathBuf, u64)> = Vec::new();
+    let mut n = 1;
+    while let Ok(m) = std::fs::metadata(rotated_path(log, n)) {
+        files.push((rotated_path(log, n), m.len()));
+        n += 1;
+        if n > 100 {
+            break;
+        }
+    }
+    files.reverse();
+    let current = std::fs::metadata(log)?.len();
+    files.push((log.to_path_buf(), current));
+    let start = offset.max(dropped);
+    let skipped = start - offset;
+    let mut buf = Vec::new();
+    let mut base = dropped;
+    for (path, len) in files {
+        let end = base + len;
+        if start < end && (buf.len() as u64) < max {
+            let from = start.max(base) - base;
+            let mut f = std::fs::File::open(&path)?;
+            f.seek(SeekFrom::Start(from))?;
+            f.take(max - buf.len() as u64).read_to_end(&mut buf)?;
+        }
+        base = end;
+    }
+    let next = start + buf.len() as u64;
+    Ok((buf, next, skipped))
+}
+
+/// A log file rotated as it is written (Docker ranks, whose output the
+/// agent copies; process ranks have the same rotation in their log pump).
+pub struct RotatingLog {
+    path: PathBuf,
+    rotation: Rotation,
+    file: std::fs::File,
+    size: u64,
+}
+
+impl RotatingLog {
+    /// Opens (appending to) `path`.
+    pub fn open(path: &std::path::Path, rotation: Rotation) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        let size = file.metadata()?.len();
+        Ok(RotatingLog {
+            path: path.to_path_buf(),
+            rotation,
+            file,
+            size,
+        })
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let last = self.rotation.max_files.saturating_sub(1);
+        let gone = if last == 0 {
+            self.size
+        } else {
+            std::fs::metadata(rotated_path(&self.path, last)).map_or(0, |m| m.len())
+        };
+        if gone > 0 {
+            let total = dropped_bytes(&self.path) + gone;
+            std::fs::write(dropped_path(&self.path), format!("{total}\n"))?;
+        }
+        for n in (1..last).rev() {
+            let _ = std::fs::rename(rotated_path(&self.path, n), rotated_path(&self.path, n + 1));
+        }
+        if last > 0 {
+            std::fs::rename(&self.path, rotated_path(&self.path, 1))?;
+        }
+        self.file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&self.path)?;
+        self.size = 0;
+        Ok(())
+    }
+}
+
+impl std::io::Write for RotatingLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.size >= self.rotation.max_bytes {
+            self.rotate()?;
+        }
+        let room = (self.rotation.max_bytes - self.size).min(buf.len() as u64) as usize;
+        let n = self.file.write(&buf[..room])?;
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_rotated_log_keeps_its_cap_and_reads_as_one_stream() {
+        let d = tempfile::tempdir().expect("tmp");
+        let log = d.path().join("rank-0.log");
+        let r = Rotation {
+            max_bytes: 4096,
+            max_files: 3,
+        };
+        let mut w = RotatingLog::open(&log, r).expect("open");
+        for i in 0..5000u32 {
+            writeln!(w, "line {i:08}").expect("write");
+        }
+        // 5000 lines of 14 bytes: 70,000 bytes written, 3 x 4 KiB kept.
+        let total = 5000 * 14;
+        assert!(bytes_on_disk(&log) <= r.cap(), "{}", bytes_on_disk(&log));
+        let dropped = dropped_bytes(&log);
+        assert_eq!(dropped + bytes_on_disk(&log), total);
+        let (data, next, skipped) = read_rotated(&log, 0, u64::MAX).expect("read");
+        assert_eq!(skipped, dropped);
+        assert_eq!(next, total);
+        let text = String::from_utf8(data).expect("utf8");
+        assert!(
+            text.ends_with("line 00004999\n"),
+            "{}",
+            &text[text.len() - 30..]
+        );
+        // Reading on from an offset in the kept part skips nothing.
+        let (_, next2, skipped2) = read_rotated(&log, total - 14, u64::MAX).expect("read");
+        assert_eq!((next2, skipped2), (total, 0));
+    }
 }

@@ -1,9 +1,10 @@
 //! What a rank gets from its node, and nothing more: its Unix account
-//! ([`crate::identity`]), a clean environment (the job's env without loader
-//! variables unless its queue allows them, Gangway's contract variables, and
-//! a documented minimal base: `PATH`, `HOME`, `USER`, `LOGNAME`, `LANG`, plus
-//! the agent variables an admin passes with `--pass-env`), its own log file
-//! and checkpoint directory, and for containers the checked mounts
+//! ([`crate::identity`]), a clean environment (the job's env, without loader
+//! variables where its queue allows root ranks, Gangway's contract
+//! variables, and a documented minimal base: `PATH`, `HOME` (the account's,
+//! or the job's own), `TMPDIR` (the attempt's own), `USER`, `LOGNAME`,
+//! `LANG`, plus the agent variables an admin passes with `--pass-env`), its
+//! own log file and checkpoint directory, and for containers the checked mounts
 //! ([`crate::mounts`]) and a hardened Docker host configuration.
 
 use crate::config::AgentConfig;

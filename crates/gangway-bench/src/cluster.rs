@@ -284,6 +284,7 @@ struct AgentStats {
 /// tasks, less the closing `]}` (the tasks are its last field).
 fn sync_prefix(gpus: &[GpuHealth]) -> Result<Vec<u8>> {
     let mut b = serde_json::to_vec(&SyncRequest {
+        disk_pressure: None,
         gpus: gpus.to_vec(),
         tasks: Vec::new(),
     })?;
@@ -1547,6 +1548,7 @@ mod tests {
         for n in 0..=reports.len() {
             let body = sync_body(&prefix, &reports[..n]).expect("body");
             let want = SyncRequest {
+                disk_pressure: None,
                 gpus: gpus.clone(),
                 tasks: reports[..n].to_vec(),
             };

@@ -57,6 +57,7 @@ pub fn run(a: &SyncArgs) -> Result<()> {
         c.cycle(now)?;
         for name in &names {
             let req = SyncRequest {
+                disk_pressure: None,
                 gpus: (0..8)
                     .map(|index| GpuHealth {
                         index,

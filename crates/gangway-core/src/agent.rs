@@ -212,6 +212,15 @@ pub struct RankFailure {
     /// The last lines of its log.
     #[serde(default)]
     pub log_tail: Vec<String>,
+    /// The agent could not start or stop the rank for a reason outside the
+    /// job (its container, log or cgroup could not be made; processes it
+    /// could not kill): the node's fault, held against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_fault: Option<String>,
+    /// The limit that stopped it and the value reached, when one did
+    /// (`memory limit 2.9 GiB reached (OOM-killed)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
     /// Its exit code is unknown: its supervisor was lost (killed with the
     /// agent) before the rank ended, and `exit_code` is a stand-in.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -226,6 +235,10 @@ pub struct SyncRequest {
     pub gpus: Vec<GpuHealth>,
     /// Every job attempt the agent knows of.
     pub tasks: Vec<TaskReport>,
+    /// Set while a filesystem of the node runs out of space: the node takes
+    /// no new work (why, with the figures).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_pressure: Option<String>,
 }
 
 /// One rank to run on this node.
@@ -351,6 +364,14 @@ pub struct LogChunk {
     pub data: String,
     /// Byte offset to ask for next.
     pub next_offset: u64,
+    /// Bytes between the offset asked for and this chunk's start that log
+    /// rotation dropped (older lines no longer kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Name of the role every rank has (torchrun's default role).
@@ -561,6 +582,7 @@ mod tests {
     #[test]
     fn sync_bodies_round_trip_with_flattened_states() {
         let r = SyncRequest {
+            disk_pressure: None,
             gpus: vec![GpuHealth {
                 index: 0,
                 healthy: false,
@@ -573,6 +595,8 @@ mod tests {
                     signal: Some(9),
                     oom_killed: false,
                     log_tail: vec!["boom".into()],
+                    node_fault: None,
+                    limit: None,
                     unknown_exit: false,
                 }),
                 ..TaskReport::new(JobId(4), 1, TaskState::Exited { exit_code: 137 })

@@ -36,6 +36,27 @@ pub struct NodePolicy {
     pub read_only_rootfs: bool,
     /// Host paths that may be mounted.
     pub mounts: MountPolicy,
+    /// Per-rank limits (processes, memory, logs) beyond the defaults.
+    pub limits: RankLimitPolicy,
+}
+
+/// A queue's per-rank limits; each one left out takes the agent's default
+/// (4,096 processes; memory: the request, else the node's memory per GPU
+/// times the rank's GPUs; logs: 10 MiB per file, 5 files, like the kubelet).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RankLimitPolicy {
+    /// Processes (and threads) a rank may have at once.
+    pub pids: Option<u64>,
+    /// Memory per GPU for ranks that request none, in MiB.
+    pub memory_mib_per_gpu: Option<u64>,
+    /// Size in bytes at which a rank's log is rotated.
+    pub log_max_bytes: Option<u64>,
+    /// Log files kept per rank, the current one included.
+    pub log_max_files: Option<u32>,
+    /// Bytes a job may keep in its checkpoint directory on a node (none:
+    /// only the node's free-space watch bounds it).
+    pub checkpoint_quota_bytes: Option<u64>,
 }
 
 impl NodePolicy {

@@ -108,11 +108,14 @@ fn samples() -> Vec<(&'static str, Value)> {
         signal: Some(9),
         oom_killed: true,
         log_tail: vec!["Killed".into()],
+        node_fault: None,
+        limit: None,
         unknown_exit: false,
     });
     let mut busy = TaskReport::new(JobId(44), 0, TaskState::Exited { exit_code: 0 });
     busy.port_busy = Some(29_400);
     let full_request = SyncRequest {
+        disk_pressure: None,
         gpus: vec![
             GpuHealth {
                 index: 0,
@@ -128,6 +131,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         tasks: vec![running, failing, busy],
     };
     let minimal_request = SyncRequest {
+        disk_pressure: None,
         gpus: vec![GpuHealth {
             index: 0,
             healthy: true,
@@ -158,6 +162,7 @@ fn samples() -> Vec<(&'static str, Value)> {
             v(&LogChunk {
                 data: "step 1\n".into(),
                 next_offset: 7,
+                dropped: 0,
             }),
         ),
     ]

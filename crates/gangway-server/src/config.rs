@@ -47,7 +47,8 @@ pub struct NodeLifecycle {
     pub node_not_ready_seconds: u64,
     /// Seconds without a heartbeat before its gangs are treated as lost.
     pub node_lost_seconds: u64,
-    /// Distinct jobs failing in a row on one node before it is cordoned (0: never).
+    /// Distinct jobs failing on one node and succeeding elsewhere before it
+    /// is blamed (0: never auto-cordon; see [`crate::blame`]).
     pub auto_cordon_failures: u32,
 }
 
@@ -345,7 +346,9 @@ pub struct ServerConfig {
     /// and restarted elsewhere.
     #[serde(default = "thirty")]
     pub node_lost_seconds: u64,
-    /// Different jobs failing in a row on one node before it is cordoned (0: never).
+    /// Distinct jobs that failed on one node and then succeeded on others
+    /// before the node is blamed for it (0: never auto-cordon at all). Plain
+    /// failures of a job that fails everywhere never count (see `blame`).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
     /// Whether nodes joining with the join token wait for an admin's approval.
@@ -455,6 +458,16 @@ impl ServerConfig {
             node_not_ready_seconds: self.node_not_ready_seconds,
             node_lost_seconds: self.node_lost_seconds,
             auto_cordon_failures: self.auto_cordon_failures,
+        }
+    }
+
+    /// The node blame knobs: the rate limit (10 % of the nodes, at least
+    /// one, per 10 minutes) and the halt above half the nodes are fixed.
+    pub fn blame(&self) -> crate::blame::BlameConfig {
+        crate::blame::BlameConfig {
+            jobs_to_qualify: self.auto_cordon_failures,
+            enabled: self.auto_cordon_failures > 0,
+            ..crate::blame::BlameConfig::default()
         }
     }
 

@@ -304,9 +304,15 @@ pub struct Control<S: Store> {
     pub heartbeats: crate::heartbeats::Heartbeats,
     /// Nodes whose gangs were already treated as lost.
     pub lost: HashSet<String>,
-    /// Per node, the distinct jobs whose gangs failed there in a row (no
-    /// success between).
-    pub node_failures: HashMap<String, Vec<JobId>>,
+    /// Which failures count against which node, and when a node is
+    /// cordoned for them (see [`crate::blame`]).
+    pub blame: crate::blame::Blame,
+    /// What blame did since the API last took it: (node or `cluster`,
+    /// what), for the audit log and metrics.
+    pub blame_log: Vec<crate::blame::Decision>,
+    /// Nodes under DiskPressure as their agents report it: why, and whether
+    /// the pressure cordoned the node (in memory only: lifted with it).
+    pub disk_pressure: HashMap<String, (String, bool)>,
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
     /// The agents' last verdict per GPU.
@@ -450,7 +456,9 @@ impl<S: Store> Control<S> {
             lifecycle: NodeLifecycle::default(),
             heartbeats,
             lost: HashSet::new(),
-            node_failures: HashMap::new(),
+            blame: crate::blame::Blame::default(),
+            blame_log: Vec::new(),
+            disk_pressure: HashMap::new(),
             cordon_reasons: HashMap::new(),
             reported_health: HashMap::new(),
             contract: ContractConfig::default(),
@@ -1076,18 +1084,14 @@ impl<S: Store> Control<S> {
             Report::Failing(code) => {
                 // The whole gang stops together (signal, short grace); the
                 // outcome is decided once no process of it is left anywhere.
-                self.note_node_failure(node, id, now)?;
+                self.blame.job_failed(node, id, &rec.spec.user);
                 self.begin_failed_stop(&mut rec, code, node, now);
                 self.write(rec)?;
             }
             Report::Exited(code) => {
-                if !stopping {
-                    if code == 0 {
-                        self.node_failures.remove(node);
-                    } else {
-                        self.note_node_failure(node, id, now)?;
-                        self.begin_failed_stop(&mut rec, code, node, now);
-                    }
+                if !stopping && code != 0 {
+                    self.blame.job_failed(node, id, &rec.spec.user);
+                    self.begin_failed_stop(&mut rec, code, node, now);
                 }
                 rec.exited_on.insert(node.to_string(), code);
                 if rec.exited_on.len() < nodes {
@@ -1148,10 +1152,16 @@ impl<S: Store> Control<S> {
         ending: Ending,
         now: Time,
     ) -> Result<(), ControlError> {
-        if matches!(ending, Ending::Succeeded(_)) {
+        let succeeded = matches!(ending, Ending::Succeeded(_));
+        if succeeded {
             self.learn_runtime(&rec, now);
+            let nodes: Vec<String> = rec.placement.iter().map(|r| r.node.clone()).collect();
+            self.blame.job_succeeded(rec.id, &nodes, now);
         }
         let (rec, after) = ended(rec, ending, now);
+        if !succeeded && matches!(after, AfterEnd::Finish) {
+            self.blame.job_gone(rec.id);
+        }
         let id = rec.id;
         self.write(rec)?;
         self.apply_ending(id, after);
@@ -1190,33 +1200,113 @@ impl<S: Store> Control<S> {
         };
     }
 
-    /// Counts a failed gang on `node`. Once `auto_cordon_failures` different
-    /// jobs have failed there in a row (no success between) the node is
-    /// cordoned, so a bad machine stops eating the restarts of every job sent
-    /// to it; one broken job failing again and again does not count as many.
-    fn note_node_failure(&mut self, node: &str, job: JobId, now: Time) -> Result<(), ControlError> {
-        let jobs = self.node_failures.entry(node.to_string()).or_default();
-        if !jobs.contains(&job) {
-            jobs.push(job);
-        }
-        let count = jobs.len();
-        let limit = self.lifecycle.auto_cordon_failures as usize;
-        if limit > 0 && count >= limit {
-            self.node_failures.remove(node);
-            let already = self
-                .cluster
-                .node_index(node)
-                .is_some_and(|i| self.cluster.nodes()[i as usize].spec.cordoned);
-            if !already {
-                self.cordon(node, true)?;
-                let why = format!(
-                    "cordoned automatically at {now}: gangs of {count} different jobs failed on it in a row"
-                );
-                tracing::warn!("node {node} {why}");
-                self.cordon_reasons.insert(node.to_string(), why);
+    /// A node under DiskPressure takes no new work: it is cordoned while
+    /// the pressure lasts (unless it was already), with the agent's figures
+    /// as the reason, and uncordoned when its agent reports the pressure gone.
+    fn apply_disk_pressure(&mut self, node: &str, why: Option<&str>) -> Result<bool, ControlError> {
+        let Some(n) = self.cluster.node_index(node) else {
+            return Ok(false);
+        };
+        let bad = |e: gangway_sched::StateError| ControlError::BadNode(e.to_string());
+        match why {
+            Some(why) if !self.disk_pressure.contains_key(node) => {
+                let ours = !self.cluster.nodes()[n as usize].spec.cordoned;
+                if ours {
+                    self.cluster.set_cordoned(node, true).map_err(bad)?;
+                    self.cordon_reasons
+                        .insert(node.to_string(), why.to_string());
+                }
+                tracing::error!("node {node}: {why}");
+                self.disk_pressure
+                    .insert(node.to_string(), (why.to_string(), ours));
+                self.cluster_view.urge();
+                Ok(true)
             }
+            None => match self.disk_pressure.remove(node) {
+                Some((_, ours)) => {
+                    if ours {
+                        self.cluster.set_cordoned(node, false).map_err(bad)?;
+                        self.cordon_reasons.remove(node);
+                    }
+                    tracing::info!("node {node}: disk pressure gone");
+                    self.cluster_view.urge();
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
+            Some(_) => Ok(false),
         }
-        Ok(())
+    }
+
+    /// A rank of `job` on `node` failed for a reason outside the job.
+    fn blame_node_fault(&mut self, node: &str, job: JobId, cause: crate::blame::Cause, now: Time) {
+        let user = self.jobs.get(&job).map(|(r, _)| r.spec.user.clone());
+        let job = user.as_deref().map(|u| (job, u));
+        self.blame.node_fault(node, job, cause, now);
+    }
+
+    /// The agent found GPU `gpu` of `node` unhealthy: evidence against the
+    /// node when a job ran on it (the fault cost that job); a fault on an
+    /// idle GPU only takes that GPU out of service.
+    fn blame_gpu(&mut self, node: &str, gpu: u32, reason: &str, now: Time) {
+        let Some(cause) = crate::blame::gpu_cause(gpu, reason) else {
+            return;
+        };
+        let Some(n) = self.cluster.node_index(node) else {
+            return;
+        };
+        let hit: Vec<JobId> = self
+            .cluster
+            .jobs_on(n)
+            .iter()
+            .filter(|id| {
+                self.jobs.get(*id).is_some_and(|(r, _)| {
+                    r.placement
+                        .iter()
+                        .any(|p| p.node == node && p.gpus.contains(&gpu))
+                })
+            })
+            .copied()
+            .collect();
+        for id in hit {
+            self.blame_node_fault(node, id, cause.clone(), now);
+        }
+    }
+
+    /// Applies what node blame decides now: cordons the nodes it blames
+    /// (with their evidence as the reason), within its rate limit, or stops
+    /// auto-cordoning when too many nodes qualify at once. Each decision is
+    /// kept for the audit log and metrics ([`Control::blame_log`]).
+    pub(crate) fn apply_blame(&mut self, now: Time) -> Result<bool, ControlError> {
+        let nodes = self.cluster.nodes();
+        let cordoned: HashSet<&str> = nodes
+            .iter()
+            .filter(|n| n.spec.cordoned)
+            .map(|n| n.spec.name.as_str())
+            .collect();
+        let decisions = self
+            .blame
+            .decide(now, nodes.len(), |n| cordoned.contains(n));
+        let mut changed = false;
+        for d in decisions {
+            match &d {
+                crate::blame::Decision::Cordon { node, why } => {
+                    self.cordon(node, true)?;
+                    let why = format!("cordoned automatically at {now}: {why}");
+                    tracing::warn!("node {node} {why}");
+                    self.cordon_reasons.insert(node.clone(), why);
+                    changed = true;
+                }
+                crate::blame::Decision::Halt { nodes } => tracing::error!(
+                    "auto-cordon stopped: {} nodes qualify at once ({}); the cause is likely not the nodes",
+                    nodes.len(),
+                    nodes.join(", ")
+                ),
+                crate::blame::Decision::Resume => tracing::warn!("auto-cordon resumed"),
+            }
+            self.blame_log.push(d);
+        }
+        Ok(changed)
     }
 
     /// An agent's sync: records the heartbeat (a NotReady node is Ready
@@ -1245,7 +1335,8 @@ impl<S: Store> Control<S> {
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
             changed = true;
         }
-        changed |= self.apply_gpu_health(node, &req.gpus)?;
+        changed |= self.apply_gpu_health(node, &req.gpus, now)?;
+        changed |= self.apply_disk_pressure(node, req.disk_pressure.as_deref())?;
         for t in &req.tasks {
             // The contract's parts of the report first: a busy rendezvous
             // port replaces the report; a checkpoint and a failure go with it.
@@ -1275,6 +1366,14 @@ impl<S: Store> Control<S> {
             }
             if let Some(f) = &t.failure {
                 self.stash_failure(node, t.job, t.attempt, f);
+                if let Some(why) = &f.node_fault {
+                    self.blame_node_fault(
+                        node,
+                        t.job,
+                        crate::blame::Cause::AgentFault(why.clone()),
+                        now,
+                    );
+                }
             }
             let report = match t.state {
                 TaskState::Running => Report::Running,
@@ -1295,6 +1394,7 @@ impl<S: Store> Control<S> {
                 Err(e) => return Err(e),
             }
         }
+        changed |= self.apply_blame(now)?;
         let answer = SyncAnswer {
             work: self.node_work(node),
             cleanup: self.take_cleanup(node),
@@ -1305,11 +1405,17 @@ impl<S: Store> Control<S> {
     /// GPU health as reported by the agent: a change of the agent's verdict
     /// is applied (and stored); an admin's clearing stands until the agent's
     /// verdict changes again. Returns whether any GPU changed.
-    fn apply_gpu_health(&mut self, node: &str, gpus: &[GpuHealth]) -> Result<bool, ControlError> {
+    fn apply_gpu_health(
+        &mut self,
+        node: &str,
+        gpus: &[GpuHealth],
+        now: Time,
+    ) -> Result<bool, ControlError> {
         let Some(n) = self.cluster.node_index(node) else {
             return Ok(false);
         };
         let mut changed = false;
+        let mut faulted = Vec::new();
         // Looked up by name: a heartbeat with no news allocates nothing here.
         let seen = match self.reported_health.get_mut(node) {
             Some(m) => m,
@@ -1325,6 +1431,7 @@ impl<S: Store> Control<S> {
             };
             if spec.gpus[pos].healthy != g.healthy {
                 if !g.healthy {
+                    faulted.push((g.index, g.reason.clone().unwrap_or_default()));
                     tracing::warn!(
                         "node {node} GPU {} unhealthy: {}",
                         g.index,
@@ -1336,6 +1443,9 @@ impl<S: Store> Control<S> {
                     .map_err(|e| ControlError::BadNode(e.to_string()))?;
                 changed = true;
             }
+        }
+        for (gpu, reason) in faulted {
+            self.blame_gpu(node, gpu, &reason, now);
         }
         if changed {
             self.store_node(n)?;
@@ -1495,6 +1605,11 @@ impl<S: Store> Control<S> {
         let mut spec = self.cluster.nodes()[n as usize].spec.clone();
         spec.cordoned = cordoned;
         self.store.put(&node_key(name), &encode(&spec))?;
+        if !cordoned {
+            // Back in service: the evidence that cordoned it is spent.
+            self.blame.forget_node(name);
+            self.cordon_reasons.remove(name);
+        }
         self.cluster
             .set_cordoned(name, cordoned)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod audit;
 pub mod authz;
 pub mod backup;
+pub mod blame;
 pub mod clock;
 pub mod config;
 pub mod control;
@@ -117,6 +118,7 @@ pub fn open_with_audit(
     ));
     let mut control = Control::open(store.clone(), &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
+    control.blame = crate::blame::Blame::new(cfg.blame());
     control.cycle_seconds = cfg.cycle_seconds;
     control.contract = cfg.contract();
     let policy = policy::load_or_seed(&mut control, &cfg, clock::now())?;

@@ -161,6 +161,10 @@ pub struct Metrics {
     pub store_compactions: Counter,
     /// The revision the store's history was last compacted to.
     pub store_compacted_revision: Gauge,
+    /// Nodes cordoned automatically for what they did (see `blame`).
+    pub node_auto_cordons: Counter,
+    /// 1 while auto-cordon is stopped because many nodes qualified at once.
+    pub auto_cordon_halted: Gauge,
     /// The (state, queue) pairs the job gauge last showed.
     job_labels: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
     /// Times each holder took the state lock.
@@ -188,6 +192,8 @@ impl Metrics {
             gpus_allocated: Gauge::default(),
             gpus_free: Gauge::default(),
             gpus_unhealthy: Gauge::default(),
+            node_auto_cordons: Counter::default(),
+            auto_cordon_halted: Gauge::default(),
             cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             decisions: Family::default(),
             api_requests: Family::default(),
@@ -215,6 +221,16 @@ impl Metrics {
             m.gpus_free.clone(),
         );
         registry.register("gpus_unhealthy", "Unhealthy GPUs", m.gpus_unhealthy.clone());
+        registry.register(
+            "node_auto_cordons",
+            "Nodes cordoned automatically for node-caused failures",
+            m.node_auto_cordons.clone(),
+        );
+        registry.register(
+            "auto_cordon_halted",
+            "1 while auto-cordon is stopped: more than half the nodes qualified at once",
+            m.auto_cordon_halted.clone(),
+        );
         registry.register(
             "scheduling_cycle_seconds",
             "Scheduling cycle duration",

@@ -199,6 +199,9 @@ pub struct FailureRecord {
     /// Last lines of its log.
     #[serde(default)]
     pub log_tail: Vec<String>,
+    /// The limit that stopped it and the value reached, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
     /// When it was reported.
     pub at: Time,
 }

@@ -743,7 +743,7 @@ fn a_failed_gang_restarts_with_backoff_then_fails_for_good() {
         .as_str()
         .expect("token")
         .to_string();
-    let spec = "name: flaky\nqueue: research\nreplicas: 1\nresources:\n  gpus: 4\nrestart:\n  max_restarts: 1\n  backoff_seconds: 0\n";
+    let spec = "name: flaky\nqueue: research\nreplicas: 1\nresources:\n  gpus: 4\nrestart:\n  max_restarts: 1\n  backoff_seconds: 0\n  retry_start_failures: true\n";
     let id = s.submit("alice-token", spec).1["id"].as_u64().expect("id");
     let report =
         |body: String| s.post("/v1/agent/node-a/report", &token, "application/json", &body);

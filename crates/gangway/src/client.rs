@@ -502,6 +502,12 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
             Err(e) => return Err(e),
         };
         let data = chunk.get("data").and_then(Value::as_str).unwrap_or("");
+        let dropped = chunk.get("dropped").and_then(Value::as_u64).unwrap_or(0);
+        if dropped > 0 && !self_json(c) {
+            eprintln!(
+                "[gangway] {dropped} bytes of older output were dropped by log rotation (the rank's log is capped)"
+            );
+        }
         if self_json(c) {
             // One JSON object per chunk (JSON lines): data and next_offset.
             if !data.is_empty() || offset == 0 {

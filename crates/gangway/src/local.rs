@@ -138,6 +138,11 @@ pub struct AgentArgs {
     /// adopt (upgrades, restarts) instead of killing them.
     #[arg(long)]
     pub leave_ranks_on_exit: bool,
+    /// Free space (percent) on the state or checkpoint filesystem below
+    /// which the node reports DiskPressure, takes no new work and stops the
+    /// job writing most (0: never).
+    #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
+    pub disk_pressure_percent: u32,
 }
 
 /// TLS of a listener and the CA its peers' certificates are checked against.
@@ -244,6 +249,7 @@ impl AgentArgs {
             proctrack: self.proctrack,
             cgroup_parent: self.cgroup_parent.clone(),
             leave_ranks_on_exit: self.leave_ranks_on_exit,
+            disk_pressure_percent: self.disk_pressure_percent,
             pass_env: self.pass_env.clone(),
             tls: self.tls.apply()?,
         })
@@ -380,8 +386,14 @@ fn up_config(
     cfg.default_unix_user = run_as.to_string();
     // Its own agents, started right here: nothing to approve.
     cfg.node_approval = gangway_server::config::NodeApproval::Auto;
-    // One machine: one checkpoint root for every agent.
-    cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string());
+    // One machine: one checkpoint root for every agent, the config's when
+    // it names one (an absolute path; created if missing), else in `dir`.
+    // (The config's own check refuses a relative root.)
+    match &cfg.checkpoint_root {
+        Some(root) => std::fs::create_dir_all(root)
+            .with_context(|| format!("checkpoint_root {root:?}: cannot create it"))?,
+        None => cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string()),
+    }
     Ok(cfg)
 }
 
@@ -471,6 +483,10 @@ pub fn up(a: &UpArgs) -> Result<()> {
     let join = format!("join-{}", gangway_server::control::fresh_token());
     let run_as = up_run_as(a.run_as.as_deref())?;
     let cfg = up_config(a, &admin, &join, &run_as, &dir)?;
+    let checkpoint_root = cfg
+        .checkpoint_root
+        .as_ref()
+        .map_or_else(|| dir.join("checkpoints"), PathBuf::from);
     let app = gangway_server::open(cfg, &dir.join("server"))?;
     let listen_host = a
         .listen
@@ -518,6 +534,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             }
         });
         let mut agents = Vec::new();
+        let host_memory_mib = gangway_agent::discovery::machine_size().1;
         for i in 0..a.nodes {
             let name = format!("node-{i}");
             let mut c = AgentConfig::declared(&addr, &join, &name, a.gpus_per_node, dir.join(&name));
@@ -525,10 +542,12 @@ pub fn up(a: &UpArgs) -> Result<()> {
             c.leaf = format!("leaf{}", i / a.nodes_per_leaf.max(1));
             c.executor = a.executor.into();
             // One checkpoint root for all: a resumed gang finds its checkpoint on any node.
-            c.checkpoint_root = dir.join("checkpoints");
+            c.checkpoint_root = checkpoint_root.clone();
             c.sync_interval = Duration::from_millis(a.sync_ms);
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
-            c.memory_mib = 128 * 1024 * u64::from(a.gpus_per_node.max(1));
+            // The host's real memory, shared by the nodes it plays: each
+            // rank's default memory limit is its GPUs' share of it.
+            c.memory_mib = (host_memory_mib / u64::from(a.nodes.max(1))).max(1024);
             c.tls = server_tls.clone();
             agents.push(Agent::start(c).await?);
         }

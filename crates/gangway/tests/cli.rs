@@ -328,3 +328,70 @@ fn up_refuses_flags_it_would_ignore() {
         "{help}"
     );
 }
+
+#[test]
+fn up_keeps_the_configs_checkpoint_root_or_refuses_a_relative_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    // Ranks run as another account: let it reach the checkpoint root.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let root = dir.path().join("ckroot");
+    let cfg = dir.path().join("server.yaml");
+    let job = dir.path().join("job.yaml");
+    std::fs::write(
+        &job,
+        "name: ck\nqueue: default\nreplicas: 1\nresources: { gpus: 1 }\ncheckpoint: { keep: true }\nrun:\n  command: [sh, -c, 'echo kept > $GANGWAY_CHECKPOINT_DIR/marker']\n",
+    )
+    .expect("job");
+    // A relative root is refused with the reason.
+    std::fs::write(
+        &cfg,
+        "admin_token: admin-secret-1\nagent_token: agent-secret-1\ncheckpoint_root: ckroot\nqueues:\n  - name: default\n",
+    )
+    .expect("config");
+    let out = up(&dir.path().join("up1"), free_port(), &["--nodes", "1"])
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .expect("up");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("checkpoint_root: must be an absolute path"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An absolute one is where the job's checkpoint directory is.
+    std::fs::write(
+        &cfg,
+        format!(
+            "admin_token: admin-secret-1\nagent_token: agent-secret-1\ncheckpoint_root: {}\nqueues:\n  - name: default\n",
+            root.display()
+        ),
+    )
+    .expect("config");
+    let mut child = Up(up(
+        &dir.path().join("up2"),
+        free_port(),
+        &["--nodes", "1", "--sync-ms", "100", "--exit-when-done"],
+    )
+    .arg("--config")
+    .arg(&cfg)
+    .arg("--submit")
+    .arg(&job)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("gangway up"));
+    let status = wait_for("up to finish the job", 90, || {
+        child.0.try_wait().expect("wait")
+    });
+    assert!(status.success());
+    let marker = walk(&root)
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == "marker"));
+    let marker = marker.expect("the job's checkpoint dir is under the config's checkpoint_root");
+    assert_eq!(
+        std::fs::read_to_string(marker).expect("marker").trim(),
+        "kept"
+    );
+}

@@ -269,49 +269,134 @@ fn an_unhealthy_gpu_is_never_assigned_until_it_recovers_or_is_cleared() {
 }
 
 #[test]
-fn a_node_that_keeps_failing_gangs_is_cordoned() {
+fn one_users_failing_jobs_leave_every_node_in_service() {
     let mut c = Cluster::start("127.0.0.1");
-    c.agent("node-a", 4, &[], &[]);
-    c.wait_nodes(1);
-    let failing = |name: &str, restarts: u32| {
-        json!({
-            "name": name,
-            "queue": "default",
-            "replicas": 1,
-            "resources": { "gpus": 1 },
-            "restart": { "max_restarts": restarts, "backoff_seconds": 0 },
-            "run": { "command": ["sh", "-c", "exit 1"] }
+    for n in ["node-a", "node-b", "node-c", "node-d"] {
+        c.agent(n, 2, &[], &[]);
+    }
+    c.wait_nodes(4);
+    // Twelve buggy one-GPU jobs, failing on every node they land on: the
+    // job's bug, never the nodes'.
+    let ids: Vec<u64> = (0..12)
+        .map(|i| {
+            c.submit(&json!({
+                "name": format!("buggy-{i}"),
+                "queue": "default",
+                "replicas": 1,
+                "resources": { "gpus": 1 },
+                "restart": { "max_restarts": 1, "backoff_seconds": 0 },
+                "run": { "command": ["sh", "-c", "echo my bug; exit 1"] }
+            }))
         })
-    };
-    // One broken job failing four times is the job's problem, not the node's.
-    let id = c.submit(&failing("broken", 3));
-    let j = c.wait_job(id, "fail", 30, |j| state(j) == "failed");
-    assert_eq!(j["restarts"], 3);
-    assert_eq!(c.node("node-a")["cordoned"], false);
-    // Different jobs failing on it in a row: the node is the suspect.
-    let second = c.submit(&failing("second", 0));
-    c.wait_job(second, "fail", 30, |j| state(j) == "failed");
-    assert_eq!(
-        c.node("node-a")["cordoned"],
-        false,
-        "two different jobs so far"
-    );
-    let third = c.submit(&failing("third", 5));
-    wait_for("cordoned", 30, || {
-        (c.node("node-a")["cordoned"] == true).then_some(())
+        .collect();
+    for id in ids {
+        c.wait_job(id, "fail", 60, |j| state(j) == "failed");
+    }
+    for n in ["node-a", "node-b", "node-c", "node-d"] {
+        assert_eq!(c.node(n)["cordoned"], false, "{}", c.node(n));
+    }
+    // A healthy job still starts at once.
+    let mut ok = c.rank_job("fine", 1, 1);
+    ok["run"]["env"]["STEPS"] = json!("1");
+    let id = c.submit(&ok);
+    c.wait_job(id, "succeed", 30, |j| state(j) == "succeeded");
+}
+
+#[test]
+fn a_gpu_lost_under_a_job_cordons_only_its_node_with_the_evidence() {
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 2, &[], &[]);
+    c.agent("node-b", 2, &[], &[]);
+    c.agent("node-c", 2, &[], &[]);
+    c.wait_nodes(3);
+    let spec = c.rank_job("victim", 1, 1);
+    let id = c.submit(&spec);
+    let j = c.wait_job(id, "run", 30, |j| state(j) == "running");
+    let node = j["placement"][0]["node"]
+        .as_str()
+        .expect("node")
+        .to_string();
+    let gpu = j["placement"][0]["gpus"][0].as_u64().expect("gpu");
+    // The stand-in for NVML's XID 79 on the job's GPU.
+    std::fs::write(
+        c.dir.path().join(format!("{node}/unhealthy-gpus")),
+        format!("{gpu} XID 79: GPU has fallen off the bus\n"),
+    )
+    .expect("health file");
+    wait_for("cordoned", 20, || {
+        (c.node(&node)["cordoned"] == true).then_some(())
     });
-    let n = c.node("node-a");
+    let n = c.node(&node);
+    let why = n["cordon_reason"].as_str().unwrap_or_default();
+    assert!(why.contains(&format!("GPU {gpu} lost")), "{n}");
+    assert!(why.contains(&format!("jobs: {id}")), "{n}");
+    assert!(why.contains("users: admin"), "{n}");
+    for other in ["node-a", "node-b", "node-c"]
+        .iter()
+        .filter(|o| **o != node)
+    {
+        assert_eq!(c.node(other)["cordoned"], false, "only {node} is blamed");
+    }
+    // The audit log carries the evidence too.
+    let audit = c.get("/v1/audit");
     assert!(
-        n["cordon_reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("gangs of 3 different jobs failed on it in a row")),
-        "{n}"
+        audit.to_string().contains("auto-cordon: causes: GPU"),
+        "{audit}"
     );
-    // The third job waits (the only node is cordoned) instead of burning its restarts.
-    let j = c.wait_job(third, "wait", 10, |j| {
-        state(j) == "pending" && j["reason"].is_string()
+    // An admin uncordons it at once; the evidence is spent.
+    c.post(&format!("/v1/nodes/{node}/uncordon"));
+    assert_eq!(c.node(&node)["cordoned"], false);
+    assert!(c.node(&node)["cordon_reason"].is_null());
+    std::fs::write(c.out.join("stop"), "").expect("stop");
+}
+
+#[test]
+fn gpus_lost_on_most_nodes_at_once_stop_auto_cordon_and_raise_the_alert() {
+    let mut c = Cluster::start("127.0.0.1");
+    let nodes = ["node-a", "node-b", "node-c", "node-d"];
+    for n in nodes {
+        c.agent(n, 1, &[], &[]);
+    }
+    c.wait_nodes(4);
+    let ids: Vec<u64> = (0..4)
+        .map(|i| c.submit(&c.rank_job(&format!("j{i}"), 1, 1)))
+        .collect();
+    for id in &ids {
+        c.wait_job(*id, "run", 30, |j| state(j) == "running");
+    }
+    for n in nodes {
+        std::fs::write(
+            c.dir.path().join(format!("{n}/unhealthy-gpus")),
+            "0 XID 79: GPU has fallen off the bus\n",
+        )
+        .expect("health file");
+    }
+    let metrics = || {
+        ureq::get(&format!("{}/metrics", c.addr))
+            .set("Authorization", &format!("Bearer {ADMIN}"))
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .unwrap_or_default()
+    };
+    wait_for("the alert", 20, || {
+        metrics()
+            .lines()
+            .any(|l| l == "gangway_auto_cordon_halted 1")
+            .then_some(())
     });
-    assert_eq!(j["restarts"], 1);
+    // At most one node (the rate limit on 4 nodes) was cordoned before the halt.
+    let cordoned = nodes
+        .iter()
+        .filter(|n| c.node(n)["cordoned"] == true)
+        .count();
+    assert!(cordoned <= 1, "{cordoned} nodes cordoned");
+    let audit = c.get("/v1/audit").to_string();
+    assert!(
+        audit.contains("auto-cordon stopped, alert raised"),
+        "{audit}"
+    );
+    std::fs::write(c.out.join("stop"), "").expect("stop");
 }
 
 #[test]

@@ -603,13 +603,27 @@ fn ranks_that_finish_after_their_agent_and_supervisors_were_killed_are_judged_by
         })
     };
     let ranks = [rank_pid(done), rank_pid(silent)];
+    // This agent's children (other tests' clusters have jobs 1 and 2 too).
+    let agent_pid = c.agents[&node].id();
+    let parent = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
     let sups: Vec<u32> = [done, silent]
         .iter()
         .flat_map(|id| cmdline_pids(&format!("gangway-rank {id}/0/0")))
+        .filter(|p| parent(*p) == Some(agent_pid))
         .collect();
     assert_eq!(sups.len(), 2, "one supervisor per rank, named gangway-rank");
     // pkill -f's pattern for the agent names the agent alone.
-    let agent_pid = c.agents[&node].id();
     let matched = Command::new("pgrep")
         .args(["-f", &format!("gangway agent.*{node}")])
         .output()

@@ -86,6 +86,11 @@ impl ProcTrack for CgroupV1 {
                     write_file(&dir.join("cpu.cfs_period_us"), "100000")?;
                     let quota = limits.cpu_millis.saturating_mul(100);
                     write_file(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                    let shares = limits.cpu_shares();
+                    write_file(&dir.join("cpu.shares"), &shares.to_string())?;
+                }
+                "pids" if limits.pids > 0 => {
+                    write_file(&dir.join("pids.max"), &limits.pids.to_string())?;
                 }
                 _ => {}
             }
@@ -171,6 +176,7 @@ mod tests {
                 Limits {
                     cpu_millis: 1500,
                     memory_mib: 64,
+                    pids: 100,
                 },
             )
             .expect("container");
@@ -181,6 +187,12 @@ mod tests {
         if let Some(d) = CgroupV1::dir(&c, "cpu") {
             let v = std::fs::read_to_string(d.join("cpu.cfs_quota_us")).expect("read");
             assert_eq!(v.trim(), "150000");
+            let v = std::fs::read_to_string(d.join("cpu.shares")).expect("read");
+            assert_eq!(v.trim(), "1536");
+        }
+        if let Some(d) = CgroupV1::dir(&c, "pids") {
+            let v = std::fs::read_to_string(d.join("pids.max")).expect("read");
+            assert_eq!(v.trim(), "100");
         }
         t.destroy(&c);
         for (_, p) in &t.parents {

@@ -11,6 +11,7 @@ pub struct CgroupV2 {
     parent: PathBuf,
     cpu: bool,
     memory: bool,
+    pids: bool,
 }
 
 impl CgroupV2 {
@@ -22,7 +23,7 @@ impl CgroupV2 {
         })?;
         let available = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
         let has = |c: &str| available.split_whitespace().any(|x| x == c);
-        for c in ["cpu", "memory"] {
+        for c in ["cpu", "memory", "pids"] {
             if has(c) {
                 let _ = std::fs::write(dir.join("cgroup.subtree_control"), format!("+{c}"));
             }
@@ -33,6 +34,7 @@ impl CgroupV2 {
         Ok(CgroupV2 {
             cpu: on("cpu"),
             memory: on("memory"),
+            pids: on("pids"),
             parent: dir,
         })
     }
@@ -56,14 +58,22 @@ impl ProcTrack for CgroupV2 {
             // cpu.max: quota and period in microseconds; 1000 millis = one period.
             let quota = limits.cpu_millis.saturating_mul(100);
             write_file(&dir.join("cpu.max"), &format!("{quota} 100000"))?;
+            let weight = limits.cpu_weight();
+            write_file(&dir.join("cpu.weight"), &weight.to_string())?;
+        }
+        if limits.pids > 0 && self.pids {
+            write_file(&dir.join("pids.max"), &limits.pids.to_string())?;
         }
         if limits.memory_mib > 0 && self.memory {
             let bytes = limits.memory_mib.saturating_mul(1024 * 1024);
             write_file(&dir.join("memory.max"), &bytes.to_string())?;
         }
-        if (limits.cpu_millis > 0 && !self.cpu) || (limits.memory_mib > 0 && !self.memory) {
+        if (limits.cpu_millis > 0 && !self.cpu)
+            || (limits.memory_mib > 0 && !self.memory)
+            || (limits.pids > 0 && !self.pids)
+        {
             tracing::debug!(
-                "{name}: cgroup v2 without cpu/memory controllers; limits not enforced"
+                "{name}: cgroup v2 without cpu/memory/pids controllers; limits not enforced"
             );
         }
         Ok(Container {

@@ -77,6 +77,21 @@ pub struct Limits {
     pub cpu_millis: u64,
     /// Memory in MiB.
     pub memory_mib: u64,
+    /// Processes and threads at once.
+    pub pids: u64,
+}
+
+impl Limits {
+    /// CPU shares (cgroup v1 `cpu.shares`, Docker `cpu_shares`) for the
+    /// request: 1024 per core, 2 at least (the kernel's floor).
+    pub fn cpu_shares(&self) -> u64 {
+        (self.cpu_millis.saturating_mul(1024) / 1000).clamp(2, 262_144)
+    }
+
+    /// cgroup v2 `cpu.weight` (1..=10000, 100 for one core) for the request.
+    pub fn cpu_weight(&self) -> u64 {
+        (self.cpu_millis / 10).clamp(1, 10_000)
+    }
 }
 
 /// One rank's container: its name and, for cgroup trackers, its cgroup
@@ -389,6 +404,7 @@ pub(crate) mod testing {
                 Limits {
                     cpu_millis: 500,
                     memory_mib: 256,
+                    pids: 4096,
                 },
             )
             .expect("container");

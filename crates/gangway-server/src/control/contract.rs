@@ -88,8 +88,10 @@ pub fn failure_phrase(f: &FailureRecord) -> String {
     if let Some(s) = f.signal {
         parts.push(format!("killed by {}", signal_name(s)));
     }
-    if f.oom_killed {
-        parts.push("OOM-killed".into());
+    match &f.limit {
+        Some(limit) => parts.push(limit.clone()),
+        None if f.oom_killed => parts.push("OOM-killed".into()),
+        None => {}
     }
     parts.join(", ")
 }
@@ -378,6 +380,7 @@ impl<S: Store> Control<S> {
                 .and_then(|f| f.signal)
                 .or_else(|| (code > 128 && code < 128 + 65).then(|| code - 128)),
             oom_killed: f.as_ref().is_some_and(|f| f.oom_killed),
+            limit: f.as_ref().and_then(|f| f.limit.clone()),
             log_tail: f.map(|f| f.log_tail).unwrap_or_default(),
             at: now,
         };
@@ -630,6 +633,7 @@ mod tests {
 
     fn sync_one(c: &mut Control<RedbStore>, t: TaskReport, now: Time) -> bool {
         let req = SyncRequest {
+            disk_pressure: None,
             gpus: Vec::new(),
             tasks: vec![t],
         };
@@ -838,6 +842,7 @@ mod tests {
             signal: Some(9),
             oom_killed: true,
             log_tail: vec![],
+            limit: None,
             at: 0,
         };
         assert_eq!(failure_phrase(&f), "rank 5, killed by SIGKILL, OOM-killed");

@@ -251,7 +251,7 @@ impl<S: Store> Control<S> {
         }
         self.heartbeats.forget(name);
         self.lost.remove(name);
-        self.node_failures.remove(name);
+        self.blame.forget_node(name);
         self.cordon_reasons.remove(name);
         self.reported_health.remove(name);
     }

@@ -181,14 +181,21 @@ pub async fn agent_sync(
     let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
-    let (answer, changed) = with_control(&app, move |c| {
+    let (answer, changed, blamed, halted) = with_control(&app, move |c| {
         if c.pending_heartbeat(&node, now()) {
             // Waiting for approval: alive, nothing to run.
-            return Ok((SyncAnswer::idle(&node), false));
+            return Ok((SyncAnswer::idle(&node), false, Vec::new(), c.blame.halted()));
         }
-        Ok(c.sync(&node, &req, now())?)
+        let (answer, changed) = c.sync(&node, &req, now())?;
+        Ok((
+            answer,
+            changed,
+            std::mem::take(&mut c.blame_log),
+            c.blame.halted(),
+        ))
     })
     .await?;
+    record_blame(&app, blamed, halted);
     // Built here, not under the state lock.
     let mut out = answer.into_response();
     crate::admission::stamp(&app.cfg, &mut out.assignments);
@@ -343,4 +350,35 @@ pub struct NodeView {
     pub jobs: Vec<u64>,
     /// Joined with the join token, waiting for an admin's approval.
     pub pending_approval: bool,
+}
+
+/// Node blame's decisions go to the audit log (with their evidence) and
+/// the metrics (`gangway_node_auto_cordons_total`, `gangway_auto_cordon_halted`).
+fn record_blame(app: &App, decisions: Vec<crate::blame::Decision>, halted: bool) {
+    app.metrics.auto_cordon_halted.set(i64::from(halted));
+    for d in decisions {
+        let (action, target) = match d {
+            crate::blame::Decision::Cordon { node, why } => {
+                app.metrics.node_auto_cordons.inc();
+                (format!("auto-cordon: {why}"), Some(node))
+            }
+            crate::blame::Decision::Halt { nodes } => (
+                format!(
+                    "auto-cordon stopped, alert raised: {} nodes qualify at once ({})",
+                    nodes.len(),
+                    nodes.join(", ")
+                ),
+                None,
+            ),
+            crate::blame::Decision::Resume => ("auto-cordon resumed".to_string(), None),
+        };
+        app.audit.record(crate::audit::AuditEntry {
+            at: now(),
+            who: "gangway".into(),
+            action,
+            target,
+            status: 200,
+            result: "ok".into(),
+        });
+    }
 }

@@ -271,6 +271,19 @@ groups:
         annotations:
           summary: "Run-time predictions are {{ $value }}x off (median of the last hour)"
           runbook: "docs/RUNBOOK.md#run-time-prediction-drift"
+  - name: gangway-nodes
+    rules:
+      - alert: GangwayAutoCordonHalted
+        # More than half the nodes qualified for auto-cordon at once: the
+        # cause is likely not the nodes (a bad image, a shared filesystem,
+        # one user's jobs), so Gangway stopped cordoning and waits for you.
+        expr: gangway_auto_cordon_halted == 1
+        for: 0m
+        labels:
+          severity: page
+        annotations:
+          summary: "Auto-cordon stopped: too many nodes failing at once; see `gangway audit` and `gangway nodes`"
+          runbook: "docs/RUNBOOK.md#auto-cordon-halted"
 "#
     .to_string()
 }

@@ -231,15 +231,18 @@ impl Cluster {
             "300",
             "--cpu-millis",
             "64000",
-            "--memory-mib",
-            "262144",
         ] {
             argv.push(a.to_string());
         }
+        if !extra.contains(&"--memory-mib") {
+            argv.extend(["--memory-mib".to_string(), "262144".to_string()]);
+        }
         argv.push("--state-dir".into());
         argv.push(state.display().to_string());
-        argv.push("--checkpoint-root".into());
-        argv.push(self.dir.path().join("checkpoints").display().to_string());
+        if !extra.contains(&"--checkpoint-root") {
+            argv.push("--checkpoint-root".into());
+            argv.push(self.dir.path().join("checkpoints").display().to_string());
+        }
         argv.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(&argv[0])
             .args(&argv[1..])

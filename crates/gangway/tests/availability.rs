@@ -1,0 +1,271 @@
+//! One user's careless job never takes the node from the others: per-rank
+//! limits on by default (processes, memory), with a real server, agents and
+//! rank processes. Tests that need a cgroup controller skip (and say so)
+//! where the host has none, unless `GANGWAY_REQUIRE_CGROUP` is set.
+
+mod agents;
+
+use agents::*;
+use serde_json::json;
+
+/// Whether this host has a cgroup hierarchy with `controller` the agent can use.
+fn cgroup_controller(controller: &str) -> bool {
+    std::path::Path::new(&format!("/sys/fs/cgroup/{controller}/cgroup.procs")).exists()
+        || std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == controller))
+}
+
+/// One fork flood at a time: under the subreaper the limit is the Unix
+/// account's (`RLIMIT_NPROC`), which every test's ranks share.
+static FLOODS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs a fork flood (200 children, each noting itself in `$OUT/forks`) in
+/// a queue limited to 64 processes per rank, beside a neighbour's job (which
+/// must succeed when `neighbour_must_run`); returns how many children the
+/// flood got.
+fn fork_flood(agent_extra: &[&str], neighbour_must_run: bool) -> usize {
+    let _one = FLOODS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config("    node:\n      limits:\n        pids: 64\n"),
+    );
+    c.agent("node-a", 2, &[], agent_extra);
+    c.wait_nodes(1);
+    let forks = c.out.join("forks");
+    let flood = c.submit(&json!({
+        "name": "flood", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", format!(
+            "for i in $(seq 200); do (echo x >> {f}; exec sleep 3) & done 2>/dev/null; wait",
+            f = forks.display()
+        )] }
+    }));
+    let mut neighbour = c.rank_job("neighbour", 1, 1);
+    neighbour["run"]["env"]["STEPS"] = json!("2");
+    let neighbour = c.submit(&neighbour);
+    c.wait_job(flood, "end", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    if neighbour_must_run {
+        c.wait_job(neighbour, "succeed beside the flood", 60, |j| {
+            state(j) == "succeeded"
+        });
+    }
+    std::fs::read_to_string(&forks)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_fork_flood_stops_at_the_pids_limit_while_a_neighbour_runs() {
+    if !cgroup_controller("pids") {
+        return skip_or_fail("GANGWAY_REQUIRE_CGROUP", "no pids cgroup controller here");
+    }
+    let got = fork_flood(&[], true);
+    eprintln!("fork flood under the cgroup pids limit (64): {got} children");
+    assert!(got < 64, "{got} children under a limit of 64");
+    assert!(got >= 10, "the flood ran ({got} children)");
+}
+
+#[test]
+fn a_fork_flood_under_the_subreaper_stops_at_its_rlimit() {
+    // The neighbour runs as the same account here, so shares the rlimit.
+    let got = fork_flood(&["--proctrack", "subreaper"], false);
+    eprintln!("fork flood under RLIMIT_NPROC (64): {got} children");
+    assert!(got < 64, "{got} children under a limit of 64");
+}
+
+#[test]
+fn a_memory_hog_without_a_request_is_oom_killed_at_its_gpu_share() {
+    if !cgroup_controller("memory") {
+        return skip_or_fail("GANGWAY_REQUIRE_CGROUP", "no memory cgroup controller here");
+    }
+    let mut c = Cluster::start("127.0.0.1");
+    // 512 MiB over 2 GPUs: a one-GPU rank's default share is 256 MiB.
+    c.agent("node-a", 2, &[], &["--memory-mib", "512"]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "hog", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", "head -c 600000000 /dev/zero | tail > /dev/null"] }
+    }));
+    let j = c.wait_job(id, "fail", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(k, m)| k == "failed" && m.contains("memory limit 256 MiB reached (OOM-killed)")),
+        "{ev:?}"
+    );
+    assert_eq!(
+        c.node("node-a")["cordoned"],
+        false,
+        "the job's fault, not the node's"
+    );
+}
+
+#[test]
+fn a_log_flood_leaves_at_most_the_cap_on_disk_and_logs_say_what_was_dropped() {
+    // 64 KiB x 3 files per rank for this queue.
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config(
+            "    node:\n      limits:\n        log_max_bytes: 65536\n        log_max_files: 3\n",
+        ),
+    );
+    c.agent("node-a", 2, &[], &[]);
+    c.wait_nodes(1);
+    // About 20 MiB of output, then a last line.
+    let id = c.submit(&json!({
+        "name": "flood", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' x | fold -w 99; echo; echo the end"] }
+    }));
+    c.wait_job(id, "succeed", 120, |j| state(j) == "succeeded");
+    let log = c
+        .dir
+        .path()
+        .join(format!("node-a/logs/job-{id}/attempt-0/rank-0.log"));
+    let on_disk: u64 = (0..10)
+        .map(|n| {
+            let p = if n == 0 {
+                log.clone()
+            } else {
+                std::path::PathBuf::from(format!("{}.{n}", log.display()))
+            };
+            std::fs::metadata(p).map_or(0, |m| m.len())
+        })
+        .sum();
+    eprintln!("log flood: 20,000,000+ bytes written, {on_disk} bytes on disk (cap 196,608)");
+    assert!(on_disk <= 3 * 65536, "{on_disk} bytes on disk");
+    assert!(on_disk > 65536, "rotated files kept ({on_disk} bytes)");
+    let out = std::process::Command::new(BIN)
+        .args(["logs", &id.to_string()])
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .output()
+        .expect("gangway logs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        text.ends_with("the end\n"),
+        "{}",
+        &text[text.len().saturating_sub(200)..]
+    );
+    assert!(err.contains("dropped by log rotation"), "{err}");
+}
+
+#[test]
+fn a_job_over_its_checkpoint_quota_is_stopped_naming_it() {
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config("    node:\n      limits:\n        checkpoint_quota_bytes: 1048576\n"),
+    );
+    c.agent("node-a", 2, &[], &[]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "filler", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c",
+            "for i in 1 2 3 4 5; do head -c 1000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/part-$i; sleep 1; done; sleep 30"] }
+    }));
+    let j = c.wait_job(id, "stopped", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(_, m)| m.contains("checkpoint quota 1 MiB exceeded")),
+        "{ev:?}"
+    );
+}
+
+/// A small tmpfs of our own, unmounted when dropped.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(mib: u32) -> Option<SmallFs> {
+        let dir = std::env::temp_dir().join(format!("gangway-avail-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0777"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .args(["-l"])
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pressure() {
+    let Some(fs) = SmallFs::mount(16) else {
+        return skip_or_fail(
+            "GANGWAY_REQUIRE_MOUNT",
+            "cannot mount a tmpfs here (not root?)",
+        );
+    };
+    let mut c = Cluster::start("127.0.0.1");
+    let root = fs.0.display().to_string();
+    c.agent("node-a", 2, &[], &["--checkpoint-root", &root]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "filler", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c",
+            "head -c 15500000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/fill; sleep 60"] }
+    }));
+    let j = c.wait_job(id, "stopped", 60, |j| {
+        matches!(state(j), "failed" | "succeeded")
+    });
+    assert_eq!(state(&j), "failed", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(_, m)| m.contains("stopped for the node's disk pressure, writing most")),
+        "{ev:?}"
+    );
+    let n = c.node("node-a");
+    eprintln!("disk filler: {:?}; node: {}", ev.last(), n["cordon_reason"]);
+    assert!(
+        n["cordon_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("DiskPressure: ")),
+        "{n}"
+    );
+    assert_eq!(n["cordoned"], true, "no new work under pressure: {n}");
+    // Space freed: the pressure and its cordon go.
+    let _ = std::fs::remove_dir_all(fs.0.join("admin"));
+    wait_for("pressure gone", 20, || {
+        (c.node("node-a")["cordoned"] == false).then_some(())
+    });
+    drop(c);
+}
