@@ -871,6 +871,8 @@ mod tests {
                 signal: None,
                 oom_killed: false,
                 log_tail: vec!["worker 3 failed".into()],
+                node_fault: None,
+                limit: None,
                 unknown_exit: false,
             }),
             ..TaskReport::new(id, 0, TaskState::Exited { exit_code: 1 })
