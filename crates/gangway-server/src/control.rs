@@ -225,7 +225,7 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
 /// reported within [`gangway_core::job::START_FAILURE_SECONDS`] of its
 /// placement): the first
 /// failing rank's exit code and last line of output. `None` for any other
-/// ending, a later failure, or one no node described.
+/// ending, a later failure, or one no node described (no rank named).
 fn start_failure(rec: &JobRecord, ending: &Ending, now: Time) -> Option<String> {
     if !matches!(ending, Ending::Failed(_)) {
         return None;
@@ -233,7 +233,11 @@ fn start_failure(rec: &JobRecord, ending: &Ending, now: Time) -> Option<String> 
     let started = rec.attempt_started()?;
     // When the failure was reported (the rest of the gang may take its
     // stop grace to end).
-    let f = rec.failure.as_ref().filter(|f| f.attempt == rec.attempt)?;
+    // Only a failure its node described (which rank, its output) compares.
+    let f = rec
+        .failure
+        .as_ref()
+        .filter(|f| f.attempt == rec.attempt && f.rank.is_some())?;
     if f.at.min(now).saturating_sub(started) > gangway_core::job::START_FAILURE_SECONDS {
         return None;
     }

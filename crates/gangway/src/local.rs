@@ -364,6 +364,10 @@ pub struct UpArgs {
     /// placement starts and an exit is seen).
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub sync_ms: u64,
+    /// Free space (percent) on the data or checkpoint filesystem below which
+    /// a node reports DiskPressure and takes no new work (0: never).
+    #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
+    pub disk_pressure_percent: u32,
 }
 
 /// `up`'s server configuration: `--config`'s, adapted to one machine, or a
@@ -408,12 +412,18 @@ fn up_config(
     // Its own agents, started right here: nothing to approve.
     cfg.node_approval = gangway_server::config::NodeApproval::Auto;
     // One machine: one checkpoint root for every agent, the config's when
-    // it names one (an absolute path; created if missing), else in `dir`.
-    // (The config's own check refuses a relative root.)
+    // it names a directory that exists here (the config's own check refuses
+    // a relative one), else in `dir`, saying so.
+    let local = dir.join("checkpoints").display().to_string();
     match &cfg.checkpoint_root {
-        Some(root) => std::fs::create_dir_all(root)
-            .with_context(|| format!("checkpoint_root {root:?}: cannot create it"))?,
-        None => cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string()),
+        Some(root) if std::path::Path::new(root).is_dir() => {}
+        Some(root) => {
+            eprintln!(
+                "checkpoint_root {root:?} is not a directory on this machine: checkpoints go to {local}"
+            );
+            cfg.checkpoint_root = Some(local);
+        }
+        None => cfg.checkpoint_root = Some(local),
     }
     Ok(cfg)
 }
@@ -565,6 +575,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             // One checkpoint root for all: a resumed gang finds its checkpoint on any node.
             c.checkpoint_root = checkpoint_root.clone();
             c.sync_interval = Duration::from_millis(a.sync_ms);
+            c.disk_pressure_percent = a.disk_pressure_percent;
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
             // The host's real memory, shared by the nodes it plays: each
             // rank's default memory limit is its GPUs' share of it.
