@@ -1087,7 +1087,9 @@ impl Agent {
             );
             task.memory_mib = limits.memory_mib;
             task.quota = a.rules.policy.limits.checkpoint_quota_bytes.unwrap_or(0);
+            let binding = self.bind_rank(&r.gpus, a.cpu_millis, &mut env);
             let launch = Launch {
+                binding,
                 key: rk,
                 exit_file: exit_file.clone(),
                 run: a.run.clone(),
@@ -1126,6 +1128,27 @@ impl Agent {
             );
         }
         self.tasks.insert(key, task);
+    }
+
+    /// The rank's device names, CPU pinning and nearest NICs (docs/JOB_ENV.md).
+    fn bind_rank(
+        &self,
+        gpus: &[u32],
+        cpu_millis: u64,
+        env: &mut BTreeMap<String, String>,
+    ) -> crate::binding::Binding {
+        let b = crate::binding::bind(
+            &self.discovery.gpus,
+            &self.discovery.topology,
+            gpus,
+            cpu_millis,
+            &crate::binding::host_cpus(),
+        );
+        env.extend(b.env.clone());
+        for (k, v) in &b.env_defaults {
+            env.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        b
     }
 }
 

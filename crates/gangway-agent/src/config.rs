@@ -23,6 +23,9 @@ pub enum Inventory {
     },
     /// NVML when it loads, else the declared inventory.
     Auto(Box<Inventory>),
+    /// A recorded machine (docs/GPU.md), read through the same discovery,
+    /// health and topology code as NVML.
+    Machine(PathBuf),
 }
 
 /// How ranks are started.

@@ -1,19 +1,20 @@
-//! GPU discovery and health: NVML where a driver is present (uncorrected ECC
-//! errors, critical XID events, a device that stops answering), otherwise the
-//! operator's declared inventory. Either way an operator (or a health check
-//! outside Gangway) can mark GPUs unhealthy in `<state_dir>/unhealthy-gpus`,
-//! one `INDEX [reason]` per line.
+//! GPU discovery, health and topology, over a [`GpuSource`]: NVML where a
+//! driver is present, a recorded machine (`--machine FILE`), or the
+//! operator's declared inventory. Health follows NVIDIA's own device plugin:
+//! application XIDs (a user's kernel fault) leave the GPU healthy; other
+//! critical XIDs, a GPU lost from the bus, uncorrected ECC errors and row
+//! remapping failures mark that GPU (and only it) unhealthy with the reason.
+//! Either way an operator (or a health check outside Gangway) can mark GPUs
+//! unhealthy in `<state_dir>/unhealthy-gpus`, one `INDEX [reason]` per line.
 
 use crate::config::Inventory;
+use crate::gpu_source::{GpuEvent, GpuSource, Nic, NvmlSource, SourceError};
 use gangway_core::agent::GpuHealth;
 use gangway_core::Gpu;
-use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
-use nvml_wrapper::enums::event::XidError;
-use nvml_wrapper::Nvml;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 use thiserror::Error;
 
 /// Why the node's GPUs could not be found.
@@ -22,67 +23,92 @@ pub enum DiscoveryError {
     /// NVML was asked for and failed.
     #[error("NVML: {0} (use a declared inventory, e.g. --gpus 8 --gpu-model H100, on machines without a driver)")]
     Nvml(String),
+    /// The machine file is unusable.
+    #[error("machine description {0}")]
+    Machine(#[from] crate::machine::MachineError),
+    /// The source answered the device list but not a device.
+    #[error("{source_name}: GPU {index}: {error}")]
+    Device {
+        /// `nvml` or the machine file.
+        source_name: String,
+        /// NVML index.
+        index: u32,
+        /// What it said.
+        error: SourceError,
+    },
+}
+
+/// XIDs a user's own program causes (NVIDIA's device plugin skips the same):
+/// 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped
+/// processing, 45 preemptive cleanup, 68 video processor exception. The
+/// job fails; the GPU is fine.
+pub const APPLICATION_XIDS: [u64; 5] = [13, 31, 43, 45, 68];
+
+/// What NVIDIA's XID catalogue says an XID means (the common critical ones).
+pub fn xid_meaning(xid: u64) -> &'static str {
+    match xid {
+        13 => "graphics engine exception",
+        31 => "GPU memory page fault",
+        43 => "GPU stopped processing",
+        45 => "preemptive cleanup, due to previous errors",
+        48 => "double-bit ECC error",
+        61 | 62 => "internal micro-controller error",
+        63 => "ECC page retirement or row remapping recording event",
+        64 => "ECC page retirement or row remapper recording failure",
+        68 => "video processor exception",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        119 | 120 => "GSP error",
+        _ => "critical error",
+    }
+}
+
+/// The health verdict of one critical XID event: `None` leaves the GPU
+/// healthy (an application XID), else the reason it is unhealthy.
+pub fn xid_verdict(xid: Option<u64>) -> Option<String> {
+    match xid {
+        Some(x) if APPLICATION_XIDS.contains(&x) => None,
+        Some(x) => Some(format!("XID {x}: {}", xid_meaning(x))),
+        None => Some("critical XID error (no number reported)".into()),
+    }
+}
+
+/// What the node has around its GPUs: NUMA nodes, NICs and PCI positions.
+#[derive(Clone, Debug, Default)]
+pub struct Topology {
+    /// CPUs of each NUMA node.
+    pub numa_cpus: BTreeMap<u32, Vec<u32>>,
+    /// InfiniBand/RoCE adapters.
+    pub nics: Vec<Nic>,
+    /// Each GPU's sysfs PCI path, by position in `gpus`.
+    pub gpu_paths: Vec<Option<String>>,
+    /// MIG instance profiles of each GPU, by position.
+    pub mig_instances: Vec<Vec<String>>,
+}
+
+/// What the per-GPU event watches found: sticky verdicts until an admin
+/// clears the GPU on the server, and watches that could not run.
+#[derive(Debug, Default)]
+struct Watched {
+    unhealthy: BTreeMap<u32, String>,
+    watch_errors: BTreeMap<u32, String>,
+    /// Application XIDs seen (they change nothing but are worth a look).
+    application_xids: BTreeMap<u32, u64>,
 }
 
 /// The node's GPUs and how to check their health.
 pub struct Discovery {
     /// The GPUs.
     pub gpus: Vec<Gpu>,
-    /// `nvml` or `declared`.
-    pub source: &'static str,
-    nvml: Option<Nvml>,
-    /// Critical XID errors seen since the agent started, per device: sticky,
-    /// like the driver's own view, until an admin clears the GPU on the server.
-    xids: Arc<Mutex<BTreeMap<u32, String>>>,
-}
-
-/// Watches NVML's critical XID events on a thread of its own (NVML's event
-/// set is not `Send`), recording them per device index.
-fn watch_xids(count: u32, xids: Arc<Mutex<BTreeMap<u32, String>>>) {
-    let spawned = std::thread::Builder::new()
-        .name("nvml-xid".into())
-        .spawn(move || {
-            let Ok(nvml) = Nvml::init() else { return };
-            let Ok(mut set) = nvml.create_event_set() else {
-                return;
-            };
-            for i in 0..count {
-                let Ok(d) = nvml.device_by_index(i) else {
-                    continue;
-                };
-                set = match d.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // The set is consumed by a failed registration.
-                        tracing::warn!("NVML: no XID events for GPU {i}: {}", e.error);
-                        return;
-                    }
-                };
-            }
-            loop {
-                match set.wait(5_000) {
-                    Ok(ev) => {
-                        let index = ev.device.index().unwrap_or(u32::MAX);
-                        let what = match ev.event_data {
-                            Some(XidError::Value(x)) => format!("critical XID {x}"),
-                            _ => "critical XID error".to_string(),
-                        };
-                        tracing::error!("GPU {index}: {what}");
-                        if let Ok(mut m) = xids.lock() {
-                            m.insert(index, what);
-                        }
-                    }
-                    Err(nvml_wrapper::error::NvmlError::Timeout) => {}
-                    Err(e) => {
-                        tracing::warn!("NVML event wait: {e}; XID watch stops");
-                        return;
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start the XID watch: {e}");
-    }
+    /// `declared`, `nvml` or `machine FILE`.
+    pub source: String,
+    /// NUMA, NICs and PCI positions.
+    pub topology: Topology,
+    src: Option<Arc<dyn GpuSource>>,
+    watched: Arc<Mutex<Watched>>,
 }
 
 impl std::fmt::Debug for Discovery {
@@ -100,45 +126,173 @@ fn declared(gpus: u32, model: &str, memory_gib: u32, nvlink_all: bool) -> Vec<Gp
             index,
             model: model.to_string(),
             memory_gib,
-            healthy: true,
             island: if nvlink_all { 0 } else { index },
+            ..Gpu::default()
         })
         .collect()
 }
 
-fn from_nvml(nvml: &Nvml) -> Result<Vec<Gpu>, nvml_wrapper::error::NvmlError> {
-    let mut out = Vec::new();
-    let mut linked = Vec::new();
-    for i in 0..nvml.device_count()? {
-        let d = nvml.device_by_index(i)?;
-        let name = d.name()?;
-        // "NVIDIA H100 80GB HBM3" → "H100": the model users ask for.
-        let model = name
-            .split_whitespace()
-            .find(|w| {
-                w.chars().any(|c| c.is_ascii_digit()) && w.chars().any(|c| c.is_ascii_alphabetic())
-            })
-            .unwrap_or(&name)
-            .to_string();
-        let memory_gib = (d.memory_info()?.total / (1 << 30)) as u32;
-        let has_nvlink = (0..18).any(|l| d.link_wrapper_for(l).is_active().unwrap_or(false));
-        linked.push(has_nvlink);
-        out.push(Gpu {
-            index: i,
-            model,
-            memory_gib,
-            healthy: true,
-            island: 0,
-        });
+/// NVLink islands: GPUs that reach each other, directly (a peer is another
+/// GPU's bus id) or through a shared switch (the same non-GPU peer), are one
+/// island, numbered by its lowest GPU index. A GPU without links is alone.
+pub fn islands(bus_ids: &[String], peers: &[Vec<String>]) -> Vec<u32> {
+    fn find(p: &mut [usize], mut x: usize) -> usize {
+        while p[x] != x {
+            p[x] = p[p[x]];
+            x = p[x];
+        }
+        x
     }
-    // GPUs with active NVLink share the node's NVSwitch island; the others
-    // talk over PCIe and each form their own.
-    for (g, l) in out.iter_mut().zip(linked) {
-        if !l {
-            g.island = 1 + g.index;
+    let n = bus_ids.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    let norm = |s: &str| s.trim().to_ascii_lowercase();
+    let by_bus: BTreeMap<String, usize> = bus_ids
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (norm(b), i))
+        .collect();
+    let mut by_switch: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, ps) in peers.iter().enumerate().take(n) {
+        for p in ps {
+            let p = norm(p);
+            let other = match by_bus.get(&p) {
+                Some(j) => *j,
+                None => *by_switch.entry(p).or_insert(i),
+            };
+            let (a, b) = (find(&mut parent, i), find(&mut parent, other));
+            if a != b {
+                parent[a.max(b)] = a.min(b);
+            }
         }
     }
-    Ok(out)
+    (0..n).map(|i| find(&mut parent, i) as u32).collect()
+}
+
+/// Reads every GPU's facts from `src`.
+fn from_source(src: &dyn GpuSource) -> Result<(Vec<Gpu>, Topology), DiscoveryError> {
+    let err = |index, error| DiscoveryError::Device {
+        source_name: src.describe(),
+        index,
+        error,
+    };
+    let count = src.device_count().map_err(|e| err(u32::MAX, e))?;
+    let mut facts = Vec::new();
+    for i in 0..count {
+        facts.push(src.device(i).map_err(|e| err(i, e))?);
+    }
+    let bus: Vec<String> = facts.iter().map(|f| f.pci_bus_id.clone()).collect();
+    let peers: Vec<Vec<String>> = facts.iter().map(|f| f.nvlink_peers.clone()).collect();
+    let island = islands(&bus, &peers);
+    let gpus = facts
+        .iter()
+        .enumerate()
+        .map(|(i, f)| Gpu {
+            index: i as u32,
+            model: f.name.clone(),
+            memory_gib: u32::try_from(f.memory_bytes >> 30).unwrap_or(u32::MAX),
+            island: island[i],
+            memory_mib: Some(f.memory_bytes >> 20),
+            uuid: Some(f.uuid.clone()),
+            pci_bus_id: Some(f.pci_bus_id.clone()),
+            numa_node: f.numa_node,
+            mig: f.mig_enabled,
+            ..Gpu::default()
+        })
+        .collect();
+    let topology = Topology {
+        numa_cpus: src.numa_cpus(),
+        nics: src.nics(),
+        gpu_paths: (0..count).map(|i| src.pci_path(i)).collect(),
+        mig_instances: facts.iter().map(|f| f.mig_instances.clone()).collect(),
+    };
+    Ok((gpus, topology))
+}
+
+/// Records one watch result; false once the discovery is gone.
+fn record(
+    weak: &Weak<Mutex<Watched>>,
+    i: u32,
+    got: &Result<Option<GpuEvent>, SourceError>,
+) -> bool {
+    let Some(w) = weak.upgrade() else {
+        return false;
+    };
+    let Ok(mut w) = w.lock() else {
+        return false;
+    };
+    match got {
+        Ok(Some(GpuEvent::Xid(x))) => match xid_verdict(*x) {
+            Some(reason) => {
+                tracing::error!("GPU {i}: {reason}");
+                w.unhealthy.entry(i).or_insert(reason);
+            }
+            None => {
+                let x = x.unwrap_or(0);
+                tracing::warn!(
+                    "GPU {i}: XID {x} ({}), an application error: the GPU stays healthy",
+                    xid_meaning(x)
+                );
+                w.application_xids.insert(i, x);
+            }
+        },
+        Ok(None) => {}
+        Err(SourceError::Lost(e)) => {
+            tracing::error!("GPU {i}: {e}");
+            w.unhealthy.insert(i, format!("GPU lost: {e}"));
+        }
+        Err(e) => {
+            tracing::warn!("GPU {i}: event watch ended: {e}; the other GPUs stay watched");
+            w.watch_errors.insert(i, e.to_string());
+        }
+    }
+    true
+}
+
+/// Watches each GPU's critical events on a thread of its own, so a GPU whose
+/// registration fails (or whose watch ends) leaves the others watched. A
+/// thread ends when its GPU is lost or the discovery is dropped.
+fn watch_events(src: &Arc<dyn GpuSource>, count: u32, watched: &Arc<Mutex<Watched>>) {
+    for i in 0..count {
+        let src = Arc::clone(src);
+        let weak = Arc::downgrade(watched);
+        let spawned = std::thread::Builder::new()
+            .name(format!("gpu{i}-events"))
+            .spawn(move || {
+                let mut watch = match src.watch(i) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        record(
+                            &weak,
+                            i,
+                            &Err(SourceError::Other(format!("no XID events: {e}"))),
+                        );
+                        return;
+                    }
+                };
+                loop {
+                    let got = watch.wait(Duration::from_secs(2));
+                    if !record(&weak, i, &got) || got.is_err() {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start GPU {i}'s event watch: {e}");
+        }
+    }
+}
+
+fn with_source(src: Arc<dyn GpuSource>) -> Result<Discovery, DiscoveryError> {
+    let (gpus, topology) = from_source(src.as_ref())?;
+    let watched = Arc::default();
+    watch_events(&src, gpus.len() as u32, &watched);
+    Ok(Discovery {
+        gpus,
+        source: src.describe(),
+        topology,
+        src: Some(src),
+        watched,
+    })
 }
 
 /// Finds the node's GPUs.
@@ -151,21 +305,18 @@ pub fn discover(inv: &Inventory) -> Result<Discovery, DiscoveryError> {
             nvlink_all,
         } => Ok(Discovery {
             gpus: declared(*gpus, model, *memory_gib, *nvlink_all),
-            source: "declared",
-            nvml: None,
-            xids: Arc::default(),
+            source: "declared".into(),
+            topology: Topology::default(),
+            src: None,
+            watched: Arc::default(),
         }),
+        Inventory::Machine(path) => {
+            let m = crate::machine::RecordedMachine::load(path)?;
+            with_source(Arc::new(m))
+        }
         Inventory::Nvml => {
-            let nvml = Nvml::init().map_err(|e| DiscoveryError::Nvml(e.to_string()))?;
-            let gpus = from_nvml(&nvml).map_err(|e| DiscoveryError::Nvml(e.to_string()))?;
-            let xids = Arc::default();
-            watch_xids(gpus.len() as u32, Arc::clone(&xids));
-            Ok(Discovery {
-                gpus,
-                source: "nvml",
-                nvml: Some(nvml),
-                xids,
-            })
+            let nvml = NvmlSource::init().map_err(|e| DiscoveryError::Nvml(e.to_string()))?;
+            with_source(Arc::new(nvml))
         }
         Inventory::Auto(fallback) => match discover(&Inventory::Nvml) {
             Ok(d) => Ok(d),
@@ -205,8 +356,8 @@ pub fn read_health_file(path: &Path) -> BTreeMap<u32, String> {
 }
 
 impl Discovery {
-    /// Every GPU's health now: NVML's uncorrected ECC errors or a device that
-    /// stopped answering, and the health file.
+    /// Every GPU's health now: the health file, what the event watches saw
+    /// (sticky), and the source's answer now (lost, ECC, row remapping).
     pub fn health(&self, state_dir: &Path) -> Vec<GpuHealth> {
         let marked = read_health_file(&state_dir.join("unhealthy-gpus"));
         self.gpus
@@ -214,17 +365,27 @@ impl Discovery {
             .map(|g| {
                 let mut reason = marked.get(&g.index).cloned();
                 if reason.is_none() {
-                    reason = self.xids.lock().ok().and_then(|m| m.get(&g.index).cloned());
+                    reason = self
+                        .watched
+                        .lock()
+                        .ok()
+                        .and_then(|w| w.unhealthy.get(&g.index).cloned());
                 }
-                if let (None, Some(nvml)) = (&reason, &self.nvml) {
-                    reason = match nvml.device_by_index(g.index) {
+                if let (None, Some(src)) = (&reason, &self.src) {
+                    reason = match src.state(g.index) {
+                        Err(SourceError::Lost(e)) => Some(format!("GPU lost: {e}")),
+                        Err(SourceError::NotSupported(_)) => None,
                         Err(e) => Some(format!("NVML cannot reach the device: {e}")),
-                        Ok(d) => match d
-                            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-                        {
-                            Ok(n) if n > 0 => Some(format!("{n} uncorrected ECC errors")),
-                            _ => None,
-                        },
+                        Ok(s) if s.remap_failed => {
+                            Some("row remapping failed: the GPU's memory cannot be repaired".into())
+                        }
+                        Ok(s) if s.ecc_uncorrected > 0 => {
+                            Some(format!("{} uncorrected ECC errors", s.ecc_uncorrected))
+                        }
+                        Ok(s) if s.remap_pending => {
+                            Some("row remapping pending: the GPU needs a reset".into())
+                        }
+                        Ok(_) => None,
                     };
                 }
                 GpuHealth {
@@ -234,6 +395,22 @@ impl Discovery {
                 }
             })
             .collect()
+    }
+
+    /// GPUs whose event watch could not start or ended, with why.
+    pub fn watch_errors(&self) -> BTreeMap<u32, String> {
+        self.watched
+            .lock()
+            .map(|w| w.watch_errors.clone())
+            .unwrap_or_default()
+    }
+
+    /// The last application XID seen per GPU (it left the GPU healthy).
+    pub fn application_xids(&self) -> BTreeMap<u32, u64> {
+        self.watched
+            .lock()
+            .map(|w| w.application_xids.clone())
+            .unwrap_or_default()
     }
 }
 

@@ -60,6 +60,8 @@ pub struct Launch {
     pub signal: i32,
     /// Its grace period in seconds (likewise).
     pub grace_seconds: u64,
+    /// Device ids for the container runtime and CPUs to pin to.
+    pub binding: crate::binding::Binding,
 }
 
 /// A started rank.
@@ -295,9 +297,16 @@ impl Executor {
             // The NVIDIA runtime shows the container only its GPUs, renumbered from 0.
             let visible: Vec<String> = (0..l.gpus.len()).map(|i| i.to_string()).collect();
             env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
+            // UUIDs where discovered: an index could name another GPU if
+            // the runtime's order differs from NVML's.
+            let ids = if l.binding.device_ids.len() == l.gpus.len() {
+                l.binding.device_ids.clone()
+            } else {
+                l.gpus.iter().map(u32::to_string).collect()
+            };
             device_requests = Some(vec![DeviceRequest {
                 driver: Some("nvidia".into()),
-                device_ids: Some(l.gpus.iter().map(u32::to_string).collect()),
+                device_ids: Some(ids),
                 capabilities: Some(vec![vec!["gpu".into()]]),
                 ..Default::default()
             }]);
@@ -339,6 +348,9 @@ impl Executor {
             ])),
         });
         host.device_requests = device_requests;
+        if !l.binding.cpus.is_empty() {
+            host.cpuset_cpus = Some(crate::binding::cpu_list(&l.binding.cpus));
+        }
         let labels = [
             ("gangway.job", k.job.to_string()),
             ("gangway.attempt", k.attempt.to_string()),
@@ -618,9 +630,13 @@ impl Executor {
         // fork, waitpid, _exit); the paths were built before the fork. They
         // run first, as root: joining the cgroup and the supervisor's exit
         // file need it; the identity hook below then drops to the account.
+        let pin = crate::binding::CpuSet::new(&l.binding.cpus);
         unsafe {
             cmd.pre_exec(move || {
                 join.join()?;
+                if let Some(p) = &pin {
+                    p.apply()?;
+                }
                 if let Some(r) = &rlimits {
                     r.apply()?;
                 }

@@ -8,17 +8,20 @@
 //! Rank logs go to files and are served to the server for `gangway logs`.
 
 pub mod agent;
+pub mod binding;
 pub mod checkpoint;
 pub mod config;
 pub mod credentials;
 pub mod discovery;
 pub mod disk;
 pub mod executor;
+pub mod gpu_source;
 pub mod identity;
 pub mod leftovers;
 pub mod limits;
 pub mod logpump;
 pub mod logs;
+pub mod machine;
 pub mod mounts;
 pub mod proctrack;
 pub mod reconcile;

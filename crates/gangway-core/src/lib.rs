@@ -20,7 +20,10 @@ pub use job::{
     JobId, JobSpec, JobState, Mount, PriorityClass, ReplicaResources, RestartPolicy, RunSpec,
     SpecError, TimeSpan, TopologyConstraint,
 };
-pub use node::{Gpu, NodeSpec, TopologyCosts, TopologyLevel};
+pub use node::{
+    gpu_fault_cause, gpu_memory_fits, gpu_model_matches, Gpu, NodeSpec, TopologyCosts,
+    TopologyLevel,
+};
 pub use node_policy::{MountPolicy, NodePolicy, PolicyError};
 pub use queue::{
     QueueOrdering, QueueSpec, QueueTimeLimits, Quota, ResourceLimits, MAX_MIN_RUN_SECONDS,

@@ -20,12 +20,14 @@ pub type QueueId = u32;
 pub struct GpuClass {
     /// Model name.
     pub model: String,
-    /// Memory per GPU in GiB.
-    pub memory_gib: u32,
+    /// Memory per GPU in MiB.
+    pub memory_mib: u64,
     /// Most GPUs any node of this class has.
     pub max_gpus: u32,
     /// GPUs of this class in the cluster (healthy or not).
     pub total_gpus: u64,
+    /// Of those, GPUs with MIG enabled (never handed out whole).
+    pub mig_gpus: u64,
 }
 
 /// A node plus what the scheduler derives from its spec.

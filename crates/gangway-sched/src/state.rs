@@ -11,7 +11,8 @@ pub use crate::model::{
     ReplicaPlacement, RunInfo, Spine,
 };
 use gangway_core::{
-    JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources, SpecError, Time, TopologyConstraint,
+    gpu_memory_fits, gpu_model_matches, JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources,
+    SpecError, Time, TopologyConstraint,
 };
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
@@ -103,12 +104,18 @@ pub enum Rejection {
         need: u32,
     },
     /// No GPU has enough memory.
-    #[error("resources.min_gpu_memory_gib: {need} GiB requested but the largest matching GPU has {max} GiB")]
+    #[error("resources.min_gpu_memory_gib: {need} GiB requested but the largest matching GPU has {max_mib} MiB (a GPU fits N when it reports at least N x 10^9 bytes, its marketed size)")]
     GpuMemory {
-        /// Asked for.
+        /// Asked for (the card's marketed size).
         need: u32,
-        /// Largest available.
-        max: u32,
+        /// Largest available, in MiB.
+        max_mib: u64,
+    },
+    /// Every matching GPU has MIG enabled.
+    #[error("resources.gpus: every matching GPU ({model}) has MIG enabled; MIG GPUs are split into instances and never handed out as whole GPUs")]
+    MigOnly {
+        /// The matching models.
+        model: String,
     },
     /// A replica larger than any node.
     #[error("resources.gpus: {need} GPUs per replica but no matching node has more than {max}")]
@@ -624,7 +631,7 @@ impl ClusterState {
             if spec
                 .gpus
                 .iter()
-                .any(|g| g.model != first.model || g.memory_gib != first.memory_gib)
+                .any(|g| g.model != first.model || g.memory_mib() != first.memory_mib())
             {
                 return Err(bad(
                     "all GPUs of a node must have the same model and memory".into(),
@@ -637,7 +644,7 @@ impl ClusterState {
             let known = self
                 .classes
                 .iter()
-                .any(|c| c.model == first.model && c.memory_gib == first.memory_gib);
+                .any(|c| c.model == first.model && c.memory_mib == first.memory_mib());
             if !known && self.classes.len() == MAX_GPU_CLASSES {
                 return Err(bad("too many distinct GPU models".into()));
             }
@@ -664,23 +671,26 @@ impl ClusterState {
         let mut new_class = false;
         if let Some(first) = spec.gpus.first() {
             let n = spec.gpus.len() as u32;
+            let mig = spec.gpus.iter().filter(|g| g.mig).count() as u64;
             let pos = self
                 .classes
                 .iter()
-                .position(|c| c.model == first.model && c.memory_gib == first.memory_gib);
+                .position(|c| c.model == first.model && c.memory_mib == first.memory_mib());
             let c = match pos {
                 Some(c) => {
                     let cl = &mut self.classes[c];
                     cl.max_gpus = cl.max_gpus.max(n);
                     cl.total_gpus += u64::from(n);
+                    cl.mig_gpus += mig;
                     c
                 }
                 None => {
                     self.classes.push(GpuClass {
                         model: first.model.clone(),
-                        memory_gib: first.memory_gib,
+                        memory_mib: first.memory_mib(),
                         max_gpus: n,
                         total_gpus: u64::from(n),
+                        mig_gpus: mig,
                     });
                     self.capacity
                         .index
@@ -723,7 +733,7 @@ impl ClusterState {
         let mut healthy = 0u64;
         for (i, g) in spec.gpus.iter().enumerate() {
             *islands.entry(g.island).or_default() |= 1 << i;
-            if g.healthy {
+            if g.assignable() {
                 healthy |= 1 << i;
             }
         }
@@ -873,11 +883,34 @@ impl ClusterState {
         self.update_node(n, |info| {
             info.spec.gpus[gpu].healthy = healthy;
             if healthy {
+                info.spec.gpus[gpu].reason = None;
+            }
+            if info.spec.gpus[gpu].assignable() {
                 info.healthy |= 1 << gpu;
             } else {
                 info.healthy &= !(1 << gpu);
             }
         });
+        Ok(())
+    }
+
+    /// Records why a GPU (by position in the node's list) is unhealthy, as
+    /// its agent or an admin said; `None` forgets it.
+    pub fn set_gpu_reason(
+        &mut self,
+        node: &str,
+        gpu: usize,
+        reason: Option<String>,
+    ) -> Result<(), StateError> {
+        let n = self.node_mut(node)?;
+        if gpu >= self.nodes[n as usize].spec.gpus.len() {
+            return Err(StateError::BadNode {
+                node: node.to_string(),
+                problem: format!("has no GPU at position {gpu}"),
+            });
+        }
+        self.touch_spec(n);
+        self.update_node(n, |info| info.spec.gpus[gpu].reason = reason);
         Ok(())
     }
 
@@ -922,8 +955,10 @@ impl ClusterState {
             let model_ok = r
                 .gpu_model
                 .as_ref()
-                .is_none_or(|x| x.eq_ignore_ascii_case(&c.model));
-            let mem_ok = r.min_gpu_memory_gib.is_none_or(|x| c.memory_gib >= x);
+                .is_none_or(|x| gpu_model_matches(x, &c.model));
+            let mem_ok = r
+                .min_gpu_memory_gib
+                .is_none_or(|x| gpu_memory_fits(c.memory_mib, x));
             if model_ok && mem_ok {
                 m |= 1 << i;
             }
@@ -948,7 +983,7 @@ impl ClusterState {
                 if !self
                     .classes
                     .iter()
-                    .any(|c| c.model.eq_ignore_ascii_case(model))
+                    .any(|c| gpu_model_matches(model, &c.model))
                 {
                     let mut names: Vec<&str> =
                         self.classes.iter().map(|c| c.model.as_str()).collect();
@@ -972,14 +1007,33 @@ impl ClusterState {
                     .filter(|c| {
                         r.gpu_model
                             .as_ref()
-                            .is_none_or(|x| x.eq_ignore_ascii_case(&c.model))
+                            .is_none_or(|x| gpu_model_matches(x, &c.model))
                     })
-                    .map(|c| c.memory_gib)
+                    .map(|c| c.memory_mib)
                     .max()
                     .unwrap_or(0);
                 return Err(Rejection::GpuMemory {
                     need: r.min_gpu_memory_gib.unwrap_or(0),
-                    max,
+                    max_mib: max,
+                });
+            }
+            let whole = self
+                .classes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .any(|(_, c)| c.mig_gpus < c.total_gpus);
+            if !whole {
+                let mut names: Vec<&str> = self
+                    .classes
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, c)| c.model.as_str())
+                    .collect();
+                names.dedup();
+                return Err(Rejection::MigOnly {
+                    model: names.join(", "),
                 });
             }
             let max_node = self.max_node_gpus(mask);

@@ -139,6 +139,7 @@ fn build(leaves: &[Vec<NodeGen>], queues: &[QueueGen]) -> ClusterState {
                     memory_gib: 80,
                     healthy: n.unhealthy != Some(g),
                     island: if n.islands { g / 2 } else { 0 },
+                    ..Gpu::default()
                 })
                 .collect();
             let mut spec = NodeSpec::uniform(

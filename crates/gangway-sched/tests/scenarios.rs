@@ -51,6 +51,7 @@ fn eight_ranks_land_on_one_nvlink_node() {
                 memory_gib: 80,
                 healthy: true,
                 island: if islands == 2 { i / 4 } else { 0 },
+                ..Gpu::default()
             })
             .collect();
         let mut n = NodeSpec::uniform(name, "leaf0", "spine0", 0, "A100", 80);
@@ -702,7 +703,7 @@ fn impossible_requests_are_rejected_with_clear_errors() {
     );
     let mut mem = job("q", 1, 1, None);
     mem.resources.min_gpu_memory_gib = Some(141);
-    assert!(err(mem).contains("141 GiB requested but the largest matching GPU has 80 GiB"));
+    assert!(err(mem).contains("141 GiB requested but the largest matching GPU has 81920 MiB"));
     assert_eq!(
         err(job("nope", 1, 1, None)),
         "queue: unknown queue \"nope\""

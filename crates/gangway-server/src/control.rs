@@ -1409,6 +1409,10 @@ impl<S: Store> Control<S> {
     /// GPU health as reported by the agent: a change of the agent's verdict
     /// is applied (and stored); an admin's clearing stands until the agent's
     /// verdict changes again. Returns whether any GPU changed.
+    ///
+    /// A gang using a GPU that turns unhealthy is ended like a gang on a
+    /// lost node (a GPU fallen off the bus takes its ranks with it): it
+    /// restarts elsewhere per its restart policy, away from that GPU.
     fn apply_gpu_health(
         &mut self,
         node: &str,
@@ -1419,6 +1423,7 @@ impl<S: Store> Control<S> {
             return Ok(false);
         };
         let mut changed = false;
+        let mut broken: BTreeMap<JobId, String> = BTreeMap::new();
         let mut faulted = Vec::new();
         // Looked up by name: a heartbeat with no news allocates nothing here.
         let seen = match self.reported_health.get_mut(node) {
@@ -1445,6 +1450,27 @@ impl<S: Store> Control<S> {
                 self.cluster
                     .set_gpu_health(node, pos, g.healthy)
                     .map_err(|e| ControlError::BadNode(e.to_string()))?;
+                if !g.healthy {
+                    let reason = g
+                        .reason
+                        .clone()
+                        .unwrap_or_else(|| "reported by its agent".into());
+                    for id in self.cluster.jobs_on(n) {
+                        let uses = self.jobs.get(id).is_some_and(|(rec, _)| {
+                            rec.placement
+                                .iter()
+                                .any(|p| p.node == node && p.gpus.contains(&g.index))
+                        });
+                        if uses {
+                            broken.entry(*id).or_insert_with(|| {
+                                format!("GPU {} on node {node} unhealthy: {reason}", g.index)
+                            });
+                        }
+                    }
+                    self.cluster
+                        .set_gpu_reason(node, pos, Some(reason))
+                        .map_err(|e| ControlError::BadNode(e.to_string()))?;
+                }
                 changed = true;
             }
         }
@@ -1453,6 +1479,9 @@ impl<S: Store> Control<S> {
         }
         if changed {
             self.store_node(n)?;
+        }
+        if !broken.is_empty() {
+            self.end_gangs_of_gone_nodes(broken, now)?;
         }
         Ok(changed)
     }

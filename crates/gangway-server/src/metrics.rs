@@ -8,6 +8,7 @@
 
 use crate::control::Control;
 use crate::view::{LockUse, ReadView};
+use gangway_core::gpu_fault_cause;
 use gangway_store::Store;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -16,6 +17,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+/// Labels of the unhealthy-GPU gauge by cause.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    /// [`gpu_fault_cause`] of the GPU's reason.
+    pub cause: String,
+}
 
 /// Labels of the per-state job gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,6 +73,18 @@ pub struct Snapshot {
     pub gpus_free: i64,
     /// Unhealthy GPUs.
     pub gpus_unhealthy: i64,
+    /// Unhealthy GPUs by the class of their reason ([`gpu_fault_cause`]).
+    pub gpus_unhealthy_by_cause: Vec<(String, i64)>,
+}
+
+/// Unhealthy GPUs of `specs` by cause (only nodes with one are looked at).
+fn by_cause<'a>(specs: impl Iterator<Item = &'a gangway_core::NodeSpec>) -> Vec<(String, i64)> {
+    let mut out: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    for g in specs.flat_map(|s| s.gpus.iter()).filter(|g| !g.healthy) {
+        let cause = gpu_fault_cause(g.reason.as_deref().unwrap_or(""));
+        *out.entry(cause).or_default() += 1;
+    }
+    out.into_iter().collect()
 }
 
 impl Snapshot {
@@ -87,6 +107,17 @@ impl Snapshot {
             gpus_allocated: clamp(v.cluster.gpus_allocated),
             gpus_free: clamp(v.cluster.gpus_free),
             gpus_unhealthy: clamp(v.cluster.gpus_unhealthy),
+            gpus_unhealthy_by_cause: if v.cluster.gpus_unhealthy == 0 {
+                Vec::new()
+            } else {
+                by_cause(
+                    v.cluster
+                        .nodes
+                        .iter()
+                        .filter(|r| r.unhealthy > 0)
+                        .map(|r| &r.spec),
+                )
+            },
         }
     }
 
@@ -119,7 +150,7 @@ impl Snapshot {
             .cluster
             .nodes()
             .iter()
-            .map(|n| (n.spec.gpus.len() as u32 - n.healthy.count_ones()) as u64)
+            .map(|n| n.spec.gpus.iter().filter(|g| !g.healthy).count() as u64)
             .sum();
         let allocated: u64 = c
             .cluster
@@ -134,6 +165,7 @@ impl Snapshot {
             gpus_allocated: clamp(allocated),
             gpus_free: clamp(c.cluster.free_gpus()),
             gpus_unhealthy: clamp(unhealthy),
+            gpus_unhealthy_by_cause: by_cause(c.cluster.nodes().iter().map(|n| &n.spec)),
         }
     }
 }
@@ -145,6 +177,9 @@ pub struct Metrics {
     gpus_allocated: Gauge,
     gpus_free: Gauge,
     gpus_unhealthy: Gauge,
+    gpus_unhealthy_by_cause: Family<CauseLabels, Gauge>,
+    /// The causes the family last showed.
+    causes_shown: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Scheduling cycle duration.
     pub cycle_seconds: Histogram,
     /// Decisions made.
@@ -192,6 +227,8 @@ impl Metrics {
             gpus_allocated: Gauge::default(),
             gpus_free: Gauge::default(),
             gpus_unhealthy: Gauge::default(),
+            gpus_unhealthy_by_cause: Family::default(),
+            causes_shown: Default::default(),
             node_auto_cordons: Counter::default(),
             auto_cordon_halted: Gauge::default(),
             cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
@@ -221,6 +258,11 @@ impl Metrics {
             m.gpus_free.clone(),
         );
         registry.register("gpus_unhealthy", "Unhealthy GPUs", m.gpus_unhealthy.clone());
+        registry.register(
+            "gpus_unhealthy_by_cause",
+            "Unhealthy GPUs by cause: xid_N, xid_unknown, gpu_lost, ecc_uncorrected, row_remapping_failed, row_remapping_pending, other",
+            m.gpus_unhealthy_by_cause.clone(),
+        );
         registry.register(
             "node_auto_cordons",
             "Nodes cordoned automatically for node-caused failures",
@@ -341,6 +383,30 @@ impl Metrics {
         self.gpus_allocated.set(snap.gpus_allocated);
         self.gpus_free.set(snap.gpus_free);
         self.gpus_unhealthy.set(snap.gpus_unhealthy);
+        self.show_causes(&snap.gpus_unhealthy_by_cause);
+    }
+
+    /// Sets the by-cause gauge, zeroing causes that are gone.
+    fn show_causes(&self, causes: &[(String, i64)]) {
+        let mut shown = self
+            .causes_shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now: std::collections::HashSet<String> =
+            causes.iter().map(|(c, _)| c.clone()).collect();
+        for gone in shown.difference(&now) {
+            self.gpus_unhealthy_by_cause
+                .get_or_create(&CauseLabels {
+                    cause: gone.clone(),
+                })
+                .set(0);
+        }
+        for (c, n) in causes {
+            self.gpus_unhealthy_by_cause
+                .get_or_create(&CauseLabels { cause: c.clone() })
+                .set(*n);
+        }
+        *shown = now;
     }
 
     /// The refresh as it was before [`Snapshot`]: every job's labels built
@@ -513,9 +579,14 @@ mod tests {
             jobs: vec![(l("pending"), 2)],
             gpus_allocated: 0,
             gpus_free: 8,
-            gpus_unhealthy: 0,
+            gpus_unhealthy: 1,
+            gpus_unhealthy_by_cause: vec![("xid_79".into(), 1)],
         });
         let text = m.render();
+        assert!(
+            text.contains("gangway_gpus_unhealthy_by_cause{cause=\"xid_79\"} 1"),
+            "{text}"
+        );
         assert!(
             text.contains("gangway_jobs{state=\"pending\",queue=\"q\"} 2"),
             "{text}"
@@ -525,8 +596,13 @@ mod tests {
             gpus_allocated: 8,
             gpus_free: 0,
             gpus_unhealthy: 0,
+            gpus_unhealthy_by_cause: Vec::new(),
         });
         let text = m.render();
+        assert!(
+            text.contains("gangway_gpus_unhealthy_by_cause{cause=\"xid_79\"} 0"),
+            "a cause that is gone shows 0: {text}"
+        );
         assert!(
             text.contains("gangway_jobs{state=\"pending\",queue=\"q\"} 0"),
             "{text}"

@@ -228,7 +228,7 @@ impl ClusterSnapshot {
                     alloc: mask,
                     jobs: jobs.to_vec(),
                     cordon_reason: reason.cloned(),
-                    unhealthy: (n.spec.gpus.len() as u32).saturating_sub(n.healthy.count_ones()),
+                    unhealthy: n.spec.gpus.iter().filter(|g| !g.healthy).count() as u32,
                 }),
             }
         };

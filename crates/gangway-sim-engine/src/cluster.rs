@@ -358,6 +358,7 @@ impl ClusterSpec {
                             memory_gib: g.gpu_memory_gib,
                             healthy: true,
                             island: index / per_island,
+                            ..Gpu::default()
                         })
                         .collect(),
                     cpu_millis: g.cpu_millis,

@@ -792,9 +792,56 @@ pub fn nodes(c: &Conn) -> Result<()> {
                 used,
                 bad
             );
+            out += &gpu_lines(&g);
         }
         out
     })
+}
+
+/// Under a node's line: its GPUs' full model name and memory, MIG GPUs,
+/// and each unhealthy GPU with the reason.
+fn gpu_lines(g: &[Value]) -> String {
+    let mut out = String::new();
+    let mut kinds: Vec<String> = Vec::new();
+    for x in g {
+        let k = format!(
+            "{} {} MiB",
+            s(x, "model"),
+            x.get("memory_mib")
+                .and_then(Value::as_u64)
+                .unwrap_or_else(|| x.get("memory_gib").and_then(Value::as_u64).unwrap_or(0) * 1024)
+        );
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    if !kinds.is_empty() {
+        out += &format!("  GPUs: {}\n", kinds.join("; "));
+    }
+    let mig: Vec<String> = g
+        .iter()
+        .filter(|x| x.get("mig") == Some(&Value::Bool(true)))
+        .map(|x| x.get("index").map(Value::to_string).unwrap_or_default())
+        .collect();
+    if !mig.is_empty() {
+        out += &format!(
+            "  MIG enabled (never assigned whole): GPUs {}\n",
+            mig.join(",")
+        );
+    }
+    for x in g {
+        if x.get("healthy") == Some(&Value::Bool(false)) {
+            let why = x
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason recorded");
+            out += &format!(
+                "  GPU {} unhealthy: {why}\n",
+                x.get("index").map(Value::to_string).unwrap_or_default()
+            );
+        }
+    }
+    out
 }
 
 /// `gangway nodes approve|cordon|drain|uncordon|delete NAME` (admin).

@@ -50,10 +50,18 @@ pub struct GpuArgs {
     /// Declared NVLink: `all` (one NVSwitch island) or `none`.
     #[arg(long, default_value = "all", value_parser = ["all", "none"])]
     pub nvlink: String,
+    /// A recorded machine (docs/GPU.md, `examples/machines/`): its GPUs,
+    /// topology and scripted NVML events, read through the same discovery
+    /// and health code as NVML; replaces the declared GPUs and NVML.
+    #[arg(long)]
+    pub machine: Option<PathBuf>,
 }
 
 impl GpuArgs {
     fn declared(&self, gpus: u32) -> Inventory {
+        if let Some(m) = &self.machine {
+            return Inventory::Machine(m.clone());
+        }
         Inventory::Declared {
             gpus,
             model: self.gpu_model.clone(),
@@ -70,8 +78,17 @@ pub struct AgentArgs {
     #[arg(long, default_value = "http://127.0.0.1:7070")]
     pub server: String,
     /// The cluster's join token (the server config's agent_token).
-    #[arg(long, env = "GANGWAY_JOIN_TOKEN", hide_env_values = true)]
-    pub join_token: String,
+    #[arg(
+        long,
+        env = "GANGWAY_JOIN_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "check"
+    )]
+    pub join_token: Option<String>,
+    /// Print what the agent finds (GPUs, islands, NUMA nodes, NICs, what a
+    /// 1-, 2-, 4- and 8-GPU rank would get, warnings) and exit.
+    #[arg(long)]
+    pub check: bool,
     /// Node name (default: the hostname).
     #[arg(long)]
     pub node: Option<String>,
@@ -215,6 +232,7 @@ impl AgentArgs {
     fn config(&self) -> Result<AgentConfig> {
         let declared = self.gpu.declared(self.gpus);
         let inventory = match self.inventory {
+            _ if self.gpu.machine.is_some() => declared,
             InventoryArg::Auto => Inventory::Auto(Box::new(declared)),
             InventoryArg::Nvml => Inventory::Nvml,
             InventoryArg::Declared => declared,
@@ -225,7 +243,7 @@ impl AgentArgs {
             .unwrap_or_else(|| address_towards(&self.server));
         Ok(AgentConfig {
             server: self.server.clone(),
-            join_token: self.join_token.clone(),
+            join_token: self.join_token.clone().unwrap_or_default(),
             node: self.node.clone().unwrap_or_else(hostname),
             listen: self
                 .listen
@@ -269,6 +287,9 @@ fn init_tracing() {
 pub fn agent(a: &AgentArgs) -> Result<()> {
     init_tracing();
     let cfg = a.config()?;
+    if a.check {
+        return crate::gpu_check::print(&cfg.inventory, &cfg.state_dir);
+    }
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let h = Agent::start(cfg).await?;
@@ -343,6 +364,10 @@ pub struct UpArgs {
     /// placement starts and an exit is seen).
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub sync_ms: u64,
+    /// Free space (percent) on the data or checkpoint filesystem below which
+    /// a node reports DiskPressure and takes no new work (0: never).
+    #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
+    pub disk_pressure_percent: u32,
 }
 
 /// `up`'s server configuration: `--config`'s, adapted to one machine, or a
@@ -387,12 +412,18 @@ fn up_config(
     // Its own agents, started right here: nothing to approve.
     cfg.node_approval = gangway_server::config::NodeApproval::Auto;
     // One machine: one checkpoint root for every agent, the config's when
-    // it names one (an absolute path; created if missing), else in `dir`.
-    // (The config's own check refuses a relative root.)
+    // it names a directory that exists here (the config's own check refuses
+    // a relative one), else in `dir`, saying so.
+    let local = dir.join("checkpoints").display().to_string();
     match &cfg.checkpoint_root {
-        Some(root) => std::fs::create_dir_all(root)
-            .with_context(|| format!("checkpoint_root {root:?}: cannot create it"))?,
-        None => cfg.checkpoint_root = Some(dir.join("checkpoints").display().to_string()),
+        Some(root) if std::path::Path::new(root).is_dir() => {}
+        Some(root) => {
+            eprintln!(
+                "checkpoint_root {root:?} is not a directory on this machine: checkpoints go to {local}"
+            );
+            cfg.checkpoint_root = Some(local);
+        }
+        None => cfg.checkpoint_root = Some(local),
     }
     Ok(cfg)
 }
@@ -544,6 +575,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             // One checkpoint root for all: a resumed gang finds its checkpoint on any node.
             c.checkpoint_root = checkpoint_root.clone();
             c.sync_interval = Duration::from_millis(a.sync_ms);
+            c.disk_pressure_percent = a.disk_pressure_percent;
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
             // The host's real memory, shared by the nodes it plays: each
             // rank's default memory limit is its GPUs' share of it.
@@ -564,10 +596,15 @@ pub fn up(a: &UpArgs) -> Result<()> {
             "examples/train.yaml"
         };
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit {example}\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} nodes x {} {} GPUs{}, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit {example}\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
             a.gpus_per_node,
             a.gpu.gpu_model,
+            a.gpu
+                .machine
+                .as_ref()
+                .map(|m| format!(" (recorded machine {})", m.display()))
+                .unwrap_or_default(),
             dir.display(),
             cli.display()
         );

@@ -2,6 +2,7 @@
 
 mod admin_cmd;
 mod client;
+mod gpu_check;
 mod human;
 mod local;
 mod policy_cmd;

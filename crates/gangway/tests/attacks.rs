@@ -257,6 +257,7 @@ fn gangway_up_keeps_its_admin_token_in_a_private_directory() {
     let port = free_port();
     let mut up = Command::new(BIN)
         .args(["up", "--nodes", "1", "--gpus-per-node", "1"])
+        .args(["--disk-pressure-percent", "0"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .env("GANGWAY_CONFIG", "/nonexistent")
         .stdout(Stdio::piped())

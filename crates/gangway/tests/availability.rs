@@ -226,6 +226,33 @@ impl Drop for SmallFs {
 
 #[test]
 fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pressure() {
+    // The agent's state directory is on the host's disk: when that is
+    // itself nearly full, its pressure would hide the tmpfs's.
+    let host_free = std::process::Command::new("df")
+        .args(["-P", "/tmp"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            // Free as the agent counts it: available / size.
+            let t = String::from_utf8_lossy(&o.stdout).to_string();
+            let cols: Vec<u64> = t
+                .lines()
+                .nth(1)?
+                .split_whitespace()
+                .skip(1)
+                .take(3)
+                .filter_map(|c| c.parse().ok())
+                .collect();
+            let (size, avail) = (*cols.first()?, *cols.get(2)?);
+            (size > 0).then(|| (avail * 100 / size) as u32)
+        })
+        .unwrap_or(100);
+    if host_free < 6 {
+        return skip_or_fail(
+            "GANGWAY_REQUIRE_MOUNT",
+            &format!("the host's disk has {host_free} % free, under the test's margin"),
+        );
+    }
     let Some(fs) = SmallFs::mount(16) else {
         return skip_or_fail(
             "GANGWAY_REQUIRE_MOUNT",
@@ -234,14 +261,21 @@ fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pr
     };
     let mut c = Cluster::start("127.0.0.1");
     let root = fs.0.display().to_string();
-    c.agent("node-a", 2, &[], &["--checkpoint-root", &root]);
+    // Pressure below 3 % free: the tmpfs gets there, the host's disk (the
+    // agent's state directory) should not.
+    c.agent(
+        "node-a",
+        2,
+        &[],
+        &["--checkpoint-root", &root, "--disk-pressure-percent", "3"],
+    );
     c.wait_nodes(1);
     let id = c.submit(&json!({
         "name": "filler", "queue": "default", "replicas": 1,
         "resources": { "gpus": 1 },
         "restart": { "max_restarts": 0 },
         "run": { "command": ["sh", "-c",
-            "head -c 15500000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/fill; sleep 60"] }
+            "head -c 20000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/fill; sleep 60"] }
     }));
     let j = c.wait_job(id, "stopped", 60, |j| {
         matches!(state(j), "failed" | "succeeded")

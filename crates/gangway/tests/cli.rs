@@ -40,6 +40,8 @@ impl Drop for Up {
 fn up(data: &Path, port: u16, extra: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(["up", "--no-tls", "--listen", &format!("127.0.0.1:{port}")])
+        // The host's own disk may be nearly full (see tests/availability.rs).
+        .args(["--disk-pressure-percent", "0"])
         .arg("--data-dir")
         .arg(data)
         .args(extra)
@@ -336,6 +338,8 @@ fn up_keeps_the_configs_checkpoint_root_or_refuses_a_relative_one() {
     // Ranks run as another account: let it reach the checkpoint root.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let root = dir.path().join("ckroot");
+    std::fs::create_dir_all(&root).expect("root");
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let cfg = dir.path().join("server.yaml");
     let job = dir.path().join("job.yaml");
     std::fs::write(

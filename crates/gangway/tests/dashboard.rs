@@ -181,6 +181,7 @@ fn the_dashboard_shows_the_grid_a_pending_reason_a_placement_and_cancels() {
         Command::new(BIN)
             // Plain HTTP: the headless browser does not know up's throwaway CA.
             .args(["up", "--nodes", "2", "--gpus-per-node", "4", "--no-tls"])
+            .args(["--disk-pressure-percent", "0"])
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),

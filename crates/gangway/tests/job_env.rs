@@ -324,6 +324,8 @@ fn up_exit_when_done_fails_when_a_job_failed() {
         .args([
             "up",
             "--no-tls",
+            "--disk-pressure-percent",
+            "0",
             "--listen",
             &format!("127.0.0.1:{}", free_port()),
         ])

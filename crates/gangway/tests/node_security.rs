@@ -626,6 +626,7 @@ fn gangway_up_serves_tls_with_a_throwaway_ca_and_agents_logs_too() {
     let up = Kill(
         Command::new(BIN)
             .args(["up", "--nodes", "1", "--gpus-per-node", "2"])
+            .args(["--disk-pressure-percent", "0"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(&data)

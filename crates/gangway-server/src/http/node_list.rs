@@ -90,7 +90,11 @@ impl Serialize for Gpus<'_> {
             healthy: g.healthy,
             index: g.index,
             memory_gib: g.memory_gib,
+            memory_mib: g.memory_mib(),
+            mig: g.mig,
             model: &g.model,
+            reason: g.reason.as_deref(),
+            uuid: g.uuid.as_deref(),
         }))
     }
 }
@@ -102,7 +106,11 @@ struct GpuOut<'a> {
     healthy: bool,
     index: u32,
     memory_gib: u32,
+    memory_mib: u64,
+    mig: bool,
     model: &'a str,
+    reason: Option<&'a str>,
+    uuid: Option<&'a str>,
 }
 
 /// The node list as a `serde_json::Value` tree, the way `GET /v1/nodes`
@@ -126,6 +134,8 @@ pub fn as_value(v: &ReadView) -> serde_json::Value {
                 "last_heartbeat": v.last_seen.get(n.spec.name.as_str()),
                 "gpus": n.spec.gpus.iter().enumerate().map(|(k, g)| json!({
                     "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                    "memory_mib": g.memory_mib(), "mig": g.mig, "reason": g.reason,
+                    "uuid": g.uuid,
                     "healthy": g.healthy, "allocated": n.alloc & (1 << k) != 0,
                 })).collect::<Vec<_>>(),
                 "jobs": n.jobs,
@@ -143,6 +153,8 @@ pub fn as_value(v: &ReadView) -> serde_json::Value {
             "last_heartbeat": v.last_seen.get(n.name.as_str()),
             "gpus": n.gpus.iter().map(|g| json!({
                 "index": g.index, "model": g.model, "memory_gib": g.memory_gib,
+                "memory_mib": g.memory_mib(), "mig": g.mig, "reason": g.reason,
+                "uuid": g.uuid,
                 "healthy": g.healthy, "allocated": false,
             })).collect::<Vec<_>>(),
             "jobs": [],

@@ -319,8 +319,16 @@ pub struct GpuView {
     pub index: u32,
     /// Model.
     pub model: String,
-    /// Memory in GiB.
+    /// Memory in whole GiB, rounded down.
     pub memory_gib: u32,
+    /// Memory in MiB as the driver reports it (declared GPUs: GiB x 1024).
+    pub memory_mib: u64,
+    /// MIG enabled: never assigned whole.
+    pub mig: bool,
+    /// Why it is unhealthy.
+    pub reason: Option<String>,
+    /// UUID, when discovered.
+    pub uuid: Option<String>,
     /// Healthy.
     pub healthy: bool,
     /// Bound to a job.

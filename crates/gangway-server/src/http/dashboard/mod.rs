@@ -31,8 +31,10 @@ pub struct WhoAmI {
 }
 
 /// One node in the cluster grid: its GPUs' states as one letter each
-/// (`f` free, `a` allocated, `u` unhealthy, `c` cordoned or NotReady) and the
-/// job holding each (0: none) — compact, so 10,000 nodes stay a small answer.
+/// (`f` free, `a` allocated, `u` unhealthy, `c` cordoned or NotReady, `m`
+/// MIG enabled, never assigned whole) and the job holding each (0: none) —
+/// compact, so 10,000 nodes stay a small answer. `reasons` says why each
+/// unhealthy GPU is (by position), only where one is.
 #[derive(Serialize)]
 struct NodeCell {
     name: String,
@@ -40,6 +42,8 @@ struct NodeCell {
     cordoned: bool,
     gpus: String,
     owners: Vec<u64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    reasons: BTreeMap<usize, String>,
 }
 
 #[derive(Serialize)]
@@ -180,7 +184,11 @@ async fn cluster(
         let unavailable = n.spec.cordoned || !n.ready;
         let (mut states, mut owners) = (String::with_capacity(8), Vec::with_capacity(8));
         let (mut free_here, mut healthy) = (0u64, 0u64);
-        for g in &n.spec.gpus {
+        let mut reasons = BTreeMap::new();
+        for (k, g) in n.spec.gpus.iter().enumerate() {
+            if let (false, Some(r)) = (g.healthy, &g.reason) {
+                reasons.insert(k, r.clone());
+            }
             t.gpus += 1;
             healthy += u64::from(g.healthy);
             let o = owner.get(&g.index);
@@ -194,6 +202,7 @@ async fn cluster(
                     'u'
                 }
                 (None, true, true) => 'c',
+                (None, true, false) if g.mig => 'm',
                 (None, true, false) => {
                     free_here += 1;
                     'f'
@@ -212,6 +221,7 @@ async fn cluster(
             cordoned: n.spec.cordoned,
             gpus: states,
             owners,
+            reasons,
         });
     }
     t.free = t.gpus - t.allocated - t.unhealthy;
