@@ -591,7 +591,11 @@ impl Executor {
         // No cgroup holds the rank under the subreaper: rlimits stand in.
         let rlimits = (self.track.kind() == crate::proctrack::ProcTrackKind::Subreaper)
             .then(|| crate::limits::Rlimits::of(limits));
-        let Some(pump) = crate::logpump::LogPump::new(&l.log, l.rotation) else {
+        let Some(pump) = crate::logpump::LogPump::new(
+            &l.log,
+            l.rotation,
+            &format!("gangway-logs {}/{}/{}", k.job, k.attempt, k.rank),
+        ) else {
             note(&l.log, "bad log file path");
             let _ = exits.send((k, 125));
             return Rank::NotStarted;

@@ -22,11 +22,13 @@ pub struct LogPump {
     dropped: CString,
     /// Bytes per file.
     max_bytes: u64,
+    /// Its command line (`gangway-logs JOB/ATTEMPT/RANK`), not the agent's.
+    title: crate::supervisor::Title,
 }
 
 impl LogPump {
     /// The pump of the rank logging to `log`.
-    pub fn new(log: &Path, r: Rotation) -> Option<Self> {
+    pub fn new(log: &Path, r: Rotation, title: &str) -> Option<Self> {
         let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).ok();
         Some(LogPump {
             files: (0..r.max_files.max(1))
@@ -34,6 +36,7 @@ impl LogPump {
                 .collect::<Option<Vec<_>>>()?,
             dropped: c(&dropped_path(log))?,
             max_bytes: r.max_bytes.max(1),
+            title: crate::supervisor::Title::new(title),
         })
     }
 
@@ -66,6 +69,7 @@ impl LogPump {
     /// The pump's loop: never returns.
     unsafe fn pump(&self, r: i32) -> ! {
         libc::prctl(libc::PR_SET_NAME, c"gangway-logs".as_ptr(), 0, 0, 0);
+        self.title.apply();
         // Drains to the end whatever signal the rank's stop sends (SIGKILL aside).
         for sig in 1..32 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP && sig != libc::SIGCHLD {

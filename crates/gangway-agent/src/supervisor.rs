@@ -44,6 +44,44 @@ fn argv_area() -> Option<(usize, usize)> {
     (start > 0 && end > start).then_some((start, end))
 }
 
+/// A command line for a process forked from the agent without an exec
+/// (a rank's supervisor, its log pump), so `pkill -f` for the agent does
+/// not match it. Built before the fork.
+#[derive(Clone, Debug)]
+pub struct Title {
+    text: Vec<u8>,
+    area: Option<(usize, usize)>,
+}
+
+impl Title {
+    /// The title `text` (words split at spaces, as `ps` shows them).
+    pub fn new(text: &str) -> Self {
+        Title {
+            text: text.as_bytes().to_vec(),
+            area: argv_area(),
+        }
+    }
+
+    /// Writes the title over the inherited argv area, padded with NULs (cut
+    /// to the area's size). No allocation: for a forked child.
+    ///
+    /// # Safety
+    /// Only in a forked child, whose argv area is its own copy.
+    pub unsafe fn apply(&self) {
+        let Some((start, end)) = self.area else {
+            return;
+        };
+        let len = end - start;
+        let area = start as *mut u8;
+        std::ptr::write_bytes(area, 0, len);
+        // Keep the last byte NUL: the kernel then reads the area alone.
+        let n = self.text.len().min(len.saturating_sub(1));
+        for (i, b) in self.text[..n].iter().enumerate() {
+            *area.add(i) = if *b == b' ' { 0 } else { *b };
+        }
+    }
+}
+
 /// The command line of a rank's supervisor.
 pub fn title(job: u64, attempt: u32, rank: u32) -> String {
     format!("gangway-rank {job}/{attempt}/{rank}")
@@ -63,23 +101,16 @@ impl Supervisor {
         })
     }
 
-    /// Writes the title over the inherited argv area, padded with NULs
-    /// (cut to the area's size; words split at spaces as `ps` shows them).
+    /// Writes the title over the inherited argv area.
     ///
     /// # Safety
     /// Only in the forked supervisor, whose argv area is its own copy.
     unsafe fn set_title(&self) {
-        let Some((start, end)) = self.args else {
-            return;
-        };
-        let len = end - start;
-        let area = start as *mut u8;
-        std::ptr::write_bytes(area, 0, len);
-        // Keep the last byte NUL: the kernel then reads the area alone.
-        let n = self.title.len().min(len.saturating_sub(1));
-        for (i, b) in self.title[..n].iter().enumerate() {
-            *area.add(i) = if *b == b' ' { 0 } else { *b };
+        Title {
+            text: self.title.clone(),
+            area: self.args,
         }
+        .apply()
     }
 
     /// Forks: returns `Ok(())` in the grandchild, which goes on to exec the
