@@ -44,7 +44,7 @@ fn finished(c: &Cluster, id: u64) -> Value {
 
 /// The variables the tables of docs/JOB_ENV.md's "Environment" section
 /// name (up to the array tasks), and those among them set only sometimes
-/// (their value says "only when").
+/// (their value says "only when" or "unset where").
 fn documented_env() -> (BTreeSet<String>, BTreeSet<String>) {
     let doc = std::fs::read_to_string(repo().join("docs/JOB_ENV.md")).expect("JOB_ENV.md");
     let start = doc.find("\n## Environment").expect("Environment section");
@@ -65,7 +65,9 @@ fn documented_env() -> (BTreeSet<String>, BTreeSet<String>) {
                     .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
         }) {
             all.insert(name.to_string());
-            if value.starts_with("only when") {
+            // Set only sometimes: the value says when ("only when ...",
+            // "..., only when pinned", "...; unset where none is found").
+            if value.contains("only when") || value.contains("unset where") {
                 sometimes.insert(name.to_string());
             }
         }
