@@ -36,7 +36,10 @@ pub struct NodePolicy {
     pub read_only_rootfs: bool,
     /// Host paths that may be mounted.
     pub mounts: MountPolicy,
-    /// Per-rank limits (processes, memory, logs) beyond the defaults.
+    /// Per-rank limits (processes, memory, logs) beyond the defaults. Left
+    /// out of the wire form while unset, so a queue without limits sends
+    /// what agents of the previous minor version read.
+    #[serde(skip_serializing_if = "RankLimitPolicy::is_unset")]
     pub limits: RankLimitPolicy,
 }
 
@@ -57,6 +60,13 @@ pub struct RankLimitPolicy {
     /// Bytes a job may keep in its checkpoint directory on a node (none:
     /// only the node's free-space watch bounds it).
     pub checkpoint_quota_bytes: Option<u64>,
+}
+
+impl RankLimitPolicy {
+    /// Whether every limit is left to the agent's default.
+    pub fn is_unset(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl NodePolicy {

@@ -12,6 +12,7 @@ const STATE: &[&str] = &[
     "audit.rs",
     "authz.rs",
     "backup.rs",
+    "blame.rs",
     "clock.rs",
     "config.rs",
     "control.rs",

@@ -316,6 +316,8 @@ if tr '\0' '\n' < /proc/$PPID/environ > "$OUT/parent-environ" 2>/dev/null; then 
         "SHLVL",
         "_",
         "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NCCL_IB_HCA",
     ];
     for k in vars.keys() {
         let contract = k.starts_with("GANGWAY_")
