@@ -227,7 +227,9 @@ env > "$OUT/env-$GANGWAY_ATTEMPT-$RANK"
 if [ "$RANK" = 0 ]; then
   i=0
   until grep -q hello "$OUT/received" 2>/dev/null; do
-    echo ack | busybox nc -l -p "$MASTER_PORT" > "$OUT/received" || true
+    # Keep nc's stdin open a while: busybox nc exits at its end, and could
+    # otherwise send "ack" and leave before rank 1's hello arrives.
+    { echo ack; sleep 3; } | busybox nc -l -p "$MASTER_PORT" > "$OUT/received" || true
     i=$((i + 1)); [ "$i" -lt 50 ] || exit 4
   done
 else
