@@ -518,6 +518,17 @@ pub fn up(a: &UpArgs) -> Result<()> {
         .checkpoint_root
         .as_ref()
         .map_or_else(|| dir.join("checkpoints"), PathBuf::from);
+    // A nearly full disk would leave every node under DiskPressure, taking
+    // no work: say so now rather than let the first job wait unexplained.
+    let under = [&dir, &checkpoint_root]
+        .into_iter()
+        .find_map(|p| gangway_agent::disk::pressure(p, a.disk_pressure_percent));
+    if let Some(why) = under {
+        eprintln!(
+            "warning: {why}: the nodes will take no new work until space is freed \
+             (or start with --disk-pressure-percent 0 to turn the check off)"
+        );
+    }
     let app = gangway_server::open(cfg, &dir.join("server"))?;
     let listen_host = a
         .listen

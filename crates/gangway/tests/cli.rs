@@ -270,6 +270,49 @@ fn the_first_gang_of_instant_ranks_on_a_fresh_cluster_ends_without_a_restart() {
 }
 
 #[test]
+fn up_warns_at_start_when_its_disk_is_already_under_pressure() {
+    // Every filesystem has less than 100 % free: at that threshold the
+    // nodes would take no work, and up must say so before anything waits.
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut child = Up(Command::new(BIN)
+        .args(["up", "--no-tls", "--listen", "127.0.0.1:0", "--nodes", "1"])
+        .args(["--disk-pressure-percent", "100", "--data-dir"])
+        .arg(dir.path().join("up"))
+        .current_dir("/")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("gangway up"));
+    let mut stderr = child.0.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let mut seen = Vec::new();
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            let _ = tx.send(text(&seen));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    while Instant::now() < deadline && !last.contains("--disk-pressure-percent 0") {
+        if let Ok(s) = rx.recv_timeout(Duration::from_millis(200)) {
+            last = s;
+        }
+    }
+    assert!(
+        last.contains("warning: DiskPressure:")
+            && last.contains("below 100 %")
+            && last.contains("the nodes will take no new work")
+            && last.contains("--disk-pressure-percent 0"),
+        "{last}"
+    );
+}
+
+#[test]
 fn up_refuses_flags_it_would_ignore() {
     let o = Command::new(BIN)
         .args(["up", "-o", "json", "--no-tls", "--listen", "127.0.0.1:0"])
