@@ -320,7 +320,9 @@ impl Frozen {
             .find_map(|l| {
                 let mut it = l.splitn(3, ':');
                 let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
-                ctrl.split(',').any(|c| c == "freezer").then(|| path.to_string())
+                ctrl.split(',')
+                    .any(|c| c == "freezer")
+                    .then(|| path.to_string())
             })
             .expect("the rank is in a freezer cgroup");
         let dir = std::path::Path::new("/sys/fs/cgroup/freezer")
@@ -407,4 +409,63 @@ fn an_unkillable_rank_is_a_node_fault_the_job_ends_and_only_its_node_is_cordoned
     assert_eq!(j["placement"][0]["node"], "node-b", "{j:#}");
     drop(frozen);
     assert!(!alive(pid as u32), "thawed, the pending SIGKILL ends it");
+}
+
+/// A gang whose node gets a non-application XID (a recorded machine's
+/// scripted NVML event) restarts on another node, never the blamed one,
+/// although best fit would put it back beside the dead GPU: auto-cordon is
+/// off here, so only the avoidance keeps it away.
+#[test]
+fn a_gang_hit_by_an_xid_restarts_on_another_node_never_the_blamed_one() {
+    let machines = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines");
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config("").replace("queues:", "auto_cordon_failures: 0\nqueues:"),
+    );
+    // GPU 0 of node-a reports a double-bit ECC error (XID 48) 10 s in.
+    let base =
+        std::fs::read_to_string(machines.join("a100-pcie-nvlink-pairs.yaml")).expect("machine");
+    let faulty = c.out.join("xid.yaml");
+    std::fs::write(
+        &faulty,
+        format!("{base}events:\n  - {{ at_seconds: 10, gpu: 0, xid: 48 }}\n"),
+    )
+    .expect("write");
+    let healthy = c.out.join("healthy.yaml");
+    std::fs::write(&healthy, &base).expect("write");
+    let faulty = faulty.display().to_string();
+    c.agent("node-a", 0, &[], &["--machine", &faulty]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "victim", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 3, "backoff_seconds": 0 },
+        "checkpoint": { "grace_seconds": 1 },
+        "run": { "command": ["sleep", "600"] }
+    }));
+    let j = c.wait_job(id, "run on node-a", 8, |j| state(j) == "running");
+    assert_eq!(j["placement"][0]["node"], "node-a");
+    assert_eq!(j["placement"][0]["gpus"][0], 0, "{j:#}");
+    let healthy = healthy.display().to_string();
+    c.agent("node-b", 0, &[], &["--machine", &healthy]);
+    c.wait_nodes(2);
+    let j = c.wait_job(id, "restart elsewhere after the XID", 60, |j| {
+        j["attempt"].as_u64().unwrap_or(0) >= 1 && state(j) == "running"
+    });
+    assert_eq!(j["placement"][0]["node"], "node-b", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(k, m)| k == "avoiding" && m.contains("avoids node node-a")),
+        "{ev:?}"
+    );
+    // It stays there, and node-a stays in service: only the gang avoids it.
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let j = c.job(id);
+        assert_ne!(j["placement"][0]["node"], "node-a", "{j:#}");
+    }
+    let a = c.node("node-a");
+    assert_eq!(a["cordoned"], false, "auto-cordon is off: {a:#}");
+    assert_eq!(a["gpus"][0]["healthy"], false, "{a:#}");
 }
