@@ -581,9 +581,13 @@ impl Agent {
             if t.limit.is_some() {
                 f.limit = t.limit.clone();
             }
-            f.node_fault =
+            // The failed rank's node fault, else another rank's (processes
+            // that survived SIGKILL after a peer's failure).
+            let fault = |rank| {
                 self.executor
-                    .node_fault(crate::executor::RankKey { job, attempt, rank });
+                    .node_fault(crate::executor::RankKey { job, attempt, rank })
+            };
+            f.node_fault = fault(rank).or_else(|| t.ranks.keys().find_map(|r| fault(*r)));
             f.unknown_exit = r.unknown_exit;
             Some(f)
         });
@@ -635,6 +639,7 @@ impl Agent {
             changed |= self.poll_ranks();
             changed |= self.watch_disk();
             self.enforce_grace().await;
+            changed |= self.give_up_unkillable();
             let due = match last_sync {
                 None => true,
                 Some(t) => t.elapsed() >= self.cfg.sync_interval,
@@ -805,6 +810,57 @@ impl Agent {
             );
             self.signal_task(k, libc::SIGKILL).await;
         }
+    }
+
+    /// "Kill task failed": ranks whose processes survived SIGKILL for the
+    /// kill timeout after their grace (unkillable: D state, a frozen
+    /// cgroup) are given up on. Each is a fault of the node, reported with
+    /// the rank's failure so the server blames (and cordons) the node; the
+    /// rank counts as ended (killed), so its job ends and the node goes on
+    /// reporting. The processes are left where they are, in the rank's
+    /// cgroup, for an operator. Returns whether any rank was given up.
+    fn give_up_unkillable(&mut self) -> bool {
+        let now = Instant::now();
+        let timeout = self.cfg.kill_timeout;
+        let logs = self.cfg.state_dir.join("logs");
+        let mut gone = Vec::new();
+        for (k, t) in self.tasks.iter_mut() {
+            let Some(kill_at) = t.kill_at else { continue };
+            if now.saturating_duration_since(kill_at) < timeout {
+                continue;
+            }
+            for (rank, r) in t.ranks.iter_mut().filter(|(_, r)| r.done.is_none()) {
+                let left = self.executor.processes_left(&r.handle);
+                if left == 0 {
+                    continue;
+                }
+                let why = format!(
+                    "kill task failed: {} of rank {rank} survived SIGKILL for {}s",
+                    if left == 1 {
+                        "1 process".to_string()
+                    } else {
+                        format!("{left} processes")
+                    },
+                    timeout.as_secs()
+                );
+                tracing::error!("job {} attempt {}: {why}", k.0, k.1);
+                let key = crate::executor::RankKey {
+                    job: k.0,
+                    attempt: k.1,
+                    rank: *rank,
+                };
+                crate::executor::note(&log_path(&logs, k.0 .0, k.1, *rank), &why);
+                self.executor.note_node_fault(key, why);
+                r.done = Some(r.main_exit.unwrap_or(128 + libc::SIGKILL));
+                t.first_failure.get_or_insert(*rank);
+                gone.push(key);
+            }
+        }
+        for k in &gone {
+            // A restarted agent does not wait for them either.
+            crate::leftovers::forget(&self.cfg.state_dir, *k);
+        }
+        !gone.is_empty()
     }
 
     /// Signals every process of every rank of a task that has any left,

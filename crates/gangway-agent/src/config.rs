@@ -91,7 +91,16 @@ pub struct AgentConfig {
     /// Free space (percent) below which a data or checkpoint filesystem is
     /// under pressure (0: never).
     pub disk_pressure_percent: u32,
+    /// How long a stopped rank's processes may survive SIGKILL (after its
+    /// grace period) before the agent gives up on them: "kill task failed",
+    /// a fault of the node (unkillable processes: D state, a frozen cgroup).
+    /// The rank then counts as ended, so its job can end.
+    pub kill_timeout: Duration,
 }
+
+/// How long processes may survive SIGKILL before "kill task failed" (as
+/// Slurm's `UnkillableStepTimeout`).
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl AgentConfig {
     /// A declared-inventory agent with defaults, for tests and `gangway up`.
@@ -130,6 +139,7 @@ impl AgentConfig {
             cgroup_parent: "gangway".into(),
             leave_ranks_on_exit: false,
             disk_pressure_percent: crate::disk::DEFAULT_PRESSURE_PERCENT,
+            kill_timeout: DEFAULT_KILL_TIMEOUT,
         }
     }
 }

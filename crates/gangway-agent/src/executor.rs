@@ -167,8 +167,23 @@ impl Executor {
 
     fn blame_node(&self, k: RankKey, why: String) {
         tracing::error!("rank {k:?} not started, the node's fault: {why}");
+        self.note_node_fault(k, why);
+    }
+
+    /// Notes that rank `k` failed for a reason outside the job (reported to
+    /// the server's node blame with the rank's failure).
+    pub fn note_node_fault(&self, k: RankKey, why: String) {
         if let Ok(mut m) = self.node_faults.lock() {
             m.insert(k, why);
+        }
+    }
+
+    /// How many processes of a process rank are left (0 for other ranks,
+    /// whose end the container engine reports).
+    pub fn processes_left(&self, rank: &Rank) -> usize {
+        match rank {
+            Rank::Process { container, .. } => self.track.pids(container).len(),
+            _ => 0,
         }
     }
 

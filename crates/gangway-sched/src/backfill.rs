@@ -29,6 +29,7 @@
 //! recounting each node's entries at every event (and sorting every entry's
 //! events for every walk) was most of a cycle.
 
+use crate::bitset::Bitset;
 use crate::placement;
 use crate::state::{ClusterState, Gang, Placement};
 use crate::{PlanEntry, Session};
@@ -551,12 +552,23 @@ pub(crate) fn earliest(
     job: &Gang,
     replicas: u32,
     limit: usize,
+    exclude: Option<&Bitset>,
 ) -> (Walk, usize) {
     tl.sync(s.state, &s.cap);
     tl.order.sync(&s.plan);
     let order = std::mem::take(&mut tl.order);
     let mut walked = 0;
-    let r = walk(s, tl, &order, rel, job, replicas, limit, &mut walked);
+    let r = walk(
+        s,
+        tl,
+        &order,
+        rel,
+        job,
+        replicas,
+        limit,
+        exclude,
+        &mut walked,
+    );
     tl.order = order;
     tl.restore(s.state, &s.cap);
     (r, walked)
@@ -571,10 +583,12 @@ fn walk(
     job: &Gang,
     replicas: u32,
     limit: usize,
+    exclude: Option<&Bitset>,
     walked: &mut usize,
 ) -> Walk {
     let state: &ClusterState = s.state;
-    let req = s.request(job, replicas, None);
+    // Nodes the job avoids host nothing of it.
+    let req = s.request(job, replicas, exclude);
     let per = req.per;
     let need = per.gpus * u64::from(replicas);
     let single = per.gpus > 0
@@ -586,6 +600,7 @@ fn walk(
         nodes[n].class.map_or(per.gpus == 0, |c| {
             per.gpus == 0 || req.class_mask & (1 << c) != 0
         }) && nodes[n].schedulable()
+            && exclude.is_none_or(|e| !e.contains(n))
     };
     let rt = plan_runtime(state, job);
     // Until it starts, a reservation keeps its whole nodes from a job that

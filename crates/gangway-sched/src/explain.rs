@@ -67,6 +67,14 @@ pub enum WaitReason {
         /// The first job that could not start.
         behind: JobId,
     },
+    /// It would fit now, but only on nodes it avoids after they failed its
+    /// last attempt (a node fault); the avoidance lapses at `until`.
+    Avoiding {
+        /// The nodes it avoids.
+        nodes: Vec<NodeIdx>,
+        /// When it may run on them again.
+        until: Time,
+    },
     /// Victims were chosen this cycle.
     Preempting {
         /// Jobs being preempted for it.
@@ -158,9 +166,9 @@ impl WaitReason {
             WaitReason::BehindReservation { .. }
             | WaitReason::BeyondPlan { .. }
             | WaitReason::InOrder { .. } => ReasonCode::Priority,
-            WaitReason::NeverFits(_) | WaitReason::Maintenance { .. } => {
-                ReasonCode::ReqNodeNotAvail
-            }
+            WaitReason::NeverFits(_)
+            | WaitReason::Maintenance { .. }
+            | WaitReason::Avoiding { .. } => ReasonCode::ReqNodeNotAvail,
             WaitReason::AwaitingPreemption { .. } | WaitReason::Preempting { .. } => {
                 ReasonCode::Preemption
             }
@@ -301,6 +309,15 @@ impl Explanation {
                 };
                 format!(
                     "the free nodes that fit it are reserved for maintenance {name} ({when}) and it would not end before"
+                )
+            }
+            WaitReason::Avoiding { nodes, until } => {
+                let names: Vec<&str> = nodes.iter().map(|n| node_name(state, *n)).collect();
+                format!(
+                    "avoiding node{} {} after its fault until t+{}: only the nodes it avoids fit it now, and it may use them once that lapses",
+                    if names.len() == 1 { "" } else { "s" },
+                    names.join(", "),
+                    duration(until.saturating_sub(now))
                 )
             }
             WaitReason::InOrder { behind } => {

@@ -39,7 +39,7 @@ pub use explain::{plural, Explanation, WaitReason};
 pub use placement::{FitFailure, Shortage};
 pub use quota::{QuotaBlock, QuotaLimit};
 pub use state::{
-    ClusterState, Gang, Job, JobStatus, Maintenance, NamesVersion, Placement, Rejection,
+    Avoid, ClusterState, Gang, Job, JobStatus, Maintenance, NamesVersion, Placement, Rejection,
     ReplicaPlacement, RunInfo, StateConfig, StateError,
 };
 
@@ -532,15 +532,17 @@ pub(crate) struct ShapeKey {
 
 /// Which nodes a job may not use: those of the first `prefix` reservations
 /// in start order (those starting before the job would end), less those a
-/// preemptible job of priority below `exempt_below` may use, and those of the
-/// first `maint` maintenance windows in start order. `generation` is the
-/// number of reservations when the set was made.
+/// preemptible job of priority below `exempt_below` may use, those of the
+/// first `maint` maintenance windows in start order, and those job `avoid`
+/// avoids ([`state::Avoid`]). `generation` is the number of reservations
+/// when the set was made.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub(crate) struct ExclKey {
     generation: u32,
     prefix: u32,
     exempt_below: i32,
     maint: u32,
+    avoid: Option<JobId>,
 }
 
 /// A planned job's hold on the timeline: its GPUs, CPU and memory per node
@@ -728,7 +730,7 @@ impl<'a> Session<'a> {
     /// preemptible and of lower priority than their holder. `None`: it may
     /// use every node. The node set is built once per distinct answer.
     fn exclusion(&mut self, job: &Gang) -> Option<ExclKey> {
-        if self.res_by_start.is_empty() && self.maint_by_start.is_empty() {
+        if self.res_by_start.is_empty() && self.maint_by_start.is_empty() && !job.avoids {
             return None;
         }
         let prefix = match job.runtime {
@@ -752,15 +754,51 @@ impl<'a> Session<'a> {
         self.maint_by_start.partition_point(|m| m.start < end)
     }
 
+    /// The nodes `job` avoids now ([`ClusterState::set_avoid`]), if any.
+    pub(crate) fn avoided(&self, job: &Gang) -> Option<&'a state::Avoid> {
+        if !job.avoids {
+            return None;
+        }
+        let state: &'a ClusterState = self.state;
+        state
+            .job(job.id)?
+            .avoid
+            .as_ref()
+            .filter(|a| a.holds(self.now))
+    }
+
+    /// The key excluding only the nodes `job` avoids (`None` when it avoids
+    /// none now): for placements that respect no reservation or window
+    /// (a claimant's, the plan's own walk).
+    pub(crate) fn avoid_key(&mut self, job: &Gang) -> Option<ExclKey> {
+        if !job.avoids {
+            return None;
+        }
+        self.exclusion_key(job, 0, 0)
+    }
+
     /// The key (and node set, built once) for reservation prefix `prefix`
-    /// and maintenance prefix `maint`; `None` when nothing is excluded.
+    /// and maintenance prefix `maint`, with the nodes the job avoids;
+    /// `None` when nothing is excluded.
     pub(crate) fn exclusion_key(
         &mut self,
         job: &Gang,
         prefix: usize,
         maint: usize,
     ) -> Option<ExclKey> {
-        if prefix == 0 && maint == 0 {
+        self.exclusion_key_with(job, prefix, maint, true)
+    }
+
+    /// [`Self::exclusion_key`], leaving the avoided nodes out unless `avoid`.
+    pub(crate) fn exclusion_key_with(
+        &mut self,
+        job: &Gang,
+        prefix: usize,
+        maint: usize,
+        avoid: bool,
+    ) -> Option<ExclKey> {
+        let avoided = if avoid { self.avoided(job) } else { None };
+        if prefix == 0 && maint == 0 && avoided.is_none() {
             return None;
         }
         let key = ExclKey {
@@ -772,6 +810,7 @@ impl<'a> Session<'a> {
                 i32::MIN
             },
             maint: maint as u32,
+            avoid: avoided.map(|_| job.id),
         };
         if !self.excl_sets.contains_key(&key) {
             if self
@@ -799,6 +838,10 @@ impl<'a> Session<'a> {
                     set.insert(*n as usize);
                     any = true;
                 }
+            }
+            for n in avoided.iter().flat_map(|a| &a.nodes) {
+                set.insert(*n as usize);
+                any = true;
             }
             if !any {
                 return None;
@@ -903,11 +946,13 @@ impl<'a> Session<'a> {
     /// Whether the job would fit if the reservation did not exist (cached per
     /// shape for the cycle; only used to explain the wait).
     fn fits_unreserved(&mut self, job: &Gang, kq: u32, min: u32) -> bool {
-        let key = self.shape(job, kq, min, None);
+        // Nodes the job avoids stay off: they are not what it waits for.
+        let avoid = self.avoid_key(job);
+        let key = self.shape(job, kq, min, avoid);
         if let Some(f) = self.fits_cache.get(&key) {
             return *f;
         }
-        let fits = self.cached_place(job, kq, min, None).is_ok();
+        let fits = self.cached_place(job, kq, min, avoid).is_ok();
         self.fits_cache.insert(key, fits);
         fits
     }
@@ -1090,6 +1135,13 @@ impl<'a> Session<'a> {
                 self.bind(job, p, backfilled);
             }
             Err(fail) => {
+                if let Some(reason) = self.avoiding(job, kq, min, excluded) {
+                    let eta = match &reason {
+                        WaitReason::Avoiding { until, .. } => Some(*until),
+                        _ => None,
+                    };
+                    return self.explain(id, reason, eta);
+                }
                 if let Some(key) = excluded {
                     if key.maint > 0 && self.fits_unreserved(job, kq, min) {
                         // Does it fit once only reservations are kept off?
@@ -1168,6 +1220,27 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// When `job` does not fit only because of the nodes it avoids (it would
+    /// fit on them now, keeping off every reservation and maintenance window
+    /// `excluded` names), why it waits: it avoids them until its avoidance
+    /// lapses, then it may run there again.
+    fn avoiding(
+        &mut self,
+        job: &Gang,
+        kq: u32,
+        min: u32,
+        excluded: Option<ExclKey>,
+    ) -> Option<WaitReason> {
+        let a = self.avoided(job)?;
+        let key = excluded?;
+        let without = self.exclusion_key_with(job, key.prefix as usize, key.maint as usize, false);
+        self.cached_place(job, kq, min, without).ok()?;
+        Some(WaitReason::Avoiding {
+            nodes: a.nodes.clone(),
+            until: a.until,
+        })
+    }
+
     /// Plans `job`'s start with `replicas` on the timeline (running jobs'
     /// estimated ends, this cycle's binds, earlier plans) and records it in
     /// the plan; with `reserve` it also holds a reservation that later jobs
@@ -1197,7 +1270,22 @@ impl<'a> Session<'a> {
             .releases
             .take()
             .unwrap_or_else(|| backfill::Releases::new(self.state, self.now));
-        let (found, walked) = backfill::earliest(self, &mut tl, &mut rel, job, replicas, limit);
+        let avoid = self.avoid_key(job);
+        let until = self.avoided(job).map(|a| a.until);
+        let exclude = avoid.and_then(|k| self.excl_sets.get(&k));
+        let (mut found, mut walked) =
+            backfill::earliest(self, &mut tl, &mut rel, job, replicas, limit, exclude);
+        if let (backfill::Walk::Never, Some(until)) = (&found, until) {
+            // Only nodes it avoids can ever host it: it may start there once
+            // the avoidance lapses.
+            let left = limit.saturating_sub(walked);
+            let (f, w) = backfill::earliest(self, &mut tl, &mut rel, job, replicas, left, None);
+            walked += w;
+            found = match f {
+                backfill::Walk::Found(t, p) => backfill::Walk::Found(t.max(until), p),
+                other => other,
+            };
+        }
         self.timeline = Some(tl);
         self.releases = Some(rel);
         self.decisions.stats.plan_releases += walked;
@@ -1289,7 +1377,9 @@ impl<'a> Session<'a> {
             job.preemptible,
         )
         .ok()?;
-        let p = self.place_elastic(&trial, job, min, min, None).ok()?;
+        let avoid = self.avoid_key(job);
+        let exclude = avoid.and_then(|k| self.excl_sets.get(&k));
+        let p = self.place_elastic(&trial, job, min, min, exclude).ok()?;
         self.claim(job, &mine, &p);
         Some(WaitReason::AwaitingPreemption {
             victims: mine.len() as u32,

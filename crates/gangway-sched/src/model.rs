@@ -233,6 +233,29 @@ pub struct Gang {
     pub runtime: Option<u64>,
     /// Expected (median) run time: declared, else predicted from history.
     pub expected_runtime: Option<u64>,
+    /// Whether it avoids some nodes ([`Job::avoid`]): a cycle looks the set
+    /// up only then.
+    pub avoids: bool,
+}
+
+/// Nodes a job's next attempt may not be placed on, until a time: those
+/// blamed for its last attempt's failure (a GPU fault, an agent fault), as
+/// Slurm's `--requeue=expedite` holds the old nodes back. The avoidance
+/// lapses at `until`, so a job the avoided nodes alone can host never waits
+/// forever.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Avoid {
+    /// The nodes, ascending, without repeats.
+    pub nodes: Vec<NodeIdx>,
+    /// When the avoidance lapses.
+    pub until: Time,
+}
+
+impl Avoid {
+    /// Whether it still holds at `now`.
+    pub fn holds(&self, now: Time) -> bool {
+        now < self.until && !self.nodes.is_empty()
+    }
 }
 
 /// A job known to the scheduler.
@@ -265,6 +288,9 @@ pub struct Job {
     /// Order inside its queue and priority level, lowest first (then submit
     /// time): 0 unless a policy ranks jobs within queues ([`crate::ClusterState::set_rank`]).
     pub rank: i64,
+    /// Nodes its next placement avoids ([`crate::ClusterState::set_avoid`]);
+    /// cleared when it is bound.
+    pub avoid: Option<Avoid>,
 }
 
 impl Job {

@@ -248,8 +248,10 @@ pub(crate) fn try_preempt(
         return None;
     }
     let state = s.state;
+    // A job avoiding nodes fails for itself, not for its shape.
+    let avoid = s.avoid_key(job);
     let fail_key = (
-        s.shape(job, min, min, None),
+        s.shape(job, min, min, avoid),
         reason,
         job.priority,
         job.queue,

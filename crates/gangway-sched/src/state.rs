@@ -7,8 +7,8 @@ use crate::bitset::Bitset;
 use crate::capacity::Capacity;
 pub(crate) use crate::model::EndBasis;
 pub use crate::model::{
-    key_of, Gang, GpuClass, Job, JobStatus, Leaf, NodeIdx, NodeInfo, Placement, QueueId, QueueInfo,
-    ReplicaPlacement, RunInfo, Spine,
+    key_of, Avoid, Gang, GpuClass, Job, JobStatus, Leaf, NodeIdx, NodeInfo, Placement, QueueId,
+    QueueInfo, ReplicaPlacement, RunInfo, Spine,
 };
 use gangway_core::{
     gpu_memory_fits, gpu_model_matches, JobId, JobSpec, NodeSpec, QueueSpec, Resource, Resources,
@@ -1171,6 +1171,7 @@ impl ClusterState {
                 .or(prediction.map(|p| p.median()))
                 .map(cap)
                 .or(limit),
+            avoids: false,
         };
         let job = Job {
             id,
@@ -1185,6 +1186,7 @@ impl ClusterState {
             last_preempted: None,
             prediction,
             rank: 0,
+            avoid: None,
         };
         self.push_pending(&job);
         self.jobs.insert(id, job);
@@ -1338,7 +1340,40 @@ impl ClusterState {
                 preempting: None,
                 last_checkpoint: None,
             });
+            // The avoidance was for this placement only.
+            j.avoid = None;
+            j.gang.avoids = false;
             self.victims.insert(j);
+        }
+        Ok(())
+    }
+
+    /// Sets (or, with `None` or no nodes, clears) the nodes a pending job's
+    /// next placement avoids, until `avoid.until`: every way the job can be
+    /// placed (a cycle's pass, the plan and start estimates, a preemption's
+    /// what-if) keeps off them. Binding the job clears it. Nodes that do not
+    /// exist are dropped.
+    pub fn set_avoid(&mut self, id: JobId, avoid: Option<Avoid>) -> Result<(), StateError> {
+        let n = self.nodes.len() as NodeIdx;
+        let avoid = avoid
+            .map(|mut a| {
+                a.nodes.retain(|x| *x < n);
+                a.nodes.sort_unstable();
+                a.nodes.dedup();
+                a
+            })
+            .filter(|a| !a.nodes.is_empty());
+        let job = self.jobs.get(&id).ok_or(StateError::UnknownJob(id))?;
+        let pending = (job.status == JobStatus::Pending).then(|| PendingKey::of(job));
+        if let Some(key) = pending {
+            self.pop_pending_key(key);
+        }
+        let j = self.jobs.get_mut(&id).ok_or(StateError::UnknownJob(id))?;
+        j.gang.avoids = avoid.is_some();
+        j.avoid = avoid;
+        if pending.is_some() {
+            let key = PendingKey::of(j);
+            self.push_pending_key(key);
         }
         Ok(())
     }

@@ -614,3 +614,98 @@ proptest! {
         }
     }
 }
+
+/// Nodes a job avoids, drawn from a world's node count: a bit mask of the
+/// first 12 nodes and how long the avoidance lasts.
+type AvoidGen = Option<(u16, u64)>;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256), ..ProptestConfig::default() })]
+
+    /// Whatever the cluster and job stream, a job is never bound, claimed
+    /// for a preemption or planned to start (before its avoidance lapses) on
+    /// a node it avoids, including jobs that avoid every node, and jobs
+    /// preempted and requeued that then avoid their old nodes, as the
+    /// server sets after a node fault. Once the avoidance lapses the job
+    /// may go anywhere, so nothing waits forever for it.
+    #[test]
+    fn a_job_never_lands_on_a_node_it_avoids(
+        (leaves, queues, jobs) in world(),
+        avoids in prop::collection::vec(prop::option::weighted(0.5, (any::<u16>(), 1u64..600)), 60),
+        reservations in 0usize..3,
+    ) {
+        let state = build(&leaves, &queues);
+        let nodes = state.nodes().len();
+        let mut d = Driver::new(state);
+        d.cfg.backfill = if reservations == 0 {
+            gangway_sched::Backfill::Easy
+        } else {
+            gangway_sched::Backfill::Reservations(reservations as u32)
+        };
+        let mut by_arrival: BTreeMap<u64, Vec<(usize, &JobGen)>> = BTreeMap::new();
+        for (i, j) in jobs.iter().enumerate() {
+            by_arrival.entry(j.arrival).or_default().push((i, j));
+        }
+        // The avoidance each job holds now (as set), and where each last ran.
+        let mut held: BTreeMap<gangway_core::JobId, gangway_sched::Avoid> = BTreeMap::new();
+        let mut ran_on: BTreeMap<gangway_core::JobId, Vec<u32>> = BTreeMap::new();
+        for step in 0..40u64 {
+            d.advance(step * 25);
+            for (i, j) in by_arrival.get(&step).into_iter().flatten() {
+                let s = spec(j);
+                if d.state.validate(&s).is_err() {
+                    continue;
+                }
+                let id = d.submit(s, Some(j.actual));
+                let g: AvoidGen = avoids[*i % avoids.len()];
+                if let Some((mask, secs)) = g {
+                    let a = gangway_sched::Avoid {
+                        nodes: (0..nodes.min(16) as u32).filter(|n| mask & (1 << n) != 0).collect(),
+                        until: d.now + secs,
+                    };
+                    d.state.set_avoid(id, Some(a)).expect("pending job");
+                    if let Some(a) = d.state.job(id).and_then(|j| j.avoid.clone()) {
+                        held.insert(id, a);
+                    }
+                }
+            }
+            // Requeued victims avoid the nodes they ran on, as after a node fault.
+            let requeued: Vec<gangway_core::JobId> = ran_on
+                .keys()
+                .filter(|id| d.state.job(**id).is_some_and(|j| j.status == JobStatus::Pending))
+                .copied()
+                .collect();
+            for id in requeued {
+                let nodes = ran_on.remove(&id).unwrap_or_default();
+                let a = gangway_sched::Avoid { nodes, until: d.now + 100 };
+                d.state.set_avoid(id, Some(a.clone())).expect("pending job");
+                held.insert(id, a);
+            }
+            let out = d.cycle().clone();
+            fn avoided(
+                held: &BTreeMap<gangway_core::JobId, gangway_sched::Avoid>,
+                id: &gangway_core::JobId,
+                at: u64,
+                on: &[u32],
+            ) -> bool {
+                held.get(id).is_some_and(|a| at < a.until && on.iter().any(|n| a.nodes.contains(n)))
+            }
+            for b in &out.binds {
+                let on = b.placement.nodes();
+                prop_assert!(!avoided(&held, &b.job, d.now, &on), "job {} bound on {:?} avoiding {:?}", b.job, on, held.get(&b.job));
+                prop_assert!(d.state.job(b.job).is_some_and(|j| j.avoid.is_none() && !j.gang.avoids), "binding clears it");
+                held.remove(&b.job);
+                ran_on.insert(b.job, on);
+            }
+            for p in &out.planned {
+                let on = p.placement.nodes();
+                prop_assert!(!avoided(&held, &p.job, d.now, &on), "preemptor {} claims {:?} avoiding {:?}", p.job, on, held.get(&p.job));
+            }
+            for r in &out.plan {
+                prop_assert!(!avoided(&held, &r.job, r.start_at, &r.nodes), "job {} planned at {} on {:?} avoiding {:?}", r.job, r.start_at, r.nodes, held.get(&r.job));
+            }
+            // Jobs still pending that ran before keep their old nodes in view.
+            ran_on.retain(|id, _| d.state.job(*id).is_some());
+        }
+    }
+}

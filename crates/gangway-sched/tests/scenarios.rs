@@ -1128,3 +1128,110 @@ fn a_capped_cycle_examines_the_head_and_rotates_through_the_rest() {
     });
     assert!(started, "the deep job that fits never started");
 }
+
+/// A restarted gang avoids the node blamed for its failure: it goes to
+/// another node while one fits it; where only the avoided node fits it
+/// waits, says why and until when, and then runs there (the avoidance is
+/// bounded, so a one-node cluster never strands it); the plan starts it no
+/// earlier than the avoidance lapses; binding clears it.
+#[test]
+fn a_job_avoids_its_blamed_node_for_a_bounded_time() {
+    use gangway_sched::Avoid;
+    // Two free nodes: it goes to the one it does not avoid.
+    let mut s = cluster(2, 8, 2);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    let id = d.submit(job("q", 1, 8, Some(600)), None);
+    let avoid = |until| {
+        Some(Avoid {
+            nodes: vec![0],
+            until,
+        })
+    };
+    d.state.set_avoid(id, avoid(600)).expect("pending");
+    d.cycle();
+    assert!(d.is_running(id));
+    let on = match &d.state.job(id).map(|j| &j.status) {
+        Some(gangway_sched::JobStatus::Running(r)) => r.placement.nodes(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(on, vec![1], "not the avoided node n00");
+    assert!(
+        d.state.job(id).is_some_and(|j| j.avoid.is_none()),
+        "cleared once bound"
+    );
+
+    // One node only: it waits, naming the node and the time, then runs there.
+    let mut s = cluster(1, 8, 1);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    let id = d.submit(job("q", 1, 8, Some(600)), None);
+    d.state.set_avoid(id, avoid(600)).expect("pending");
+    let out = d.cycle().clone();
+    assert!(out.binds.is_empty());
+    let e = out.pending.iter().find(|e| e.job == id).expect("explained");
+    assert!(
+        matches!(&e.reason, WaitReason::Avoiding { nodes, until: 600 } if nodes == &vec![0]),
+        "{:?}",
+        e.reason
+    );
+    assert_eq!(e.estimated_start, Some(600));
+    assert_eq!(e.code(), gangway_core::ReasonCode::ReqNodeNotAvail);
+    assert_eq!(
+        d.reason(id),
+        "avoiding node n00 after its fault until t+10m: only the nodes it avoids fit it now, and it may use them once that lapses"
+    );
+    d.advance(599);
+    d.cycle();
+    assert!(!d.is_running(id), "still avoiding at t=599");
+    d.advance(600);
+    d.cycle();
+    assert!(d.is_running(id), "the avoidance lapsed at t=600");
+
+    // Busy other node, avoided node busy too: the plan starts it once both
+    // its avoidance lapsed and a node is free, never on n00 before then.
+    let mut s = cluster(2, 8, 2);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    d.cfg.backfill = gangway_sched::Backfill::Easy;
+    let a = d.submit(job("q", 1, 8, Some(100)), None);
+    let b = d.submit(job("q", 1, 8, Some(5000)), None);
+    d.cycle();
+    assert!(d.is_running(a) && d.is_running(b));
+    let id = d.submit(job("q", 1, 8, Some(600)), None);
+    d.state.set_avoid(id, avoid(300)).expect("pending");
+    let out = d.cycle().clone();
+    let on_n00 = |r: &gangway_sched::Reservation| r.nodes == vec![0];
+    let r = out.plan.iter().find(|r| r.job == id).expect("planned");
+    if on_n00(r) {
+        assert!(
+            r.start_at >= 300,
+            "planned on n00 at {} before the avoidance lapses",
+            r.start_at
+        );
+    }
+    let e = out.pending.iter().find(|e| e.job == id).expect("explained");
+    assert!(e.estimated_start.is_some_and(|t| t >= 300), "{e:?}");
+
+    // Clearing it (no nodes) puts the job back on every node.
+    let mut s = cluster(1, 8, 1);
+    queue(&mut s, QueueSpec::unlimited("q", None));
+    let mut d = Driver::new(s);
+    let id = d.submit(job("q", 1, 8, Some(600)), None);
+    d.state.set_avoid(id, avoid(600)).expect("pending");
+    d.state
+        .set_avoid(
+            id,
+            Some(Avoid {
+                nodes: vec![9],
+                until: 600,
+            }),
+        )
+        .expect("pending");
+    assert!(
+        d.state.job(id).is_some_and(|j| j.avoid.is_none()),
+        "unknown nodes are dropped"
+    );
+    d.cycle();
+    assert!(d.is_running(id));
+}

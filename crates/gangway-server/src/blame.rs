@@ -123,6 +123,9 @@ pub struct BlameConfig {
     pub halt_percent: u32,
     /// Auto-cordon at all.
     pub enabled: bool,
+    /// Seconds a gang restarted after a node fault avoids the blamed nodes
+    /// (0: never). Bounded, so a gang those nodes alone can host still runs.
+    pub avoid_seconds: u64,
 }
 
 impl Default for BlameConfig {
@@ -133,6 +136,7 @@ impl Default for BlameConfig {
             rate_percent: 10,
             halt_percent: 50,
             enabled: true,
+            avoid_seconds: 600,
         }
     }
 }
@@ -207,6 +211,15 @@ impl Blame {
     /// Nodes the job's next attempt should avoid (node-attributed failures).
     pub fn avoid(&self, job: JobId) -> Option<&BTreeSet<String>> {
         self.avoid.get(&job)
+    }
+
+    /// Takes the nodes `job`'s next attempt avoids, with when that lapses
+    /// (`from` plus the configured time): the avoidance holds for that one
+    /// attempt, later faults start a new set. `None` when it avoids none or
+    /// avoidance is off.
+    pub fn take_avoid(&mut self, job: JobId, from: Time) -> Option<(BTreeSet<String>, Time)> {
+        let nodes = self.avoid.remove(&job).filter(|n| !n.is_empty())?;
+        (self.cfg.avoid_seconds > 0).then(|| (nodes, from.saturating_add(self.cfg.avoid_seconds)))
     }
 
     /// A gang of `job` (owned by `user`) exited non-zero on `node`: the job's

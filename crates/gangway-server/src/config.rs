@@ -351,6 +351,12 @@ pub struct ServerConfig {
     /// failures of a job that fails everywhere never count (see `blame`).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
+    /// Seconds a gang restarted after a node fault (a GPU fault, a GPU lost,
+    /// an agent fault such as "kill task failed") avoids the blamed node for
+    /// its next attempt. Bounded, so a gang only that node fits waits at most
+    /// this long (0: never avoid).
+    #[serde(default = "six_hundred")]
+    pub avoid_node_seconds: u64,
     /// Whether nodes joining with the join token wait for an admin's approval.
     #[serde(default)]
     pub node_approval: NodeApproval,
@@ -467,6 +473,7 @@ impl ServerConfig {
         crate::blame::BlameConfig {
             jobs_to_qualify: self.auto_cordon_failures,
             enabled: self.auto_cordon_failures > 0,
+            avoid_seconds: self.avoid_node_seconds,
             ..crate::blame::BlameConfig::default()
         }
     }
@@ -483,6 +490,7 @@ impl ServerConfig {
             node_not_ready_seconds: ten(),
             node_lost_seconds: thirty(),
             auto_cordon_failures: three(),
+            avoid_node_seconds: six_hundred(),
             node_approval: NodeApproval::Manual,
             metrics_token: None,
             max_grace_seconds: six_hundred(),

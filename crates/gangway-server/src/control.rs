@@ -4,6 +4,7 @@
 //! in memory and acknowledged.
 
 mod assign;
+mod avoid;
 mod contract;
 mod nodes;
 mod predictor;
@@ -517,6 +518,7 @@ impl<S: Store> Control<S> {
             {
                 continue;
             }
+            self.apply_avoid(r.id);
             if !r.placement.is_empty() {
                 if let Some(p) = self.placement_from(&r.placement) {
                     let _ = self.cluster.bind(r.id, p, r.submitted_at);
@@ -1075,6 +1077,8 @@ impl<S: Store> Control<S> {
                 if rec.started_on.insert(node.to_string()) {
                     if rec.started_on.len() == nodes {
                         rec.state = JobState::Running;
+                        // The attempt that avoided nodes runs: that was its one.
+                        rec.avoid = None;
                         let message = if nodes == 1 {
                             format!("ranks started on {node}")
                         } else {
@@ -1162,7 +1166,7 @@ impl<S: Store> Control<S> {
             let nodes: Vec<String> = rec.placement.iter().map(|r| r.node.clone()).collect();
             self.blame.job_succeeded(rec.id, &nodes, now);
         }
-        let (rec, after) = ended(rec, ending, now);
+        let (rec, after) = self.ended_avoiding(rec, ending, now);
         if !succeeded && matches!(after, AfterEnd::Finish) {
             self.blame.job_gone(rec.id);
         }
@@ -1202,6 +1206,9 @@ impl<S: Store> Control<S> {
             AfterEnd::Restart => self.cluster.cancel(id).map(|_| ()),
             AfterEnd::Finish => self.cluster.finish(id).map(|_| ()),
         };
+        if matches!(after, AfterEnd::Requeue) {
+            self.apply_avoid(id);
+        }
     }
 
     /// A node under DiskPressure takes no new work: it is cordoned while
@@ -1614,7 +1621,7 @@ impl<S: Store> Control<S> {
                 continue;
             }
             let ending = Ending::forced(rec, msg);
-            let (rec, after) = ended(JobRecord::clone(rec), ending, now);
+            let (rec, after) = self.ended_avoiding(JobRecord::clone(rec), ending, now);
             afters.push((id, after));
             recs.push(rec);
         }
@@ -1672,6 +1679,7 @@ impl<S: Store> Control<S> {
             let (id, spec, at) = (rec.id, rec.spec.clone(), rec.submitted_at);
             self.write(rec)?;
             let _ = self.cluster.submit(id, spec, at);
+            self.apply_avoid(id);
         }
         Ok(())
     }

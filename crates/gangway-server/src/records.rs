@@ -154,6 +154,19 @@ pub struct JobRecord {
     /// Wall-clock seconds its ended attempts ran (time not spent waiting).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub run_seconds: u64,
+    /// Nodes its next attempt avoids after they failed the last one (a node
+    /// fault), until when; cleared once that attempt runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avoid: Option<AvoidNodes>,
+}
+
+/// Nodes a job's next attempt avoids (see `avoid_node_seconds`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AvoidNodes {
+    /// The nodes blamed for the last attempt's failure.
+    pub nodes: Vec<String>,
+    /// When the avoidance lapses (seconds since the epoch).
+    pub until: Time,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -243,6 +256,7 @@ impl JobRecord {
             end_reason: None,
             attained_gpu_seconds: 0,
             run_seconds: 0,
+            avoid: None,
         }
     }
 

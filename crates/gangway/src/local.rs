@@ -160,6 +160,11 @@ pub struct AgentArgs {
     /// job writing most (0: never).
     #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
     pub disk_pressure_percent: u32,
+    /// Seconds a stopped rank's processes may survive SIGKILL before the
+    /// agent reports "kill task failed" (a fault of the node, which the
+    /// server cordons for) and lets the job end.
+    #[arg(long, default_value_t = gangway_agent::config::DEFAULT_KILL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub kill_timeout_seconds: u64,
 }
 
 /// TLS of a listener and the CA its peers' certificates are checked against.
@@ -268,6 +273,7 @@ impl AgentArgs {
             cgroup_parent: self.cgroup_parent.clone(),
             leave_ranks_on_exit: self.leave_ranks_on_exit,
             disk_pressure_percent: self.disk_pressure_percent,
+            kill_timeout: Duration::from_secs(self.kill_timeout_seconds),
             pass_env: self.pass_env.clone(),
             tls: self.tls.apply()?,
         })

@@ -303,3 +303,169 @@ fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pr
     });
     drop(c);
 }
+
+/// A v1 freezer cgroup made inside a rank's own: a process frozen there is
+/// not killed by SIGKILL until thawed. Thawed and removed on drop.
+struct Frozen {
+    dir: std::path::PathBuf,
+    pid: i32,
+}
+
+impl Frozen {
+    /// Moves `pid` into a new freezer cgroup under its own and freezes it.
+    fn freeze(pid: i32) -> Frozen {
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroups");
+        let own = cg
+            .lines()
+            .find_map(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, ctrl, path) = (it.next()?, it.next()?, it.next()?);
+                ctrl.split(',')
+                    .any(|c| c == "freezer")
+                    .then(|| path.to_string())
+            })
+            .expect("the rank is in a freezer cgroup");
+        let dir = std::path::Path::new("/sys/fs/cgroup/freezer")
+            .join(own.trim_start_matches('/'))
+            .join("stuck");
+        std::fs::create_dir_all(&dir).expect("mkdir the freezer cgroup");
+        let f = Frozen { dir, pid };
+        std::fs::write(f.dir.join("cgroup.procs"), pid.to_string()).expect("move the rank");
+        std::fs::write(f.dir.join("freezer.state"), "FROZEN").expect("freeze");
+        wait_for("the rank frozen", 10, || {
+            let s = std::fs::read_to_string(f.dir.join("freezer.state")).ok()?;
+            (s.trim() == "FROZEN").then_some(())
+        });
+        f
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        // The pending SIGKILL lands once thawed; then the cgroup is empty.
+        for _ in 0..200 {
+            if !alive(self.pid as u32) && std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// "Kill task failed" is the node's fault (Slurm drains for it): a rank
+/// whose process cannot be killed (frozen in a v1 freezer cgroup) is given
+/// up on after the agent's kill timeout, the cancelled job still ends, the
+/// node is cordoned with the evidence and keeps reporting, and another node
+/// is untouched and still runs work.
+#[test]
+fn an_unkillable_rank_is_a_node_fault_the_job_ends_and_only_its_node_is_cordoned() {
+    if !std::path::Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        return skip_or_fail("GANGWAY_REQUIRE_FREEZER", "no cgroup v1 freezer here");
+    }
+    let mut c = Cluster::start("127.0.0.1");
+    c.agent("node-a", 1, &[], &["--kill-timeout-seconds", "2"]);
+    c.wait_nodes(1);
+    let pidfile = c.out.join("stuck.pid");
+    let id = c.submit(&json!({
+        "name": "stuck", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "checkpoint": { "grace_seconds": 1 },
+        "run": { "command": ["sh", "-c", format!("echo $$ > {}; exec sleep 600", pidfile.display())] }
+    }));
+    c.wait_job(id, "run", 60, |j| state(j) == "running");
+    let pid: i32 = wait_for("the rank's pid", 30, || {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    });
+    let frozen = Frozen::freeze(pid);
+    c.agent("node-b", 1, &[], &[]);
+    c.wait_nodes(2);
+    c.post(&format!("/v1/jobs/{id}/cancel"));
+    let j = c.wait_job(id, "end although its process survives", 60, |j| {
+        state(j) == "cancelled"
+    });
+    assert!(alive(pid as u32), "the frozen process outlived SIGKILL");
+    let why = "kill task failed: 1 process of rank 0 survived SIGKILL for 2s";
+    let a = wait_for("node-a cordoned for it", 30, || {
+        let n = c.node("node-a");
+        (n["cordoned"] == true).then_some(n)
+    });
+    let reason = a["cordon_reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("cordoned automatically") && reason.contains(why),
+        "{a:#}\n{j:#}"
+    );
+    // The node keeps reporting (Ready), and the other node is untouched.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(c.node("node-a")["ready"], true, "{:#}", c.node("node-a"));
+    let b = c.node("node-b");
+    assert_eq!(b["cordoned"], false, "{b:#}");
+    let mut next = c.rank_job("next", 1, 1);
+    next["run"]["env"]["STEPS"] = json!("1");
+    let next = c.submit(&next);
+    let j = c.wait_job(next, "succeed on node-b", 60, |j| state(j) == "succeeded");
+    assert_eq!(j["placement"][0]["node"], "node-b", "{j:#}");
+    drop(frozen);
+    assert!(!alive(pid as u32), "thawed, the pending SIGKILL ends it");
+}
+
+/// A gang whose node gets a non-application XID (a recorded machine's
+/// scripted NVML event) restarts on another node, never the blamed one,
+/// although best fit would put it back beside the dead GPU: auto-cordon is
+/// off here, so only the avoidance keeps it away.
+#[test]
+fn a_gang_hit_by_an_xid_restarts_on_another_node_never_the_blamed_one() {
+    let machines = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines");
+    let mut c = Cluster::start_with(
+        "127.0.0.1",
+        &server_config("").replace("queues:", "auto_cordon_failures: 0\nqueues:"),
+    );
+    // GPU 0 of node-a reports a double-bit ECC error (XID 48) 10 s in.
+    let base =
+        std::fs::read_to_string(machines.join("a100-pcie-nvlink-pairs.yaml")).expect("machine");
+    let faulty = c.out.join("xid.yaml");
+    std::fs::write(
+        &faulty,
+        format!("{base}events:\n  - {{ at_seconds: 10, gpu: 0, xid: 48 }}\n"),
+    )
+    .expect("write");
+    let healthy = c.out.join("healthy.yaml");
+    std::fs::write(&healthy, &base).expect("write");
+    let faulty = faulty.display().to_string();
+    c.agent("node-a", 0, &[], &["--machine", &faulty]);
+    c.wait_nodes(1);
+    let id = c.submit(&json!({
+        "name": "victim", "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 3, "backoff_seconds": 0 },
+        "checkpoint": { "grace_seconds": 1 },
+        "run": { "command": ["sleep", "600"] }
+    }));
+    let j = c.wait_job(id, "run on node-a", 8, |j| state(j) == "running");
+    assert_eq!(j["placement"][0]["node"], "node-a");
+    assert_eq!(j["placement"][0]["gpus"][0], 0, "{j:#}");
+    let healthy = healthy.display().to_string();
+    c.agent("node-b", 0, &[], &["--machine", &healthy]);
+    c.wait_nodes(2);
+    let j = c.wait_job(id, "restart elsewhere after the XID", 60, |j| {
+        j["attempt"].as_u64().unwrap_or(0) >= 1 && state(j) == "running"
+    });
+    assert_eq!(j["placement"][0]["node"], "node-b", "{j:#}");
+    let ev = events(&j);
+    assert!(
+        ev.iter()
+            .any(|(k, m)| k == "avoiding" && m.contains("avoids node node-a")),
+        "{ev:?}"
+    );
+    // It stays there, and node-a stays in service: only the gang avoids it.
+    for _ in 0..10 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let j = c.job(id);
+        assert_ne!(j["placement"][0]["node"], "node-a", "{j:#}");
+    }
+    let a = c.node("node-a");
+    assert_eq!(a["cordoned"], false, "auto-cordon is off: {a:#}");
+    assert_eq!(a["gpus"][0]["healthy"], false, "{a:#}");
+}

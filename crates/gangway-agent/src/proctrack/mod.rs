@@ -307,14 +307,21 @@ pub(crate) fn parent_dir(controller: Option<&str>, parent: &str) -> Option<PathB
     dir.join("cgroup.procs").exists().then_some(dir)
 }
 
-/// Pids listed in a cgroup's `cgroup.procs`, zombies excluded.
+/// Pids listed in a cgroup's `cgroup.procs` and in those of the cgroups
+/// below it (a rank may make its own), zombies excluded.
 pub(crate) fn cgroup_pids(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    let mut out: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .filter(|p| alive(*p))
-        .collect()
+        .collect();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(cgroup_pids(&e.path()));
+        }
+    }
+    out
 }
 
 /// Writes a control file, naming it in the error.

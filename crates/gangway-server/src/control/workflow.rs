@@ -68,6 +68,7 @@ impl<S: Store> Control<S> {
         }
         let (spec, at) = (rec.spec.clone(), rec.submitted_at);
         self.cluster.submit(id, spec, at)?;
+        self.apply_avoid(id);
         Ok(())
     }
 
