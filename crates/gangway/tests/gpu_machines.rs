@@ -49,6 +49,8 @@ fn up(machine: &Path, nodes: u32) -> Up {
     let data = dir.path().join("up");
     let child = Command::new(BIN)
         .args(["up", "--no-tls", "--sync-ms", "100"])
+        // The host's own disk may be nearly full (see tests/availability.rs).
+        .args(["--disk-pressure-percent", "0"])
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--nodes", &nodes.to_string()])
         .arg("--machine")
