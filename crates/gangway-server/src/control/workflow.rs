@@ -287,7 +287,7 @@ impl<S: Store> Control<S> {
             self.write_all(recs)?;
             for id in ids {
                 self.gates.waiting.remove(&id);
-                self.why.remove(&id);
+                self.view.why.remove(&id);
             }
             changed = true;
         }
@@ -356,7 +356,7 @@ impl<S: Store> Control<S> {
         self.write_all(recs)?;
         for i in changed {
             let _ = self.cluster.cancel(i);
-            self.why.remove(&i);
+            self.view.why.remove(&i);
             self.gates
                 .waiting
                 .insert(i, (kind.code(), format!("held by {by}")));
@@ -429,7 +429,7 @@ impl<S: Store> Control<S> {
         });
         let at = rec.submitted_at;
         self.write(rec)?;
-        self.why.remove(&id);
+        self.view.why.remove(&id);
         if !self.gates.waiting.contains_key(&id) {
             let _ = self.cluster.cancel(id);
             self.cluster.submit(id, spec, at)?;
@@ -490,7 +490,7 @@ impl<S: Store> Control<S> {
         self.write_all(waiting)?;
         for t in ended {
             let _ = self.cluster.cancel(t);
-            self.why.remove(&t);
+            self.view.why.remove(&t);
             self.gates.waiting.remove(&t);
         }
         for t in placed {
