@@ -1125,22 +1125,16 @@ impl<S: Store> Control<S> {
                 let ours = !self.cluster.nodes()[n as usize].spec.cordoned;
                 if ours {
                     self.cluster.set_cordoned(node, true).map_err(bad)?;
-                    self.nodes
-                        .cordon_reasons
-                        .insert(node.to_string(), why.to_string());
                 }
                 tracing::error!("node {node}: {why}");
-                self.nodes
-                    .disk_pressure
-                    .insert(node.to_string(), (why.to_string(), ours));
+                self.nodes.disk_pressure_on(node, why, ours);
                 self.view.cluster.urge();
                 Ok(true)
             }
-            None => match self.nodes.disk_pressure.remove(node) {
-                Some((_, ours)) => {
+            None => match self.nodes.disk_pressure_off(node) {
+                Some(ours) => {
                     if ours {
                         self.cluster.set_cordoned(node, false).map_err(bad)?;
-                        self.nodes.cordon_reasons.remove(node);
                     }
                     tracing::info!("node {node}: disk pressure gone");
                     self.view.cluster.urge();
@@ -1240,8 +1234,7 @@ impl<S: Store> Control<S> {
             .cluster
             .node_index(node)
             .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
-        self.nodes.heartbeats.heard(node, now);
-        self.nodes.lost.remove(node);
+        self.nodes.heard(node, now);
         let mut changed = false;
         if !self.cluster.nodes()[n as usize].ready {
             tracing::info!("node {node} is Ready again");

@@ -359,20 +359,35 @@ fn parts_of_the_control_state_do_not_name_control() {
         "a part of the control state names crate::control (it must know nothing of Control): {bad:?}"
     );
     for p in PARTS {
-        assert!(src().join(p).exists(), "tests/layers.rs lists {p}, which is gone");
+        assert!(
+            src().join(p).exists(),
+            "tests/layers.rs lists {p}, which is gone"
+        );
     }
 }
 
 #[test]
 fn the_control_check_sees_the_import_forms_and_skips_tests_and_comments() {
     assert!(names_control("parts/a.rs", "use crate::control::Control;"));
-    assert!(names_control("parts/a.rs", "use crate::{records::X, control};"));
-    assert!(names_control("parts/a.rs", "fn f(c: &crate::control::Control<S>) {}"));
+    assert!(names_control(
+        "parts/a.rs",
+        "use crate::{records::X, control};"
+    ));
+    assert!(names_control(
+        "parts/a.rs",
+        "fn f(c: &crate::control::Control<S>) {}"
+    ));
     // `super` in a module under `control/` is the control module.
     assert!(names_control("control/a.rs", "use super::Control;"));
     assert!(!names_control("parts/a.rs", "use super::node_registry::X;"));
-    assert!(!names_control("parts/a.rs", "use crate::control_error::ControlError;"));
-    assert!(!names_control("parts/a.rs", "/// See [`crate::control::Control`].\nfn f() {}"));
+    assert!(!names_control(
+        "parts/a.rs",
+        "use crate::control_error::ControlError;"
+    ));
+    assert!(!names_control(
+        "parts/a.rs",
+        "/// See [`crate::control::Control`].\nfn f() {}"
+    ));
     assert!(!names_control(
         "parts/a.rs",
         "fn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::control::Control;\n}"

@@ -195,7 +195,7 @@ pub async fn agent_sync(
         Ok((
             answer,
             changed,
-            std::mem::take(&mut c.nodes.blame_log),
+            c.nodes.take_blame_log(),
             c.nodes.blame.halted(),
         ))
     })

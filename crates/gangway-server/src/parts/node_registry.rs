@@ -98,6 +98,42 @@ impl NodeRegistry {
         self.reported_health.remove(name);
     }
 
+    /// An approved node's agent was heard from at `now`: its silence ends,
+    /// and a node treated as lost is no longer.
+    pub fn heard(&mut self, name: &str, now: Time) {
+        self.heartbeats.heard(name, now);
+        self.lost.remove(name);
+    }
+
+    /// What blame decided since this was last called (for the audit log
+    /// and metrics), taken.
+    pub fn take_blame_log(&mut self) -> Vec<Decision> {
+        std::mem::take(&mut self.blame_log)
+    }
+
+    /// `name`'s agent reports DiskPressure (`why`); `cordoned_by_it`: the
+    /// pressure cordoned the node (it was not cordoned before), which then
+    /// shows `why` as its cordon reason.
+    pub fn disk_pressure_on(&mut self, name: &str, why: &str, cordoned_by_it: bool) {
+        if cordoned_by_it {
+            self.cordon_reasons
+                .insert(name.to_string(), why.to_string());
+        }
+        self.disk_pressure
+            .insert(name.to_string(), (why.to_string(), cordoned_by_it));
+    }
+
+    /// `name`'s agent reports the pressure gone: whether the pressure had
+    /// cordoned it (its reason is dropped; the caller uncordons it), or
+    /// `None` when it was not under pressure.
+    pub fn disk_pressure_off(&mut self, name: &str) -> Option<bool> {
+        let (_, ours) = self.disk_pressure.remove(name)?;
+        if ours {
+            self.cordon_reasons.remove(name);
+        }
+        Some(ours)
+    }
+
     /// A node is back in service (uncordoned): the evidence that cordoned
     /// it is spent, and so is the reason.
     pub fn uncordoned(&mut self, name: &str) {
@@ -151,6 +187,36 @@ mod tests {
         assert!(r.lost.is_empty() && r.cordon_reasons.is_empty());
         assert!(r.reported_health.is_empty());
         assert!(r.tokens.contains_key("b"), "other nodes are kept");
+    }
+
+    #[test]
+    fn disk_pressure_gives_a_cordon_reason_only_when_it_cordoned_the_node() {
+        let mut r = NodeRegistry::new(0);
+        r.disk_pressure_on("a", "disk 97% full", true);
+        r.disk_pressure_on("b", "disk 98% full", false);
+        assert_eq!(
+            r.cordon_reasons.get("a").map(String::as_str),
+            Some("disk 97% full")
+        );
+        assert!(!r.cordon_reasons.contains_key("b"));
+        assert_eq!(r.disk_pressure_off("a"), Some(true));
+        assert!(r.cordon_reasons.is_empty());
+        // An admin's cordon of b stays: the pressure did not make it.
+        assert_eq!(r.disk_pressure_off("b"), Some(false));
+        assert_eq!(r.disk_pressure_off("b"), None);
+        assert!(r.disk_pressure.is_empty());
+    }
+
+    #[test]
+    fn a_heartbeat_ends_a_nodes_loss_and_the_blame_log_is_taken_once() {
+        let mut r = NodeRegistry::new(0);
+        r.lost.insert("a".into());
+        r.heard("a", 9);
+        assert!(r.lost.is_empty());
+        assert_eq!(r.heartbeats.get("a"), Some(9));
+        r.blame_log.push(Decision::Resume);
+        assert_eq!(r.take_blame_log().len(), 1);
+        assert!(r.take_blame_log().is_empty());
     }
 
     #[test]
