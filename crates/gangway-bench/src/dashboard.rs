@@ -314,13 +314,13 @@ fn cluster_view_rebuilds(
     let (mut full, mut reuse) = (Vec::new(), Vec::new());
     for _ in 0..n.max(1) {
         let mut c = app.control.lock().map_err(|_| anyhow::anyhow!("lock"))?;
-        c.cluster_view = Default::default();
+        c.view.cluster = Default::default();
         let t = Instant::now();
         c.refresh_cluster_view();
         full.push(t.elapsed().as_secs_f64() * 1e3);
         // A mutable borrow that changes nothing, then an urged rebuild.
         let _ = &mut *c.cluster;
-        c.cluster_view.urge();
+        c.view.cluster.urge();
         let t = Instant::now();
         c.refresh_cluster_view();
         reuse.push(t.elapsed().as_secs_f64() * 1e3);

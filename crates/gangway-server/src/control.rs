@@ -20,15 +20,14 @@ pub use crate::authz::fresh_token;
 pub use crate::config::{ContractConfig, NodeLifecycle};
 pub use crate::control_error::ControlError;
 pub(crate) use crate::control_error::{decode, encode};
+pub use crate::parts::ContractState;
 pub(crate) use crate::records::token_key;
-pub use contract::ContractState;
 
 use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, Stopping, JOB_SEQ};
 use gangway_core::agent::{GpuHealth, SyncRequest, TaskState};
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
 use gangway_sched::{
-    apply, schedule, ClusterState, Decisions, Placement, ReplicaPlacement, SchedulerConfig,
-    StateConfig,
+    apply, schedule, ClusterState, Decisions, Placement, ReplicaPlacement, StateConfig,
 };
 use gangway_store::{Compare, Op, Store, StoreError};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -264,7 +263,11 @@ pub(crate) struct SilentNode {
     pub(crate) ready: bool,
 }
 
-/// Everything the server keeps in memory.
+/// Everything the server keeps in memory: a coordinator over the store,
+/// the scheduler's mirror of it, and the parts that own the rest (each in
+/// a module of its own that knows nothing of `Control`, see
+/// [`crate::parts`]). Its methods read and write the store, call the parts
+/// and keep the mirror in step.
 pub struct Control<S: Store> {
     pub(crate) store: S,
     /// Scheduler's mirror of the store (its mutable borrows counted, so the
@@ -273,97 +276,29 @@ pub struct Control<S: Store> {
     /// Job records with their store revisions (and their counts by state
     /// and queue, see [`crate::records::JobTable`]).
     pub jobs: crate::records::JobTable,
-    /// Last explanation per pending job (shared with the read view).
-    pub why: crate::view::Why,
-    /// Maintenance reservations (see [`crate::reservations`]).
-    pub reservations: crate::reservations::Reservations,
-    /// Planned nodes per pending job in the last cycle's backfill plan.
-    pub planned_nodes: crate::view::PlannedNodes,
-    /// The queues and nodes, without jobs, that the last cycle's
-    /// explanations refer to (see [`crate::view::ReadView::names`]).
-    pub(crate) names: crate::view::Names,
-    /// When they were computed.
-    pub why_at: Time,
-    /// Scheduler knobs.
-    pub sched: SchedulerConfig,
-    /// Per-node credentials (token digests) handed out at registration.
-    /// (A persistent map, shared with the read view: the log relay reads it.)
-    pub node_tokens: crate::view::NodeCredentials,
-    /// Node names by their token's digest (authentication).
-    /// (A persistent map: the read view shares it, so authenticating a node
-    /// takes no lock.)
-    pub node_by_token: crate::view::NodeTokens,
-    /// Nodes that joined with the join token and wait for an admin's approval.
-    pub pending_nodes: BTreeMap<String, NodeSpec>,
-    /// The queues of the configuration (the scheduler's state is rebuilt
-    /// from them when a node is deleted).
-    pub(crate) queue_specs: Vec<gangway_core::QueueSpec>,
-    /// When the last cycle ran: a longer gap is the server's own stall, not
-    /// the nodes' silence.
-    pub(crate) last_cycle_at: Option<Time>,
-    /// Node lifecycle knobs.
-    pub lifecycle: NodeLifecycle,
-    /// Last heartbeat per node, indexed by time (in memory: a restarted
-    /// server gives every node a fresh grace period from when it loaded
-    /// the state, [`crate::heartbeats::Heartbeats::opened_at`]).
-    pub heartbeats: crate::heartbeats::Heartbeats,
-    /// Nodes whose gangs were already treated as lost.
-    pub lost: HashSet<String>,
-    /// Which failures count against which node, and when a node is
-    /// cordoned for them (see [`crate::blame`]).
-    pub blame: crate::blame::Blame,
-    /// What blame did since the API last took it: (node or `cluster`,
-    /// what), for the audit log and metrics.
-    pub blame_log: Vec<crate::blame::Decision>,
-    /// Nodes under DiskPressure as their agents report it: why, and whether
-    /// the pressure cordoned the node (in memory only: lifted with it).
-    pub disk_pressure: HashMap<String, (String, bool)>,
-    /// Why a node was cordoned automatically.
-    pub cordon_reasons: HashMap<String, String>,
-    /// The agents' last verdict per GPU.
-    pub(crate) reported_health: HashMap<String, BTreeMap<u32, bool>>,
-    /// Seconds between cycles when nothing changes (the stall detector's period).
-    pub cycle_seconds: u64,
-    /// Job-contract knobs (ports, checkpoint root).
-    pub contract: ContractConfig,
-    /// Job-contract state kept in memory.
-    contract_state: ContractState,
-    /// Run times learned since the predictor was last stored.
-    predictor_dirty: bool,
-    /// When the predictor was last stored.
-    predictor_saved_at: Time,
     /// Pending jobs kept out of the scheduler (held, begin, dependency, array limit).
     pub gates: crate::workflow::Gates,
-    /// Gangway's ranking: what was applied, when (see `control/rank.rs`).
-    pub(crate) ranks: rank::RankMemo,
-    /// Job writes stay in memory (`unflushed`) while set: see
-    /// [`Control::deferred`].
-    defer_writes: bool,
-    /// A cycle's decisions are committed deferred while set: see
-    /// [`Control::cycle_deferred`].
-    defer_decisions: bool,
-    /// Jobs changed in memory by deferred writes and not yet in the store
-    /// (their revision in `jobs` is still the stored one): see
-    /// [`Control::flush_deferred`].
-    unflushed: std::collections::BTreeSet<JobId>,
-    /// The job sequence counter and its revision as this replica last
-    /// wrote it: a submission's batch then costs one store round trip, not
-    /// two (etcd). Checked by the batch's compare, so never trusted blindly.
-    job_seq: Option<(u64, Compare)>,
-    /// New jobs are deferred commits while set: see
-    /// [`Control::submit_batch_deferred`].
-    defer_submissions: bool,
-    /// The read view's cluster snapshot and when to rebuild it.
-    pub cluster_view: crate::view::ClusterMemo,
+    /// Deferred job writes and the job sequence (see [`Control::deferred`]).
+    pub(crate) writes: crate::parts::JobWrites,
+    /// Node credentials, approvals, heartbeats, blame and health.
+    pub nodes: crate::parts::NodeRegistry,
+    /// The job contract's knobs and in-memory state.
+    pub contract: crate::parts::Contract,
+    /// Gangway's ranking: what was applied, when (see `control/rank.rs`),
+    /// and when the run-time predictor was stored.
+    pub(crate) ranks: crate::parts::RankMemo,
+    /// Maintenance reservations (see [`crate::reservations`]).
+    pub reservations: crate::reservations::Reservations,
+    /// The scheduler's knobs and queues.
+    pub policy: crate::parts::PolicyStore,
+    /// What the read view publishes besides the records: explanations,
+    /// plan, names and the cluster snapshot's memo.
+    pub view: crate::parts::ViewState,
 }
 
 /// Where the run-time predictor (learned from this cluster's completed jobs)
 /// is kept, so a restarted or new leader keeps what was learned.
 pub const PREDICTOR_KEY: &str = "/sched/runtime_predictor";
-
-/// Seconds between two stores of a changed predictor: it only ever feeds
-/// estimates, so losing the last minute of learning costs little.
-const PREDICTOR_SAVE_SECONDS: Time = 60;
 
 /// What an agent reports about a job on its node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -403,7 +338,7 @@ impl<S: Store> Control<S> {
         queues: &[gangway_core::QueueSpec],
         now: Time,
     ) -> Result<Self, ControlError> {
-        let mut heartbeats = crate::heartbeats::Heartbeats::new(now);
+        let mut nodes = crate::parts::NodeRegistry::new(now);
         let mut cluster = ClusterState::new(StateConfig::default());
         for q in queues {
             cluster
@@ -412,15 +347,13 @@ impl<S: Store> Control<S> {
         }
         for kv in store.range("/nodes/")? {
             let spec: NodeSpec = decode(&kv.key, &kv.value)?;
-            heartbeats.never_heard(&spec.name);
+            nodes.heartbeats.never_heard(&spec.name);
             cluster
                 .add_node(spec)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         }
-        let mut node_tokens = crate::view::NodeCredentials::new();
-        let mut node_by_token = crate::view::NodeTokens::new();
         for kv in store.range("/node_tokens/")? {
-            let name = kv.key["/node_tokens/".len()..].to_string();
+            let name = &kv.key["/node_tokens/".len()..];
             let cred = crate::nodes::NodeCredential::decode(&kv.key, &kv.value)?;
             if serde_json::from_slice::<crate::nodes::NodeCredential>(&kv.value).is_err() {
                 // A plain token from before tokens were hashed: store the
@@ -429,13 +362,11 @@ impl<S: Store> Control<S> {
                     tracing::warn!("{}: cannot replace a plain node token yet: {e}", kv.key);
                 }
             }
-            node_by_token.insert(cred.digest(), name.clone());
-            node_tokens.insert(name, cred);
+            nodes.add_credential(name, cred);
         }
-        let mut pending_nodes = BTreeMap::new();
         for kv in store.range(crate::nodes::PENDING_PREFIX)? {
             let spec: NodeSpec = decode(&kv.key, &kv.value)?;
-            pending_nodes.insert(spec.name.clone(), spec);
+            nodes.pending.insert(spec.name.clone(), spec);
         }
         let mut jobs = crate::records::JobTable::default();
         for kv in store.range("/jobs/")? {
@@ -446,38 +377,14 @@ impl<S: Store> Control<S> {
             store,
             cluster: crate::view::Tracked::new(cluster),
             jobs,
-            why: Default::default(),
-            why_at: 0,
-            planned_nodes: Default::default(),
-            names: Default::default(),
-            reservations: Default::default(),
-            sched: SchedulerConfig::default(),
-            node_tokens,
-            node_by_token,
-            pending_nodes,
-            queue_specs: queues.to_vec(),
-            last_cycle_at: None,
-            cycle_seconds: 1,
-            lifecycle: NodeLifecycle::default(),
-            heartbeats,
-            lost: HashSet::new(),
-            blame: crate::blame::Blame::default(),
-            blame_log: Vec::new(),
-            disk_pressure: HashMap::new(),
-            cordon_reasons: HashMap::new(),
-            reported_health: HashMap::new(),
-            contract: ContractConfig::default(),
-            contract_state: ContractState::default(),
-            predictor_dirty: false,
-            predictor_saved_at: 0,
             gates: Default::default(),
+            writes: Default::default(),
+            nodes,
+            contract: Default::default(),
             ranks: Default::default(),
-            defer_writes: false,
-            defer_decisions: false,
-            unflushed: Default::default(),
-            job_seq: None,
-            defer_submissions: false,
-            cluster_view: Default::default(),
+            reservations: Default::default(),
+            policy: crate::parts::PolicyStore::new(queues),
+            view: Default::default(),
         };
         if let Some(kv) = c.store.get(PREDICTOR_KEY)? {
             // A predictor this version cannot read is relearned, not fatal.
@@ -701,9 +608,9 @@ impl<S: Store> Control<S> {
         batch: Vec<NewJob>,
         now: Time,
     ) -> Vec<Result<JobId, ControlError>> {
-        self.defer_submissions = true;
+        self.writes.defer_submissions = true;
         let out = self.submit_batch(batch, now);
-        self.defer_submissions = false;
+        self.writes.defer_submissions = false;
         out
     }
 
@@ -744,7 +651,7 @@ impl<S: Store> Control<S> {
         loop {
             // The counter as this leader last wrote it, else as stored (a
             // stale copy only fails the compare and is read again).
-            let (last, cmp) = match self.job_seq.take() {
+            let (last, cmp) = match self.writes.take_job_seq() {
                 Some(known) => known,
                 None => match self.store.get(JOB_SEQ)? {
                     Some(kv) => {
@@ -793,13 +700,14 @@ impl<S: Store> Control<S> {
                 groups.push(group);
             }
             ops.push(Op::Put(JOB_SEQ.into(), encode(&(next - 1))));
-            let r = if self.defer_submissions {
+            let r = if self.writes.defer_submissions {
                 self.store.txn_deferred(&compares, &ops)?
             } else {
                 self.store.txn(&compares, &ops)?
             };
             if r.succeeded {
-                self.job_seq = Some((next - 1, Compare::Revision(JOB_SEQ.into(), r.revision)));
+                self.writes
+                    .wrote_job_seq(next - 1, Compare::Revision(JOB_SEQ.into(), r.revision));
                 return Ok(groups
                     .into_iter()
                     .map(|g| g.into_iter().map(|rec| (rec, r.revision)).collect())
@@ -847,7 +755,7 @@ impl<S: Store> Control<S> {
                 compares.push(Compare::Revision(job_key(rec.id), *rev));
                 ops.push(Op::Put(job_key(rec.id), encoded.next().unwrap_or_default()));
             }
-            let r = if self.defer_decisions {
+            let r = if self.writes.defer_decisions {
                 self.store.txn_deferred(&compares, &ops)
             } else {
                 self.store.txn(&compares, &ops)
@@ -881,11 +789,11 @@ impl<S: Store> Control<S> {
             .get(&id)
             .map(|(_, r)| *r)
             .ok_or(ControlError::NoSuchJob(id))?;
-        if self.defer_writes {
+        if self.writes.defer_writes {
             // Kept in memory under its stored revision; written out with
             // the rest of the batch by `flush_deferred`.
             self.jobs.insert(id, (rec, rev));
-            self.unflushed.insert(id);
+            self.writes.changed(id);
             return Ok(());
         }
         let cmp = [Compare::Revision(job_key(id), rev)];
@@ -895,7 +803,7 @@ impl<S: Store> Control<S> {
             return Err(ControlError::Conflict(job_key(id)));
         }
         self.jobs.insert(id, (rec, r.revision));
-        self.unflushed.remove(&id);
+        self.writes.stored(id);
         Ok(())
     }
 
@@ -909,10 +817,10 @@ impl<S: Store> Control<S> {
     /// transaction failed stay unflushed, retried by the next flush; the
     /// error is returned so the batch's callers are not acknowledged.
     pub fn flush_deferred(&mut self) -> Result<(), ControlError> {
-        if self.unflushed.is_empty() {
+        if self.writes.nothing_to_flush() {
             return Ok(());
         }
-        let ids = std::mem::take(&mut self.unflushed);
+        let ids = self.writes.take_unflushed();
         let encoded: Vec<(JobId, u64, Vec<u8>)> = ids
             .iter()
             .filter_map(|id| {
@@ -955,7 +863,7 @@ impl<S: Store> Control<S> {
                 Ok(_) => ControlError::Conflict(format!("{} job records", chunk.len())),
                 Err(e) => e.into(),
             };
-            self.unflushed.extend(chunk.iter().map(|(id, _)| *id));
+            self.writes.retry(chunk.iter().map(|(id, _)| *id));
             first_error.get_or_insert(failed);
         }
         first_error.map_or(Ok(()), Err)
@@ -973,9 +881,9 @@ impl<S: Store> Control<S> {
     /// Until then the change is in memory and in the read view; were the
     /// server to die first, the agent, never acknowledged, reports again.
     pub fn deferred<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
-        self.defer_writes = true;
+        self.writes.defer_writes = true;
         let out = f(self);
-        self.defer_writes = false;
+        self.writes.defer_writes = false;
         out
     }
 
@@ -1017,7 +925,7 @@ impl<S: Store> Control<S> {
         });
         self.write(rec)?;
         let _ = self.cluster.cancel(id);
-        self.why.remove(&id);
+        self.view.why.remove(&id);
         self.gates.waiting.remove(&id);
         Ok(())
     }
@@ -1092,13 +1000,13 @@ impl<S: Store> Control<S> {
             Report::Failing(code) => {
                 // The whole gang stops together (signal, short grace); the
                 // outcome is decided once no process of it is left anywhere.
-                self.blame.job_failed(node, id, &rec.spec.user);
+                self.nodes.blame.job_failed(node, id, &rec.spec.user);
                 self.begin_failed_stop(&mut rec, code, node, now);
                 self.write(rec)?;
             }
             Report::Exited(code) => {
                 if !stopping && code != 0 {
-                    self.blame.job_failed(node, id, &rec.spec.user);
+                    self.nodes.blame.job_failed(node, id, &rec.spec.user);
                     self.begin_failed_stop(&mut rec, code, node, now);
                 }
                 rec.exited_on.insert(node.to_string(), code);
@@ -1164,11 +1072,11 @@ impl<S: Store> Control<S> {
         if succeeded {
             self.learn_runtime(&rec, now);
             let nodes: Vec<String> = rec.placement.iter().map(|r| r.node.clone()).collect();
-            self.blame.job_succeeded(rec.id, &nodes, now);
+            self.nodes.blame.job_succeeded(rec.id, &nodes, now);
         }
         let (rec, after) = self.ended_avoiding(rec, ending, now);
         if !succeeded && matches!(after, AfterEnd::Finish) {
-            self.blame.job_gone(rec.id);
+            self.nodes.blame.job_gone(rec.id);
         }
         let id = rec.id;
         self.write(rec)?;
@@ -1189,7 +1097,7 @@ impl<S: Store> Control<S> {
         let seconds = now.saturating_sub(started.at);
         if seconds > 0 {
             self.cluster.learn_runtime(&rec.spec, seconds);
-            self.predictor_dirty = true;
+            self.ranks.predictor_learned();
         }
     }
 
@@ -1220,27 +1128,23 @@ impl<S: Store> Control<S> {
         };
         let bad = |e: gangway_sched::StateError| ControlError::BadNode(e.to_string());
         match why {
-            Some(why) if !self.disk_pressure.contains_key(node) => {
+            Some(why) if !self.nodes.disk_pressure.contains_key(node) => {
                 let ours = !self.cluster.nodes()[n as usize].spec.cordoned;
                 if ours {
                     self.cluster.set_cordoned(node, true).map_err(bad)?;
-                    self.cordon_reasons
-                        .insert(node.to_string(), why.to_string());
                 }
                 tracing::error!("node {node}: {why}");
-                self.disk_pressure
-                    .insert(node.to_string(), (why.to_string(), ours));
-                self.cluster_view.urge();
+                self.nodes.disk_pressure_on(node, why, ours);
+                self.view.cluster.urge();
                 Ok(true)
             }
-            None => match self.disk_pressure.remove(node) {
-                Some((_, ours)) => {
+            None => match self.nodes.disk_pressure_off(node) {
+                Some(ours) => {
                     if ours {
                         self.cluster.set_cordoned(node, false).map_err(bad)?;
-                        self.cordon_reasons.remove(node);
                     }
                     tracing::info!("node {node}: disk pressure gone");
-                    self.cluster_view.urge();
+                    self.view.cluster.urge();
                     Ok(true)
                 }
                 None => Ok(false),
@@ -1253,7 +1157,7 @@ impl<S: Store> Control<S> {
     fn blame_node_fault(&mut self, node: &str, job: JobId, cause: crate::blame::Cause, now: Time) {
         let user = self.jobs.get(&job).map(|(r, _)| r.spec.user.clone());
         let job = user.as_deref().map(|u| (job, u));
-        self.blame.node_fault(node, job, cause, now);
+        self.nodes.blame.node_fault(node, job, cause, now);
     }
 
     /// The agent found GPU `gpu` of `node` unhealthy: evidence against the
@@ -1287,7 +1191,7 @@ impl<S: Store> Control<S> {
     /// Applies what node blame decides now: cordons the nodes it blames
     /// (with their evidence as the reason), within its rate limit, or stops
     /// auto-cordoning when too many nodes qualify at once. Each decision is
-    /// kept for the audit log and metrics ([`Control::blame_log`]).
+    /// kept for the audit log and metrics ([`crate::parts::NodeRegistry::blame_log`]).
     pub(crate) fn apply_blame(&mut self, now: Time) -> Result<bool, ControlError> {
         let nodes = self.cluster.nodes();
         let cordoned: HashSet<&str> = nodes
@@ -1296,6 +1200,7 @@ impl<S: Store> Control<S> {
             .map(|n| n.spec.name.as_str())
             .collect();
         let decisions = self
+            .nodes
             .blame
             .decide(now, nodes.len(), |n| cordoned.contains(n));
         let mut changed = false;
@@ -1305,7 +1210,7 @@ impl<S: Store> Control<S> {
                     self.cordon(node, true)?;
                     let why = format!("cordoned automatically at {now}: {why}");
                     tracing::warn!("node {node} {why}");
-                    self.cordon_reasons.insert(node.clone(), why);
+                    self.nodes.cordon_reasons.insert(node.clone(), why);
                     changed = true;
                 }
                 crate::blame::Decision::Halt { nodes } => tracing::error!(
@@ -1315,7 +1220,7 @@ impl<S: Store> Control<S> {
                 ),
                 crate::blame::Decision::Resume => tracing::warn!("auto-cordon resumed"),
             }
-            self.blame_log.push(d);
+            self.nodes.blame_log.push(d);
         }
         Ok(changed)
     }
@@ -1336,8 +1241,7 @@ impl<S: Store> Control<S> {
             .cluster
             .node_index(node)
             .ok_or_else(|| ControlError::NoSuchNode(node.into()))?;
-        self.heartbeats.heard(node, now);
-        self.lost.remove(node);
+        self.nodes.heard(node, now);
         let mut changed = false;
         if !self.cluster.nodes()[n as usize].ready {
             tracing::info!("node {node} is Ready again");
@@ -1433,9 +1337,13 @@ impl<S: Store> Control<S> {
         let mut broken: BTreeMap<JobId, String> = BTreeMap::new();
         let mut faulted = Vec::new();
         // Looked up by name: a heartbeat with no news allocates nothing here.
-        let seen = match self.reported_health.get_mut(node) {
+        let seen = match self.nodes.reported_health.get_mut(node) {
             Some(m) => m,
-            None => self.reported_health.entry(node.to_string()).or_default(),
+            None => self
+                .nodes
+                .reported_health
+                .entry(node.to_string())
+                .or_default(),
         };
         for g in gpus {
             if seen.insert(g.index, g.healthy) == Some(g.healthy) {
@@ -1500,7 +1408,7 @@ impl<S: Store> Control<S> {
         index: u32,
         healthy: bool,
     ) -> Result<(), ControlError> {
-        self.cluster_view.urge();
+        self.view.cluster.urge();
         let n = self
             .cluster
             .node_index(node)
@@ -1531,17 +1439,18 @@ impl<S: Store> Control<S> {
     /// last looked at, about once per threshold each: a walk of
     /// every node was O(nodes) each cycle).
     pub(crate) fn silent_nodes(&mut self, now: Time) -> Vec<SilentNode> {
-        let lc = self.lifecycle;
+        let lc = self.nodes.lifecycle;
         let least = lc.node_not_ready_seconds.min(lc.node_lost_seconds);
         let mut out = Vec::new();
-        for (since, name) in self.heartbeats.silent_for(least, now) {
+        for (since, name) in self.nodes.heartbeats.silent_for(least, now) {
             // A node waiting for approval is not the scheduler's.
             let Some(n) = self.cluster.node_index(&name) else {
                 continue;
             };
             let info = &self.cluster.nodes()[n as usize];
             let silent = now.saturating_sub(since);
-            let Some(ready) = lc.acts_on(silent, info.ready, self.lost.contains(&name)) else {
+            let Some(ready) = lc.acts_on(silent, info.ready, self.nodes.lost.contains(&name))
+            else {
                 continue;
             };
             out.push(SilentNode {
@@ -1562,7 +1471,7 @@ impl<S: Store> Control<S> {
     /// `node_lost_seconds`, its gangs are lost: preempted ones are requeued,
     /// the others restart elsewhere per their restart policy.
     fn check_nodes(&mut self, now: Time) -> Result<(), ControlError> {
-        let lc = self.lifecycle;
+        let lc = self.nodes.lifecycle;
         let silent_nodes = self.silent_nodes(now);
         let mut lost_jobs: BTreeMap<JobId, String> = BTreeMap::new();
         for SilentNode {
@@ -1581,7 +1490,7 @@ impl<S: Store> Control<S> {
             if silent < lc.node_lost_seconds {
                 continue;
             }
-            self.lost.insert(name.clone());
+            self.nodes.lost.insert(name.clone());
             tracing::error!("node {name} is lost: no heartbeat for {silent}s; its gangs end");
             let Some(n) = self.cluster.node_index(&name) else {
                 continue;
@@ -1637,7 +1546,7 @@ impl<S: Store> Control<S> {
     /// Cordons or uncordons a node, durably.
     pub fn cordon(&mut self, name: &str, cordoned: bool) -> Result<(), ControlError> {
         // The node list shows it to whoever is told it was done.
-        self.cluster_view.urge();
+        self.view.cluster.urge();
         let n = self
             .cluster
             .node_index(name)
@@ -1647,8 +1556,7 @@ impl<S: Store> Control<S> {
         self.store.put(&node_key(name), &encode(&spec))?;
         if !cordoned {
             // Back in service: the evidence that cordoned it is spent.
-            self.blame.forget_node(name);
-            self.cordon_reasons.remove(name);
+            self.nodes.uncordoned(name);
         }
         self.cluster
             .set_cordoned(name, cordoned)
@@ -1705,9 +1613,9 @@ impl<S: Store> Control<S> {
     /// the store first, then applied; the caller syncs even when this
     /// fails, since the chunks that landed before the failure are applied.
     pub fn cycle_deferred(&mut self, now: Time) -> Result<Decisions, ControlError> {
-        self.defer_decisions = true;
+        self.writes.defer_decisions = true;
         let d = self.cycle_inner(now);
-        self.defer_decisions = false;
+        self.writes.defer_decisions = false;
         d
     }
 
@@ -1718,7 +1626,7 @@ impl<S: Store> Control<S> {
             Preempt(&'a gangway_sched::Preempt),
         }
         // The node list and the GPU totals show a cycle's binds at once.
-        self.cluster_view.urge();
+        self.view.cluster.urge();
         self.credit_own_stall(now);
         self.check_nodes(now)?;
         self.resume_restarts(now)?;
@@ -1726,7 +1634,7 @@ impl<S: Store> Control<S> {
         self.enforce_time_limits(now)?;
         self.sync_reservations(now)?;
         self.rank_jobs(now);
-        let d = schedule(&self.cluster, now, &self.sched);
+        let d = schedule(&self.cluster, now, &self.policy.sched);
         let mut ports = self.ports_in_use(now);
         // Only what `apply` reads; the explanations are not copied.
         let mut applied = Decisions::default();
@@ -1818,14 +1726,8 @@ impl<S: Store> Control<S> {
         applied.next_rotation = d.next_rotation;
         apply(&mut self.cluster, &applied, now)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
-        // Explanations are kept structured and rendered when someone asks.
-        // Published with the cycle in the read view (shared, not copied);
-        // jobs a capped cycle did not examine keep their last one.
-        self.why.update(&d);
-        self.why_at = now;
-        self.planned_nodes =
-            std::sync::Arc::new(d.plan.iter().map(|r| (r.job, r.nodes.clone())).collect());
-        self.names.refresh(&self.cluster);
+        // Published with the cycle in the read view (shared, not copied).
+        self.view.publish(&d, now, &self.cluster);
         Ok(d)
     }
 }
@@ -1833,6 +1735,7 @@ impl<S: Store> Control<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parts::ranking::PREDICTOR_SAVE_SECONDS;
     use gangway_store::RedbStore;
     use std::collections::BTreeSet;
 
@@ -2104,7 +2007,7 @@ mod tests {
             c.cluster
                 .learn_runtime(&JobSpec::new(&name, "q", 1, 1), 600 + i % 7);
         }
-        c.predictor_dirty = true;
+        c.ranks.predictor_learned();
     }
 
     /// The predictor stored in `c`: within `bound` bytes, decodable, and
@@ -2362,13 +2265,13 @@ mod tests {
     /// The check as it was before the heartbeat index: a walk of
     /// every node of the scheduler.
     fn silent_nodes_by_walk<S: Store>(c: &Control<S>, now: Time) -> Vec<SilentNode> {
-        let lc = c.lifecycle;
+        let lc = c.nodes.lifecycle;
         let mut out = Vec::new();
         for (n, info) in c.cluster.nodes().iter().enumerate() {
             let name = &info.spec.name;
-            let seen = c.heartbeats.since(name);
+            let seen = c.nodes.heartbeats.since(name);
             let silent = now.saturating_sub(seen);
-            if let Some(ready) = lc.acts_on(silent, info.ready, c.lost.contains(name)) {
+            if let Some(ready) = lc.acts_on(silent, info.ready, c.nodes.lost.contains(name)) {
                 out.push(SilentNode {
                     node: n as gangway_sched::NodeIdx,
                     name: name.clone(),
@@ -2416,9 +2319,9 @@ mod tests {
             let open = |now: Time| {
                 let store = RedbStore::open(&path).expect("store");
                 let mut c = Control::open_at(store, &life_queues(), now).expect("control");
-                c.lifecycle.node_not_ready_seconds = not_ready;
-                c.lifecycle.node_lost_seconds = lost;
-                c.cycle_seconds = period;
+                c.nodes.lifecycle.node_not_ready_seconds = not_ready;
+                c.nodes.lifecycle.node_lost_seconds = lost;
+                c.nodes.cycle_seconds = period;
                 c
             };
             let mut c = Some(open(now));
@@ -2464,14 +2367,14 @@ mod tests {
                         let nodes: Vec<String> =
                             cc.cluster.nodes().iter().map(|n| n.spec.name.clone()).collect();
                         proptest::prop_assert!(
-                            cc.heartbeats.index_matches(nodes.iter().map(String::as_str)),
+                            cc.nodes.heartbeats.index_matches(nodes.iter().map(String::as_str)),
                             "step {i}: the index is not the heartbeats"
                         );
                         let walk = silent_nodes_by_walk(cc, now);
                         proptest::prop_assert_eq!(&cc.silent_nodes(now), &walk, "step {}", i);
                         // What the cycle must leave, by the walk.
                         let mut want_not_ready = not_ready_names(cc);
-                        let mut want_lost: BTreeSet<String> = cc.lost.iter().cloned().collect();
+                        let mut want_lost: BTreeSet<String> = cc.nodes.lost.iter().cloned().collect();
                         let mut ended: BTreeMap<JobId, String> = BTreeMap::new();
                         for sn in &walk {
                             want_not_ready.insert(sn.name.clone());
@@ -2500,7 +2403,7 @@ mod tests {
                             .collect();
                         cc.cycle(now).expect("cycle");
                         proptest::prop_assert_eq!(not_ready_names(cc), want_not_ready, "step {}", i);
-                        let now_lost: BTreeSet<String> = cc.lost.iter().cloned().collect();
+                        let now_lost: BTreeSet<String> = cc.nodes.lost.iter().cloned().collect();
                         proptest::prop_assert_eq!(now_lost, want_lost, "step {}", i);
                         let mut got: BTreeMap<JobId, String> = BTreeMap::new();
                         for (id, (r, _)) in cc.jobs.iter() {

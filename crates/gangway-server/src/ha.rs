@@ -97,9 +97,9 @@ fn campaign(app: &Arc<App>, etcd: &EtcdStore, advertise: &str) -> Result<(), Str
         app.metrics.store_ops.clone(),
     ));
     let mut control = Control::open(store, &app.cfg.queues).map_err(|e| e.to_string())?;
-    control.lifecycle = app.cfg.lifecycle();
-    control.blame = crate::blame::Blame::new(app.cfg.blame());
-    control.cycle_seconds = app.cfg.cycle_seconds;
+    control.nodes.lifecycle = app.cfg.lifecycle();
+    control.nodes.blame = crate::blame::Blame::new(app.cfg.blame());
+    control.nodes.cycle_seconds = app.cfg.cycle_seconds;
     let policy = crate::policy::load_or_seed(&mut control, &app.cfg, crate::clock::now())
         .map_err(|e| e.to_string())?;
     app.policy.set(&policy);

@@ -20,6 +20,7 @@ pub mod limits;
 pub mod lock;
 pub mod metrics;
 pub mod nodes;
+pub mod parts;
 pub mod policy;
 pub mod records;
 pub mod reservations;
@@ -117,10 +118,10 @@ pub fn open_with_audit(
         metrics.store_ops.clone(),
     ));
     let mut control = Control::open(store.clone(), &cfg.queues)?;
-    control.lifecycle = cfg.lifecycle();
-    control.blame = crate::blame::Blame::new(cfg.blame());
-    control.cycle_seconds = cfg.cycle_seconds;
-    control.contract = cfg.contract();
+    control.nodes.lifecycle = cfg.lifecycle();
+    control.nodes.blame = crate::blame::Blame::new(cfg.blame());
+    control.nodes.cycle_seconds = cfg.cycle_seconds;
+    control.contract.config = cfg.contract();
     let policy = policy::load_or_seed(&mut control, &cfg, clock::now())?;
     let live = policy::Live::new(&cfg);
     live.set(&policy);

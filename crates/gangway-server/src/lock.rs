@@ -192,7 +192,7 @@ pub type LockError<'a, S> = PoisonError<MutexGuard<'a, Control<S>>>;
 impl<S: Store> StateLock<S> {
     /// Puts `control` behind the lock and publishes its first view.
     pub fn new(mut control: Control<S>) -> Self {
-        control.cluster_view.urge();
+        control.view.cluster.urge();
         control.refresh_cluster_view();
         let view = RwLock::new(Arc::new(control.read_view()));
         StateLock {

@@ -195,13 +195,13 @@ mod tests {
         c.cycle(1000).expect("cycle");
         // The server itself was stuck for 100 s: the node is not lost.
         c.cycle(1100).expect("cycle");
-        assert!(c.lost.is_empty(), "{:?}", c.lost);
+        assert!(c.nodes.lost.is_empty(), "{:?}", c.nodes.lost);
         assert!(c.cluster.nodes()[0].ready);
         // Real silence, with the loop running, still counts.
         for t in 1101..1140 {
             c.cycle(t).expect("cycle");
         }
-        assert!(c.lost.contains("n"));
+        assert!(c.nodes.lost.contains("n"));
     }
 
     #[test]

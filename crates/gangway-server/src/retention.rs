@@ -196,7 +196,7 @@ impl<S: Store> Control<S> {
         let removed = self.delete_keys(&keys)?;
         for (id, _) in &ids[..removed] {
             self.jobs.remove(id);
-            self.why.remove(id);
+            self.view.why.remove(id);
         }
         Ok(removed)
     }

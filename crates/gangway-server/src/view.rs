@@ -616,8 +616,8 @@ mod tests {
         let c = lock.lock().expect("lock");
         let fresh = ClusterSnapshot::build(
             &c.cluster,
-            &c.pending_nodes,
-            &c.cordon_reasons,
+            &c.nodes.pending,
+            &c.nodes.cordon_reasons,
             &ClusterSnapshot::default(),
             None,
         );
@@ -743,9 +743,13 @@ mod tests {
             change(&mut c, now);
             c.cycle(now + 1).expect("cycle");
             now += 2;
-            let kept = Arc::ptr_eq(&c.names.state, &before);
+            let kept = Arc::ptr_eq(&c.view.names.state, &before);
             let fresh = names_only(&c.cluster);
-            assert_eq!(names_in(&c.names.state), names_in(&fresh), "after {what}");
+            assert_eq!(
+                names_in(&c.view.names.state),
+                names_in(&fresh),
+                "after {what}"
+            );
             kept
         };
         assert!(!check("the first cycle", &|_, _| {}), "copied once");
@@ -801,7 +805,7 @@ mod tests {
         {
             let mut c = lock.lock().expect("lock");
             // As if the last build had taken an hour: not due for ten.
-            c.cluster_view.cost = Duration::from_secs(3600);
+            c.view.cluster.cost = Duration::from_secs(3600);
             // A change nobody urged (as an agent's report would make).
             c.cluster.set_cordoned("a", true).expect("cordon");
         }
@@ -818,7 +822,7 @@ mod tests {
         {
             let mut c = lock.lock().expect("lock");
             assert!(!c.refresh_cluster_view(), "nothing changed since");
-            c.cluster_view.urge();
+            c.view.cluster.urge();
             assert!(!c.refresh_cluster_view(), "urged, but nothing changed");
         }
         // Rows of nodes that did not change are shared with the last build.

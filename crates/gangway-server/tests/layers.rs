@@ -24,6 +24,7 @@ const STATE: &[&str] = &[
     "limits.rs",
     "lock.rs",
     "nodes.rs",
+    "parts/",
     "policy/mod.rs",
     "policy/watch.rs",
     "policy/whatif.rs",
@@ -73,18 +74,23 @@ fn parent_module(rel: &str) -> Option<String> {
     }
 }
 
-/// Every HTTP module or crate that `source` (the file at `rel`) names in
-/// code (comments skipped).
-fn http_imports(rel: &str, source: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let code: String = source
+/// `source` without its comments.
+fn code_of(source: &str) -> String {
+    source
         .lines()
         .map(|l| match l.find("//") {
             Some(i) => &l[..i],
             None => l,
         })
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+/// The crate paths (`a::b`, from `crate::a::b`, `crate::{a, b::c}` or
+/// `super::b` in module `a`) that `code` (of the file at `rel`) names,
+/// and the crates of the HTTP stack it uses.
+fn named_paths(rel: &str, code: &str) -> (Vec<String>, Vec<String>) {
+    let mut crates = Vec::new();
     // Paths as written: `crate::a::b`, `crate::{a, b::c}`, `super::a`.
     let mut paths: Vec<String> = Vec::new();
     let bytes = code.as_bytes();
@@ -125,22 +131,59 @@ fn http_imports(rel: &str, source: &str) -> Vec<String> {
                 }
             }
             for krate in HTTP_CRATES {
-                if rest.starts_with(&format!("{krate}::")) && !found.contains(&krate.to_string()) {
-                    found.push((*krate).to_string());
+                if rest.starts_with(&format!("{krate}::")) && !crates.contains(&krate.to_string()) {
+                    crates.push((*krate).to_string());
                 }
             }
         }
         i += 1;
     }
+    (paths, crates)
+}
+
+/// Whether `path` is module `module` or inside it.
+fn is_in(path: &str, module: &str) -> bool {
+    path == module || path.starts_with(&format!("{module}::"))
+}
+
+/// Every HTTP module or crate that `source` (the file at `rel`) names in
+/// code (comments skipped).
+fn http_imports(rel: &str, source: &str) -> Vec<String> {
+    let (paths, mut found) = named_paths(rel, &code_of(source));
     for p in paths {
         for h in HTTP {
-            let hit = p == *h || p.starts_with(&format!("{h}::"));
-            if hit && !found.contains(&h.to_string()) {
+            if is_in(&p, h) && !found.contains(&h.to_string()) {
                 found.push((*h).to_string());
             }
         }
     }
     found
+}
+
+/// The parts the control state coordinates: files (relative to `src/`)
+/// whose code (their tests aside) must not name `crate::control`, so each
+/// part can be read, tested and changed without `Control`.
+const PARTS: &[&str] = &[
+    "parts/",
+    "records.rs",
+    "reservations.rs",
+    "workflow.rs",
+    "blame.rs",
+    "heartbeats.rs",
+];
+
+fn is_part(rel: &str) -> bool {
+    PARTS
+        .iter()
+        .any(|s| rel == *s || (s.ends_with('/') && rel.starts_with(s)))
+}
+
+/// Whether `source` (the file at `rel`) names the control module outside
+/// its tests (from the first `#[cfg(test)]` on) and its comments.
+fn names_control(rel: &str, source: &str) -> bool {
+    let code = code_of(source);
+    let code = code.split("#[cfg(test)]").next().unwrap_or("");
+    named_paths(rel, code).0.iter().any(|p| is_in(p, "control"))
 }
 
 fn is_state(rel: &str) -> bool {
@@ -284,4 +327,69 @@ fn the_common_check_resolves_to_the_deepest_module() {
     assert!(samples.ends_with("http/dashboard/samples.rs"));
     let jobs = http_module_file(&["jobs", "submit"]).expect("jobs");
     assert!(serves_routes(&std::fs::read_to_string(jobs).expect("jobs")));
+}
+
+#[test]
+fn parts_of_the_control_state_do_not_name_control() {
+    let root = src();
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    all.sort();
+    let mut bad = Vec::new();
+    let mut parts = 0;
+    for f in &all {
+        let rel = f
+            .strip_prefix(&root)
+            .expect("under src")
+            .to_string_lossy()
+            .replace('\\', "/");
+        if !is_part(&rel) {
+            continue;
+        }
+        parts += 1;
+        let source = std::fs::read_to_string(f).expect("source");
+        if names_control(&rel, &source) {
+            bad.push(format!("src/{rel}"));
+        }
+    }
+    // parts/mod.rs and six parts, plus the five older modules.
+    assert!(parts >= 12, "only {parts} part modules found");
+    assert!(
+        bad.is_empty(),
+        "a part of the control state names crate::control (it must know nothing of Control): {bad:?}"
+    );
+    for p in PARTS {
+        assert!(
+            src().join(p).exists(),
+            "tests/layers.rs lists {p}, which is gone"
+        );
+    }
+}
+
+#[test]
+fn the_control_check_sees_the_import_forms_and_skips_tests_and_comments() {
+    assert!(names_control("parts/a.rs", "use crate::control::Control;"));
+    assert!(names_control(
+        "parts/a.rs",
+        "use crate::{records::X, control};"
+    ));
+    assert!(names_control(
+        "parts/a.rs",
+        "fn f(c: &crate::control::Control<S>) {}"
+    ));
+    // `super` in a module under `control/` is the control module.
+    assert!(names_control("control/a.rs", "use super::Control;"));
+    assert!(!names_control("parts/a.rs", "use super::node_registry::X;"));
+    assert!(!names_control(
+        "parts/a.rs",
+        "use crate::control_error::ControlError;"
+    ));
+    assert!(!names_control(
+        "parts/a.rs",
+        "/// See [`crate::control::Control`].\nfn f() {}"
+    ));
+    assert!(!names_control(
+        "parts/a.rs",
+        "fn f() {}\n#[cfg(test)]\nmod tests {\n    use crate::control::Control;\n}"
+    ));
 }

@@ -174,7 +174,7 @@ impl<S: Store> Control<S> {
             checkpoint_root: if placed.is_empty() {
                 None
             } else {
-                self.contract.checkpoint_root.clone()
+                self.contract.config.checkpoint_root.clone()
             },
             placed,
         }

@@ -11,22 +11,6 @@ use gangway_sched::Rejection;
 use gangway_store::Store;
 use std::collections::{HashMap, HashSet};
 
-/// What the contract keeps in memory besides the records.
-#[derive(Debug, Default)]
-pub struct ContractState {
-    /// Ports found held by other processes, per node, with when.
-    pub blocked_ports: HashMap<String, HashMap<u16, Time>>,
-    /// Rank failures reported with an exit, until the exit is applied.
-    pub failures: HashMap<(JobId, u32, String), RankFailure>,
-    /// Checkpoint directories to remove, per node (handed out once).
-    pub cleanup: HashMap<String, Vec<CheckpointCleanup>>,
-}
-
-/// How long a port found busy on a node is avoided there: long enough for a
-/// foreign listener to be noticed and for TIME_WAIT sockets (60 s on Linux)
-/// to go.
-pub const BLOCKED_PORT_SECONDS: u64 = 600;
-
 /// Wall-clock milliseconds since the epoch.
 pub fn wall_ms() -> u64 {
     std::time::SystemTime::now()
@@ -137,14 +121,7 @@ impl<S: Store> Control<S> {
         let now = used.now;
         used.used.entry(node.to_string()).or_insert_with(|| {
             let mut taken: HashSet<u16> = self.jobs.ports_on(node).collect();
-            if let Some(ports) = self.contract_state.blocked_ports.get(node) {
-                taken.extend(
-                    ports
-                        .iter()
-                        .filter(|(_, at)| now.saturating_sub(**at) < BLOCKED_PORT_SECONDS)
-                        .map(|(p, _)| *p),
-                );
-            }
+            taken.extend(self.contract.blocked_on(node, now));
             taken
         })
     }
@@ -157,6 +134,7 @@ impl<S: Store> Control<S> {
         let taken = self.ports_taken_on(used, &node);
         let port = self
             .contract
+            .config
             .master_ports
             .pick(rec.id, rec.attempt, &|p| taken.contains(&p))?;
         taken.insert(port);
@@ -168,12 +146,7 @@ impl<S: Store> Control<S> {
     /// recorded get one derived from the range).
     pub(super) fn port_of(&self, rec: &JobRecord) -> u16 {
         rec.master_port
-            .or_else(|| {
-                self.contract
-                    .master_ports
-                    .pick(rec.id, rec.attempt, &|_| false)
-            })
-            .unwrap_or(self.contract.master_ports.first)
+            .unwrap_or_else(|| self.contract.derived_port(rec.id, rec.attempt))
     }
 
     /// Checks a report's job, attempt and node; the record when it applies.
@@ -205,15 +178,7 @@ impl<S: Store> Control<S> {
         if !is_master || rec.state != JobState::Scheduled || self.port_of(&rec) != port {
             return Ok(false);
         }
-        self.contract_state
-            .blocked_ports
-            .entry(node.to_string())
-            .or_default()
-            .insert(port, now);
-        // Forget ports blocked long ago.
-        for ports in self.contract_state.blocked_ports.values_mut() {
-            ports.retain(|_, at| now.saturating_sub(*at) < BLOCKED_PORT_SECONDS);
-        }
+        self.contract.block_port(node, port, now);
         let mut used = self.ports_in_use(now);
         // This job's own (old) port is blocked already; its record must not
         // hold the new one back.
@@ -229,7 +194,7 @@ impl<S: Store> Control<S> {
             ),
             None => format!(
                 "rendezvous port {port} is in use on {node} and every port of {}-{} is taken there",
-                self.contract.master_ports.first, self.contract.master_ports.last
+                self.contract.config.master_ports.first, self.contract.config.master_ports.last
             ),
         };
         tracing::warn!("job {id}: {msg}");
@@ -345,14 +310,12 @@ impl<S: Store> Control<S> {
     /// Keeps a node's report of its first failed rank until the exit it
     /// comes with is applied.
     pub(super) fn stash_failure(&mut self, node: &str, id: JobId, attempt: u32, f: &RankFailure) {
-        self.contract_state
-            .failures
-            .insert((id, attempt, node.to_string()), f.clone());
+        self.contract.stash_failure(node, id, attempt, f);
     }
 
     /// Drops what nodes reported about failures of a job whose attempt ended.
     pub(super) fn forget_failures(&mut self, id: JobId) {
-        self.contract_state.failures.retain(|(j, _, _), _| *j != id);
+        self.contract.forget_failures(id);
     }
 
     /// The event text for a failed attempt, naming the first failing rank,
@@ -365,10 +328,7 @@ impl<S: Store> Control<S> {
         code: i32,
         now: Time,
     ) -> String {
-        let f = self
-            .contract_state
-            .failures
-            .remove(&(rec.id, rec.attempt, node.to_string()));
+        let f = self.contract.take_failure(rec.id, rec.attempt, node);
         let unknown = f.as_ref().is_some_and(|f| f.unknown_exit);
         let record = FailureRecord {
             attempt: rec.attempt,
@@ -539,36 +499,15 @@ impl<S: Store> Control<S> {
         if rec.state != JobState::Succeeded || rec.spec.checkpoint.keep {
             return;
         }
-        let item = CheckpointCleanup {
-            job: id,
-            root: self.contract.checkpoint_root.clone(),
-            subdir: checkpoint_subdir_of(rec),
-        };
-        let mut nodes: Vec<String> = Vec::new();
-        for n in &rec.ran_on {
-            if !nodes.contains(n) {
-                nodes.push(n.clone());
-            }
-        }
-        if self.contract.checkpoint_root.is_some() {
-            nodes.truncate(1);
-        }
-        for n in nodes {
-            self.contract_state
-                .cleanup
-                .entry(n)
-                .or_default()
-                .push(item.clone());
-        }
+        self.contract
+            .queue_cleanup(id, checkpoint_subdir_of(rec), &rec.ran_on);
     }
 
     /// The cleanups for `node`, once; a directory a live job uses (a
     /// resubmitted job with the same `checkpoint.dir`) is left alone.
     pub(super) fn take_cleanup(&mut self, node: &str) -> Vec<CheckpointCleanup> {
-        let Some(items) = self.contract_state.cleanup.remove(node) else {
-            return Vec::new();
-        };
-        items
+        self.contract
+            .take_cleanup(node)
             .into_iter()
             .filter(|c| !self.jobs.checkpoint_dir_in_use(&c.subdir))
             .collect()
@@ -610,6 +549,7 @@ pub(super) fn timeout_ending(rec: &JobRecord, ending: Ending) -> Ending {
 mod tests {
     use super::*;
     use crate::control::Report;
+    use crate::parts::contract::BLOCKED_PORT_SECONDS;
     use gangway_core::agent::PortRange;
     use gangway_core::agent::{SyncRequest, TaskReport, TaskState};
     use gangway_core::{NodeSpec, QueueSpec};
@@ -618,7 +558,7 @@ mod tests {
     fn control(dir: &std::path::Path, queues: &[QueueSpec]) -> Control<RedbStore> {
         let store = RedbStore::open(&dir.join("s.redb")).expect("store");
         let mut c = Control::open(store, queues).expect("control");
-        c.contract.master_ports = PortRange {
+        c.contract.config.master_ports = PortRange {
             first: 30_000,
             last: 30_009,
         };

@@ -15,17 +15,18 @@ use std::collections::BTreeMap;
 impl<S: Store> Control<S> {
     /// The node whose token has digest `h`.
     pub fn node_of_token(&self, h: &TokenHash) -> Option<&str> {
-        self.node_by_token.get(h).map(String::as_str)
+        self.nodes.node_of_token(h)
     }
 
     /// Whether `name` is registered (approved or waiting).
     pub fn node_known(&self, name: &str) -> bool {
-        self.cluster.node_index(name).is_some() || self.pending_nodes.contains_key(name)
+        self.cluster.node_index(name).is_some() || self.nodes.pending.contains_key(name)
     }
 
     /// The log key of `node`, derived with the join token `secret`.
     pub fn log_token_of(&self, node: &str, secret: &str) -> Option<String> {
-        self.node_tokens
+        self.nodes
+            .tokens
             .get(node)
             .map(|c| log_token(secret, node, &c.log_nonce))
     }
@@ -42,7 +43,7 @@ impl<S: Store> Control<S> {
         now: Time,
     ) -> Result<Registered, ControlError> {
         // The node list shows a registration at once (see ClusterMemo).
-        self.cluster_view.urge();
+        self.view.cluster.urge();
         check_node_spec(&spec)?;
         let name = spec.name.clone();
         if let Registrant::Node(own) = by {
@@ -74,7 +75,7 @@ impl<S: Store> Control<S> {
             return Ok(Registered {
                 token: None,
                 log_token,
-                pending: self.pending_nodes.contains_key(&name),
+                pending: self.nodes.pending.contains_key(&name),
             });
         }
         let approved = auto || *by == Registrant::Admin;
@@ -103,12 +104,11 @@ impl<S: Store> Control<S> {
                 .add_node(spec)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
         } else {
-            self.pending_nodes.insert(name.clone(), spec);
+            self.nodes.pending.insert(name.clone(), spec);
         }
-        self.heartbeats.heard(&name, now);
-        self.node_by_token.insert(cred.digest(), name.clone());
+        self.nodes.heartbeats.heard(&name, now);
         let log_token = log_token(secret, &name, &cred.log_nonce);
-        self.node_tokens.insert(name.clone(), cred);
+        self.nodes.add_credential(&name, cred);
         if approved {
             tracing::info!("node {name} registered");
         } else {
@@ -126,7 +126,7 @@ impl<S: Store> Control<S> {
     /// A registered node's agent came back, possibly on another address or port.
     fn update_endpoint(&mut self, spec: &NodeSpec, now: Time) -> Result<(), ControlError> {
         let name = &spec.name;
-        if let Some(p) = self.pending_nodes.get_mut(name) {
+        if let Some(p) = self.nodes.pending.get_mut(name) {
             p.address = spec.address.clone();
             p.agent_url = spec.agent_url.clone();
             let p = p.clone();
@@ -147,19 +147,20 @@ impl<S: Store> Control<S> {
                 tracing::info!("node {name} re-registered");
             }
         }
-        self.heartbeats.heard(name, now);
+        self.nodes.heartbeats.heard(name, now);
         Ok(())
     }
 
     /// Approves a waiting node: it becomes schedulable. Approving an
     /// approved node does nothing.
     pub fn approve_node(&mut self, name: &str, now: Time) -> Result<(), ControlError> {
-        self.cluster_view.urge();
+        self.view.cluster.urge();
         if self.cluster.node_index(name).is_some() {
             return Ok(());
         }
         let spec = self
-            .pending_nodes
+            .nodes
+            .pending
             .get(name)
             .cloned()
             .ok_or_else(|| ControlError::NoSuchNode(name.into()))?;
@@ -176,8 +177,8 @@ impl<S: Store> Control<S> {
         self.cluster
             .add_node(spec)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;
-        self.pending_nodes.remove(name);
-        self.heartbeats.heard_unless_known(name, now);
+        self.nodes.pending.remove(name);
+        self.nodes.heartbeats.heard_unless_known(name, now);
         tracing::info!("node {name} approved");
         Ok(())
     }
@@ -186,14 +187,14 @@ impl<S: Store> Control<S> {
     /// per their policy; preempted ones are requeued), its token stops
     /// working, and its name may join again.
     pub fn delete_node(&mut self, name: &str, now: Time) -> Result<(), ControlError> {
-        self.cluster_view.urge();
-        if self.pending_nodes.contains_key(name) {
+        self.view.cluster.urge();
+        if self.nodes.pending.contains_key(name) {
             self.store.txn(
                 &[],
                 &[Op::Delete(pending_key(name)), Op::Delete(token_key(name))],
             )?;
-            self.pending_nodes.remove(name);
-            self.forget_node(name);
+            self.nodes.pending.remove(name);
+            self.nodes.forget(name);
             return Ok(());
         }
         let n = self
@@ -213,14 +214,14 @@ impl<S: Store> Control<S> {
             &[],
             &[Op::Delete(node_key(name)), Op::Delete(token_key(name))],
         )?;
-        self.forget_node(name);
+        self.nodes.forget(name);
         // The scheduler's state has no removal: rebuild it as a restart would.
-        self.cluster_view.forget_rows();
+        self.view.cluster.forget_rows();
         let old = std::mem::replace(
             &mut *self.cluster,
             ClusterState::new(StateConfig::default()),
         );
-        for q in self.queue_specs.clone() {
+        for q in self.policy.queues.clone() {
             self.cluster
                 .add_queue(q)
                 .map_err(|e| ControlError::BadNode(e.to_string()))?;
@@ -245,26 +246,15 @@ impl<S: Store> Control<S> {
         Ok(())
     }
 
-    fn forget_node(&mut self, name: &str) {
-        if let Some(c) = self.node_tokens.remove(name) {
-            self.node_by_token.remove(&c.digest());
-        }
-        self.heartbeats.forget(name);
-        self.lost.remove(name);
-        self.blame.forget_node(name);
-        self.cordon_reasons.remove(name);
-        self.reported_health.remove(name);
-    }
-
     /// Nodes waiting for approval, by name.
     pub fn pending(&self) -> &BTreeMap<String, NodeSpec> {
-        &self.pending_nodes
+        &self.nodes.pending
     }
 
     /// A heartbeat from a node that waits for approval: recorded, nothing to run.
     pub fn pending_heartbeat(&mut self, name: &str, now: Time) -> bool {
-        if self.pending_nodes.contains_key(name) {
-            self.heartbeats.heard(name, now);
+        if self.nodes.pending.contains_key(name) {
+            self.nodes.heartbeats.heard(name, now);
             return true;
         }
         false
@@ -274,18 +264,11 @@ impl<S: Store> Control<S> {
     /// cycles themselves stalled (a blocked lock, a starved runtime), the
     /// stall is added to every node's last heartbeat.
     pub(crate) fn credit_own_stall(&mut self, now: Time) {
-        let period = self.cycle_seconds.max(1);
-        if let Some(prev) = self.last_cycle_at {
-            let gap = now.saturating_sub(prev);
-            if gap > period.saturating_add(2) {
-                let stall = gap - period;
-                tracing::warn!(
-                    "the control loop stalled for {stall}s; node silence in that time is not counted"
-                );
-                self.heartbeats.credit_stall(stall, now);
-            }
+        if let Some(stall) = self.nodes.credit_own_stall(now) {
+            tracing::warn!(
+                "the control loop stalled for {stall}s; node silence in that time is not counted"
+            );
         }
-        self.last_cycle_at = Some(now);
     }
 
     /// Rule (max grace): a gang being stopped whose grace plus `margin` has

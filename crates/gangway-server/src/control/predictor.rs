@@ -9,7 +9,7 @@
 //! lock is released. What is stored is bounded: at most
 //! [`PREDICTOR_MAX_BYTES`], keeping the groups with the most history.
 
-use super::{encode, Control, PREDICTOR_KEY, PREDICTOR_SAVE_SECONDS};
+use super::{encode, Control, PREDICTOR_KEY};
 use gangway_core::Time;
 use gangway_sched::predict::RuntimePredictor;
 use gangway_store::{Op, Store};
@@ -46,19 +46,12 @@ impl PredictorSave {
 
 impl<S: Store> Control<S> {
     /// The predictor to store, when it changed and the last store is at
-    /// least [`PREDICTOR_SAVE_SECONDS`] old; write it to this store after
+    /// least [`crate::parts::ranking::PREDICTOR_SAVE_SECONDS`] old; write it to this store after
     /// releasing the lock.
     pub fn predictor_save(&mut self, now: Time) -> Option<PredictorSave> {
-        if !self.predictor_dirty
-            || now
-                < self
-                    .predictor_saved_at
-                    .saturating_add(PREDICTOR_SAVE_SECONDS)
-        {
+        if !self.ranks.predictor_due(now) {
             return None;
         }
-        self.predictor_dirty = false;
-        self.predictor_saved_at = now;
         // One value must fit one transaction of the store.
         let budget = self
             .store

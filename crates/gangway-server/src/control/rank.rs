@@ -29,44 +29,11 @@
 use super::Control;
 use crate::records::JobRecord;
 use gangway_core::{BeginAt, JobId, JobState, Time};
-use gangway_sched::policy::{QueueUsage, RankInput};
-use gangway_sched::rank::{self, KnownRuntime, RankFacts, RankParams, Ranked, REFRESH_SECONDS};
+use gangway_sched::policy::RankInput;
+use gangway_sched::rank::{self, KnownRuntime, RankFacts, Ranked, REFRESH_SECONDS};
 use gangway_sched::JobStatus;
 use gangway_store::Store;
-use std::collections::{BTreeSet, HashMap};
-
-/// What the server last applied per job, to rank pending jobs only when
-/// something changed.
-#[derive(Debug, Default)]
-pub(crate) struct RankMemo {
-    /// Per job: the attempt and verdict last applied.
-    applied: HashMap<JobId, (u32, Ranked)>,
-    /// When every pending job was last re-ranked (`None`: at the next cycle).
-    pub(crate) refreshed_at: Option<Time>,
-    /// The ranking's knobs.
-    pub(crate) params: RankParams,
-    /// Each queue's decayed usage, for a policy with a fair-share factor
-    /// (accrued at each refresh).
-    usage: QueueUsage,
-    /// Jobs that entered the scheduler since the last ranking without a
-    /// write of their records (a gated job released): ranked at the next
-    /// cycle with the jobs whose records changed.
-    pub(crate) entered: Vec<JobId>,
-    /// Running jobs by the time their verdict next moves (their band):
-    /// ranked again at the first ranking at or after it. An entry whose
-    /// time is not the job's in [`RankMemo::due_of`] is stale and skipped.
-    due: BTreeSet<(Time, JobId)>,
-    /// Each running job's current entry in [`RankMemo::due`].
-    due_of: HashMap<JobId, Time>,
-    /// The time of the last ranking: a clock that went back ranks every
-    /// running job again (a band moves only forwards in time).
-    last_at: Option<Time>,
-    /// Tests only: rank every running job at every ranking, as the server
-    /// did before running jobs were ranked only when their band moves (the
-    /// reference the property test compares decisions with).
-    #[cfg(test)]
-    pub(crate) every_running: bool,
-}
+use std::collections::HashMap;
 
 /// The ranking's view of one stored job at `now`; `running` says whether
 /// the scheduler has it running.
@@ -130,8 +97,8 @@ impl<S: Store> Control<S> {
     /// job's priority only when its record does or its band moves, so only
     /// the jobs whose records were written since the last call
     /// ([`crate::records::JobTable::take_changed`]), those that entered the
-    /// scheduler without a write ([`RankMemo::entered`]) and the running
-    /// jobs whose band has moved by `now` ([`RankMemo::due`]) are looked
+    /// scheduler without a write ([`crate::parts::RankMemo::entered`]) and the running
+    /// jobs whose band has moved by `now` ([`crate::parts::RankMemo::due`]) are looked
     /// at, not the backlog nor every job on GPUs; the priorities and the
     /// pending jobs' ranks are the ones a walk of every job gives (property
     /// tests check it, and that the decisions are those of ranking every
@@ -141,7 +108,7 @@ impl<S: Store> Control<S> {
             .ranks
             .refreshed_at
             .is_none_or(|t| now >= t.saturating_add(REFRESH_SECONDS));
-        let plugin = gangway_sched::policies::of(&self.sched);
+        let plugin = gangway_sched::policies::of(&self.policy.sched);
         if refresh && plugin.changes().queue_usage {
             let dt = self.ranks.refreshed_at.map_or(0, |t| now.saturating_sub(t));
             self.ranks.usage.accrue(&self.cluster, dt);
@@ -289,7 +256,7 @@ impl<S: Store> Control<S> {
             };
             let stale = if running {
                 let runtime = KnownRuntime::of(job, self.cluster.predictor());
-                let plugin = gangway_sched::policies::of(&self.sched);
+                let plugin = gangway_sched::policies::of(&self.policy.sched);
                 let f = facts(rec, running, runtime, now);
                 let r = plugin
                     .rank(&self.rank_input(rec, job, &f, now))
@@ -596,7 +563,7 @@ mod tests {
         // The node's heartbeat, but in a silence: jobs run for long enough
         // to move through the bands unless the node is lost.
         if !matches!(s, Step::Silence(_)) {
-            c.heartbeats.heard("n", *now);
+            c.nodes.heartbeats.heard("n", *now);
         }
         match *s {
             Step::Submit {
@@ -614,7 +581,7 @@ mod tests {
             }
             Step::Wait(dt) => {
                 *now += dt;
-                c.heartbeats.heard("n", *now);
+                c.nodes.heartbeats.heard("n", *now);
             }
             Step::Silence(dt) => *now += dt,
             Step::Cycle => return Some(c.cycle(*now).expect("cycle")),

@@ -15,16 +15,16 @@ impl<S: Store> Control<S> {
         ReadView {
             jobs: self.jobs.snapshot(),
             gates: self.gates.waiting.clone(),
-            why: self.why.clone(),
-            why_at: self.why_at,
-            planned_nodes: self.planned_nodes.clone(),
-            names: self.names.state.clone(),
-            node_by_token: self.node_by_token.clone(),
+            why: self.view.why.clone(),
+            why_at: self.view.why_at,
+            planned_nodes: self.view.planned_nodes.clone(),
+            names: self.view.names.state.clone(),
+            node_by_token: self.nodes.by_token.clone(),
             job_counts: self.jobs.counts_shared(),
-            cluster: self.cluster_view.snapshot.clone(),
-            last_seen: self.heartbeats.for_view(),
+            cluster: self.view.cluster.snapshot.clone(),
+            last_seen: self.nodes.heartbeats.for_view(),
             reservations: self.reservations.0.clone(),
-            node_credentials: self.node_tokens.clone(),
+            node_credentials: self.nodes.tokens.clone(),
         }
     }
 
@@ -34,12 +34,12 @@ impl<S: Store> Control<S> {
     pub fn refresh_cluster_view(&mut self) -> bool {
         let from = (
             self.cluster.borrows(),
-            self.pending_nodes.len(),
-            self.cordon_reasons.len(),
+            self.nodes.pending.len(),
+            self.nodes.cordon_reasons.len(),
         );
-        let m = &self.cluster_view;
+        let m = &self.view.cluster;
         if m.built_from == Some(from) {
-            self.cluster_view.urgent = false;
+            self.view.cluster.urgent = false;
             return false;
         }
         let due = m
@@ -57,12 +57,12 @@ impl<S: Store> Control<S> {
         let mark = self.cluster.node_touches();
         let fresh = ClusterSnapshot::build(
             &self.cluster,
-            &self.pending_nodes,
-            &self.cordon_reasons,
+            &self.nodes.pending,
+            &self.nodes.cordon_reasons,
             &m.snapshot,
             since,
         );
-        let m = &mut self.cluster_view;
+        let m = &mut self.view.cluster;
         m.snapshot = Arc::new(fresh);
         m.built_from = Some(from);
         m.touched_mark = Some(mark);

@@ -288,7 +288,7 @@ impl<S: Store> Control<S> {
             self.write_all(recs)?;
             for id in ids {
                 self.gates.waiting.remove(&id);
-                self.why.remove(&id);
+                self.view.why.remove(&id);
             }
             changed = true;
         }
@@ -357,7 +357,7 @@ impl<S: Store> Control<S> {
         self.write_all(recs)?;
         for i in changed {
             let _ = self.cluster.cancel(i);
-            self.why.remove(&i);
+            self.view.why.remove(&i);
             self.gates
                 .waiting
                 .insert(i, (kind.code(), format!("held by {by}")));
@@ -430,7 +430,7 @@ impl<S: Store> Control<S> {
         });
         let at = rec.submitted_at;
         self.write(rec)?;
-        self.why.remove(&id);
+        self.view.why.remove(&id);
         if !self.gates.waiting.contains_key(&id) {
             let _ = self.cluster.cancel(id);
             self.cluster.submit(id, spec, at)?;
@@ -491,7 +491,7 @@ impl<S: Store> Control<S> {
         self.write_all(waiting)?;
         for t in ended {
             let _ = self.cluster.cancel(t);
-            self.why.remove(&t);
+            self.view.why.remove(&t);
             self.gates.waiting.remove(&t);
         }
         for t in placed {

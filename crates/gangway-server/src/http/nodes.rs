@@ -184,14 +184,19 @@ pub async fn agent_sync(
     let (answer, changed, blamed, halted) = with_control(&app, move |c| {
         if c.pending_heartbeat(&node, now()) {
             // Waiting for approval: alive, nothing to run.
-            return Ok((SyncAnswer::idle(&node), false, Vec::new(), c.blame.halted()));
+            return Ok((
+                SyncAnswer::idle(&node),
+                false,
+                Vec::new(),
+                c.nodes.blame.halted(),
+            ));
         }
         let (answer, changed) = c.sync(&node, &req, now())?;
         Ok((
             answer,
             changed,
-            std::mem::take(&mut c.blame_log),
-            c.blame.halted(),
+            c.nodes.take_blame_log(),
+            c.nodes.blame.halted(),
         ))
     })
     .await?;

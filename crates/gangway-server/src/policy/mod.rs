@@ -528,8 +528,8 @@ pub fn install<S: Store>(c: &mut Control<S>, policy: &Policy) -> Result<(), Poli
     c.cluster
         .replace_queues(&policy.queues)
         .map_err(|e| PolicyError::Invalid(format!("queues: {e}")))?;
-    c.queue_specs = policy.queues.clone();
-    c.sched = gangway_sched::policies::configure(&policy.scheduler);
+    c.policy.queues = policy.queues.clone();
+    c.policy.sched = gangway_sched::policies::configure(&policy.scheduler);
     // A queue's ordering or the scheduling policy may have changed: re-rank
     // every job at the next cycle.
     c.ranks.refreshed_at = None;
@@ -917,7 +917,7 @@ mod tests {
         let cfg = cfg();
         let mut c = Control::open(store, &cfg.queues).expect("control");
         let base = load_or_seed(&mut c, &cfg, 1).expect("seed");
-        assert_eq!(c.sched.backfill, Backfill::Easy);
+        assert_eq!(c.policy.sched.backfill, Backfill::Easy);
         let p = Policy::from_yaml(
             "queues: [{ name: lab, quota: { nominal: { gpus: 16 } } }, { name: a, parent: lab, quota: { nominal: { gpus: 8 } }, node: { allow_root: true } }]\nscheduler: { backfill: \"off\", plan_depth: 10 }\ngates: { max_p95_wait_worse_pct: 10 }\n",
         )
@@ -931,10 +931,13 @@ mod tests {
         );
         check(&p, &cfg, &c).expect("valid");
         install(&mut c, &p).expect("install");
-        assert_eq!((c.sched.backfill, c.sched.plan_depth), (Backfill::Off, 10));
+        assert_eq!(
+            (c.policy.sched.backfill, c.policy.sched.plan_depth),
+            (Backfill::Off, 10)
+        );
         install(&mut c, &base).expect("back");
         assert_eq!(
-            (c.sched.backfill, c.sched.plan_depth),
+            (c.policy.sched.backfill, c.policy.sched.plan_depth),
             (Backfill::Easy, 200)
         );
         let mut deep = base.clone();
@@ -957,9 +960,9 @@ mod tests {
             ]
         );
         install(&mut c, &grows).expect("install");
-        assert!(c.sched.min_run_grows && c.sched.min_run_seconds == 1200);
+        assert!(c.policy.sched.min_run_grows && c.policy.sched.min_run_seconds == 1200);
         install(&mut c, &base).expect("back");
-        assert!(!c.sched.min_run_grows);
+        assert!(!c.policy.sched.min_run_grows);
         let e = Policy::from_yaml("scheduler: { backfill: sometimes }").expect_err("mode");
         assert!(
             e.to_string().contains("backfill: expected off, easy"),
@@ -1002,7 +1005,7 @@ mod tests {
         let mut c = Control::open(store, &old_cfg.queues).expect("control");
         let p = load_or_seed(&mut c, &old_cfg, 10).expect("load");
         assert_eq!(p.scheduler.backfill, Backfill::Conservative);
-        assert_eq!(c.sched.backfill, Backfill::Conservative);
+        assert_eq!(c.policy.sched.backfill, Backfill::Conservative);
         let v2 = current(&c.store).expect("read").expect("v2");
         assert_eq!(v2.version, 2);
         assert_eq!(
@@ -1046,7 +1049,7 @@ mod tests {
         let mut c = Control::open(store, &v.policy.queues).expect("control");
         let p = load_or_seed(&mut c, &cfg, 10).expect("installs");
         assert_eq!(p, v.policy);
-        assert_eq!(c.sched, v.policy.scheduler);
+        assert_eq!(c.policy.sched, v.policy.scheduler);
         assert_eq!(
             all_versions(&c.store).expect("all").len(),
             1,
@@ -1165,8 +1168,8 @@ mod tests {
 
         // The node frees one job at a time: record the order they start in
         // (no agent sends heartbeats here: the node stays Ready meanwhile).
-        c.lifecycle.node_not_ready_seconds = 3600;
-        c.lifecycle.node_lost_seconds = 7200;
+        c.nodes.lifecycle.node_not_ready_seconds = 3600;
+        c.nodes.lifecycle.node_lost_seconds = 7200;
         let mut order = Vec::new();
         let (mut running, mut t) = (blocker, 10);
         loop {
