@@ -28,6 +28,7 @@ impl<S: Store> Control<S> {
         // It may be placed again once its backoff passes: the time counts from then.
         let from = rec.restart_at.unwrap_or(now);
         rec.avoid = self
+            .nodes
             .blame
             .take_avoid(rec.id, from)
             .map(|(nodes, until)| AvoidNodes {
@@ -95,7 +96,7 @@ mod tests {
         let mut c = Control::open_at(store, &[QueueSpec::unlimited("q", None)], at).expect("open");
         // Auto-cordon off: the node stays in service, so only the avoidance
         // keeps the job off it.
-        c.blame = Blame::new(BlameConfig {
+        c.nodes.blame = Blame::new(BlameConfig {
             enabled: false,
             avoid_seconds: 600,
             ..BlameConfig::default()
@@ -200,7 +201,7 @@ mod tests {
         c.cycle(at).expect("resume");
         c.cycle(at + 1).expect("cycle");
         assert_eq!(c.jobs[&id].0.state, JobState::Pending);
-        let why = c.why.get(&id).expect("explained");
+        let why = c.view.why.get(&id).expect("explained");
         assert_eq!(why.code(), gangway_core::ReasonCode::ReqNodeNotAvail);
         assert!(
             why.render(&c.cluster, at + 1)
