@@ -331,6 +331,21 @@ impl<S: Store> Control<S> {
         Self::open_at(store, queues, crate::clock::now())
     }
 
+    /// [`Control::open`] with the server configuration's node lifecycle,
+    /// blame, cycle and job-contract settings: what every replica that
+    /// leads (the first one and each that takes over) runs with.
+    pub fn open_configured(
+        store: S,
+        cfg: &crate::config::ServerConfig,
+    ) -> Result<Self, ControlError> {
+        let mut control = Self::open(store, &cfg.queues)?;
+        control.nodes.lifecycle = cfg.lifecycle();
+        control.nodes.blame = crate::blame::Blame::new(cfg.blame());
+        control.nodes.cycle_seconds = cfg.cycle_seconds;
+        control.contract.config = cfg.contract();
+        Ok(control)
+    }
+
     /// [`Control::open`] at `now`: nodes not heard from count their silence
     /// from it.
     pub(crate) fn open_at(

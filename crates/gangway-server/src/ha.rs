@@ -96,10 +96,8 @@ fn campaign(app: &Arc<App>, etcd: &EtcdStore, advertise: &str) -> Result<(), Str
         app.metrics.store_txns.clone(),
         app.metrics.store_ops.clone(),
     ));
-    let mut control = Control::open(store, &app.cfg.queues).map_err(|e| e.to_string())?;
-    control.nodes.lifecycle = app.cfg.lifecycle();
-    control.nodes.blame = crate::blame::Blame::new(app.cfg.blame());
-    control.nodes.cycle_seconds = app.cfg.cycle_seconds;
+    // The same settings as the first leader's (crate::open).
+    let mut control = Control::open_configured(store, &app.cfg).map_err(|e| e.to_string())?;
     let policy = crate::policy::load_or_seed(&mut control, &app.cfg, crate::clock::now())
         .map_err(|e| e.to_string())?;
     app.policy.set(&policy);

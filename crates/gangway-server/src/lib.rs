@@ -117,11 +117,7 @@ pub fn open_with_audit(
         metrics.store_txns.clone(),
         metrics.store_ops.clone(),
     ));
-    let mut control = Control::open(store.clone(), &cfg.queues)?;
-    control.nodes.lifecycle = cfg.lifecycle();
-    control.nodes.blame = crate::blame::Blame::new(cfg.blame());
-    control.nodes.cycle_seconds = cfg.cycle_seconds;
-    control.contract.config = cfg.contract();
+    let mut control = Control::open_configured(store.clone(), &cfg)?;
     let policy = policy::load_or_seed(&mut control, &cfg, clock::now())?;
     let live = policy::Live::new(&cfg);
     live.set(&policy);

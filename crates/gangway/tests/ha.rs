@@ -139,10 +139,15 @@ fn submit(replicas: &[String], key: &str, start: usize) -> Option<u64> {
 }
 
 fn replicas(etcd: &EtcdProcess, n: usize) -> Replicas {
+    replicas_with(etcd, n, "")
+}
+
+/// `n` replicas whose config also says `extra` (top-level YAML lines).
+fn replicas_with(etcd: &EtcdProcess, n: usize, extra: &str) -> Replicas {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(
         dir.path().join("server.yaml"),
-        format!("admin_token: {ADMIN}\nagent_token: agent-secret\nnode_approval: auto\nqueues:\n  - name: default\n"),
+        format!("admin_token: {ADMIN}\nagent_token: agent-secret\nnode_approval: auto\n{extra}queues:\n  - name: default\n"),
     )
     .expect("config");
     let mut reps = Replicas {
@@ -507,6 +512,56 @@ fn a_new_leader_schedules_with_the_policy_version_in_force() {
         if Instant::now() > deadline {
             reps.dump();
             panic!("job {b} should wait on the cap of version 2: {j:#}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_new_leader_runs_the_job_contract_the_config_sets() {
+    let Some(etcd) = EtcdProcess::start() else {
+        return;
+    };
+    let mut reps = replicas_with(&etcd, 2, "master_ports: { first: 41000, last: 41009 }\n");
+    let leader = wait_leader(&reps);
+    reps.kill(leader);
+    let next = wait_leader(&reps);
+    assert_ne!(next, leader);
+    let url = reps.all[next].url();
+    let node = json!({
+        "name": "n0", "cpu_millis": 64000, "memory_mib": 262144, "leaf": "l0",
+        "gpus": (0..8).map(|i| json!({"index": i, "model": "H100", "memory_gib": 80})).collect::<Vec<_>>()
+    });
+    let reg: Value = ureq::post(&format!("{url}/v1/nodes"))
+        .set("Authorization", "Bearer agent-secret")
+        .send_json(node)
+        .expect("register")
+        .into_json()
+        .expect("json");
+    let token = reg["node_token"].as_str().expect("node token").to_string();
+    let (code, job) = call(
+        &url,
+        "/v1/jobs",
+        Some(json!({ "name": "j", "queue": "default", "replicas": 1, "resources": { "gpus": 1 } })),
+    );
+    assert_eq!(code, 201, "{job}");
+    // The node is told to run the rank, with a rendezvous port from the
+    // config's range (not the built-in default), by the leader that took over.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let a: Value = ureq::post(&format!("{url}/v1/agent/n0/sync"))
+            .set("Authorization", &format!("Bearer {token}"))
+            .send_json(json!({ "tasks": [] }))
+            .expect("sync")
+            .into_json()
+            .expect("json");
+        if let Some(port) = a["assignments"][0]["master_port"].as_u64() {
+            assert!((41000..=41009).contains(&port), "{a:#}");
+            break;
+        }
+        if Instant::now() > deadline {
+            reps.dump();
+            panic!("no assignment from the new leader: {a:#}");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
