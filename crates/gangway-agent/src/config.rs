@@ -91,6 +91,9 @@ pub struct AgentConfig {
     /// Free space (percent) below which a data or checkpoint filesystem is
     /// under pressure (0: never).
     pub disk_pressure_percent: u32,
+    /// The node's own health check (`--health-check`), run when the server
+    /// asks, to return an auto-cordoned node to service.
+    pub health_check: Option<crate::health::HealthCheckConfig>,
 }
 
 impl AgentConfig {
@@ -130,6 +133,7 @@ impl AgentConfig {
             cgroup_parent: "gangway".into(),
             leave_ranks_on_exit: false,
             disk_pressure_percent: crate::disk::DEFAULT_PRESSURE_PERCENT,
+            health_check: None,
         }
     }
 }

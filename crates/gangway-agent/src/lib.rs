@@ -15,6 +15,7 @@ pub mod credentials;
 pub mod discovery;
 pub mod disk;
 pub mod executor;
+pub mod health;
 pub mod gpu_source;
 pub mod identity;
 pub mod leftovers;

@@ -351,6 +351,12 @@ pub struct ServerConfig {
     /// failures of a job that fails everywhere never count (see `blame`).
     #[serde(default = "three")]
     pub auto_cordon_failures: u32,
+    /// Seconds after an auto-cordon before the node's agent is asked to run
+    /// its health check (`gangway agent --health-check`); a pass returns the
+    /// node to service, a failure is retried after a doubling backoff (up to
+    /// an hour). 0: no probation (an admin uncordons). See `probation`.
+    #[serde(default = "three_hundred")]
+    pub probation_after_seconds: u64,
     /// Whether nodes joining with the join token wait for an admin's approval.
     #[serde(default)]
     pub node_approval: NodeApproval,
@@ -412,6 +418,10 @@ pub struct ServerConfig {
 /// Most pending jobs `plan_depth` may ask to plan per cycle.
 pub const MAX_PLAN_DEPTH: usize = 100_000;
 
+fn three_hundred() -> u64 {
+    300
+}
+
 fn six_hundred() -> u64 {
     600
 }
@@ -471,6 +481,15 @@ impl ServerConfig {
         }
     }
 
+    /// The probation knobs: the delay from the config, the backoff's cap
+    /// fixed at an hour.
+    pub fn probation(&self) -> crate::probation::ProbationConfig {
+        crate::probation::ProbationConfig {
+            after_seconds: self.probation_after_seconds,
+            ..crate::probation::ProbationConfig::default()
+        }
+    }
+
     /// A configuration with these tokens and queues and every other knob at
     /// its default (tests and `gangway up`).
     pub fn new(admin_token: &str, agent_token: &str, queues: Vec<QueueSpec>) -> Self {
@@ -483,6 +502,7 @@ impl ServerConfig {
             node_not_ready_seconds: ten(),
             node_lost_seconds: thirty(),
             auto_cordon_failures: three(),
+            probation_after_seconds: three_hundred(),
             node_approval: NodeApproval::Manual,
             metrics_token: None,
             max_grace_seconds: six_hundred(),
@@ -596,6 +616,13 @@ impl ServerConfig {
                 "node_lost_seconds must not be less than node_not_ready_seconds".into(),
             ));
         }
+        if c.probation_after_seconds > crate::probation::MAX_AFTER_SECONDS {
+            return Err(ConfigError::Invalid(format!(
+                "probation_after_seconds: {} is more than a week ({} s); 0 turns probation off",
+                c.probation_after_seconds,
+                crate::probation::MAX_AFTER_SECONDS
+            )));
+        }
         if c.master_ports.is_empty() || c.master_ports.first < 1024 {
             return Err(ConfigError::Invalid(
                 "master_ports: first must be at least 1024 and not above last".into(),
@@ -702,6 +729,25 @@ mod tests {
     }
 
     const BASE: &str = "admin_token: admin-secret\nagent_token: agent-secret\n";
+
+    #[test]
+    fn probation_delay_defaults_to_five_minutes_and_is_bounded() {
+        let c = ServerConfig::from_yaml(BASE).expect("base");
+        assert_eq!(c.probation().after_seconds, 300);
+        assert_eq!(c.probation().max_backoff_seconds, 3600);
+        let off = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 0\n"))
+            .expect("off");
+        assert_eq!(off.probation().after_seconds, 0);
+        let week = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 604800\n"));
+        assert!(week.is_ok());
+        let e = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 604801\n"))
+            .expect_err("over a week")
+            .to_string();
+        assert!(e.contains("probation_after_seconds: 604801 is more than a week"), "{e}");
+        assert!(
+            ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: -1\n")).is_err()
+        );
+    }
 
     #[test]
     fn backfill_settings_are_scheduler_knobs_and_the_top_level_spelling_still_reads() {

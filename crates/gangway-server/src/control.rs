@@ -7,6 +7,7 @@ mod assign;
 mod contract;
 mod nodes;
 mod predictor;
+mod probation;
 mod rank;
 mod reservations;
 mod view;
@@ -319,6 +320,8 @@ pub struct Control<S: Store> {
     pub disk_pressure: HashMap<String, (String, bool)>,
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
+    /// Auto-cordoned nodes' way back to service (see [`crate::probation`]).
+    pub probation: crate::probation::Probation,
     /// The agents' last verdict per GPU.
     pub(crate) reported_health: HashMap<String, BTreeMap<u32, bool>>,
     /// Seconds between cycles when nothing changes (the stall detector's period).
@@ -464,6 +467,7 @@ impl<S: Store> Control<S> {
             blame_log: Vec::new(),
             disk_pressure: HashMap::new(),
             cordon_reasons: HashMap::new(),
+            probation: Default::default(),
             reported_health: HashMap::new(),
             contract: ContractConfig::default(),
             contract_state: ContractState::default(),
@@ -1298,7 +1302,7 @@ impl<S: Store> Control<S> {
                     self.cordon(node, true)?;
                     let why = format!("cordoned automatically at {now}: {why}");
                     tracing::warn!("node {node} {why}");
-                    self.cordon_reasons.insert(node.clone(), why);
+                    self.start_probation(node, why, now);
                     changed = true;
                 }
                 crate::blame::Decision::Halt { nodes } => tracing::error!(
@@ -1399,9 +1403,12 @@ impl<S: Store> Control<S> {
             }
         }
         changed |= self.apply_blame(now)?;
+        let (health_check, c) = self.probation_sync(node, req, now)?;
+        changed |= c;
         let answer = SyncAnswer {
             work: self.node_work(node),
             cleanup: self.take_cleanup(node),
+            health_check,
         };
         Ok((answer, changed))
     }
@@ -1643,6 +1650,7 @@ impl<S: Store> Control<S> {
             self.blame.forget_node(name);
             self.cordon_reasons.remove(name);
         }
+        self.end_probation(name, cordoned);
         self.cluster
             .set_cordoned(name, cordoned)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;

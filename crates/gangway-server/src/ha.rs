@@ -99,6 +99,7 @@ fn campaign(app: &Arc<App>, etcd: &EtcdStore, advertise: &str) -> Result<(), Str
     let mut control = Control::open(store, &app.cfg.queues).map_err(|e| e.to_string())?;
     control.lifecycle = app.cfg.lifecycle();
     control.blame = crate::blame::Blame::new(app.cfg.blame());
+    control.probation = crate::probation::Probation::new(app.cfg.probation());
     control.cycle_seconds = app.cfg.cycle_seconds;
     let policy = crate::policy::load_or_seed(&mut control, &app.cfg, crate::clock::now())
         .map_err(|e| e.to_string())?;

@@ -21,6 +21,7 @@ pub mod lock;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
+pub mod probation;
 pub mod records;
 pub mod reservations;
 pub mod retention;
@@ -119,6 +120,7 @@ pub fn open_with_audit(
     let mut control = Control::open(store.clone(), &cfg.queues)?;
     control.lifecycle = cfg.lifecycle();
     control.blame = crate::blame::Blame::new(cfg.blame());
+    control.probation = crate::probation::Probation::new(cfg.probation());
     control.cycle_seconds = cfg.cycle_seconds;
     control.contract = cfg.contract();
     let policy = policy::load_or_seed(&mut control, &cfg, clock::now())?;

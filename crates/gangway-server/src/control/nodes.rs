@@ -252,6 +252,7 @@ impl<S: Store> Control<S> {
         self.heartbeats.forget(name);
         self.lost.remove(name);
         self.blame.forget_node(name);
+        self.probation.end(name);
         self.cordon_reasons.remove(name);
         self.reported_health.remove(name);
     }
