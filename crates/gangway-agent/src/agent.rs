@@ -734,8 +734,7 @@ impl Agent {
         }
         let gpus = &self.discovery.gpus;
         let uuids: Option<Vec<String>> = gpus.iter().map(|g| g.uuid.clone()).collect();
-        let devices =
-            uuids.unwrap_or_else(|| gpus.iter().map(|g| g.index.to_string()).collect());
+        let devices = uuids.unwrap_or_else(|| gpus.iter().map(|g| g.index.to_string()).collect());
         env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));
         env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         env.insert("GANGWAY_NODE".into(), self.cfg.node.clone());

@@ -349,7 +349,12 @@ mod tests {
             let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
                 continue;
             };
-            let rest: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            let rest: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
             // state ppid pgrp ...
             if rest.get(2) == Some(&pgid.to_string().as_str()) && !rest[0].starts_with(['Z', 'X']) {
                 out.push(stat);
@@ -367,7 +372,10 @@ mod tests {
 
     #[test]
     fn a_run_reports_its_exit_code_and_last_lines_once() {
-        let mut h = checks("echo checking; echo nccl loopback failed >&2; exit 3", 10_000);
+        let mut h = checks(
+            "echo checking; echo nccl loopback failed >&2; exit 3",
+            10_000,
+        );
         assert!(h.configured());
         assert_eq!(h.report(), None, "nothing asked");
         h.want(Some(7), &env());

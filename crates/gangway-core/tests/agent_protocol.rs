@@ -16,8 +16,8 @@
 
 use gangway_core::agent::{
     check_skew, Assignment, CheckpointCleanup, CheckpointReport, GpuHealth, HealthCheckReport,
-    HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules, SyncRequest, SyncResponse, TaskReport, TaskState,
-    Version,
+    HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules, SyncRequest, SyncResponse,
+    TaskReport, TaskState, Version,
 };
 use gangway_core::workflow::ArrayTask;
 use gangway_core::{JobId, NodeSpec, RunSpec};

@@ -24,6 +24,7 @@
 //! node_approval: manual      # or auto: joining nodes schedule at once
 //! metrics_token: s3cret-prometheus
 //! max_grace_seconds: 600
+//! probation_after_seconds: 300   # an auto-cordoned node's health check after (0: off)
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
 //! scheduler:                  # seeds policy version 1 (then: gangway policy apply)
 //!   policy: gangway           # or fifo, priority, slurm, capacity, tiresias, qssf
@@ -735,18 +736,19 @@ mod tests {
         let c = ServerConfig::from_yaml(BASE).expect("base");
         assert_eq!(c.probation().after_seconds, 300);
         assert_eq!(c.probation().max_backoff_seconds, 3600);
-        let off = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 0\n"))
-            .expect("off");
+        let off =
+            ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 0\n")).expect("off");
         assert_eq!(off.probation().after_seconds, 0);
         let week = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 604800\n"));
         assert!(week.is_ok());
         let e = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 604801\n"))
             .expect_err("over a week")
             .to_string();
-        assert!(e.contains("probation_after_seconds: 604801 is more than a week"), "{e}");
         assert!(
-            ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: -1\n")).is_err()
+            e.contains("probation_after_seconds: 604801 is more than a week"),
+            "{e}"
         );
+        assert!(ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: -1\n")).is_err());
     }
 
     #[test]

@@ -307,15 +307,25 @@ mod tests {
     #[test]
     fn a_passing_check_after_the_delay_returns_the_node() {
         let mut p = Probation::new(cfg());
-        p.start("n0", "cordoned automatically at 100: causes: GPU 1 lost", 100);
+        p.start(
+            "n0",
+            "cordoned automatically at 100: causes: GPU 1 lost",
+            100,
+        );
         p.agent_check("n0", true);
         assert_eq!(p.ask("n0", 159, true), (None, false), "not due yet");
         assert_eq!(p.ask("n0", 160, false), (None, false), "a job still runs");
         assert_eq!(p.ask("n0", 160, true), (Some(1), true));
-        assert!(p.reason("n0").expect("reason").contains("running since 160"));
+        assert!(p
+            .reason("n0")
+            .expect("reason")
+            .contains("running since 160"));
         // Asked again until its result comes; still running is no result.
         assert_eq!(p.ask("n0", 161, true), (Some(1), false));
-        let running = HealthCheckReport { run: 1, result: None };
+        let running = HealthCheckReport {
+            run: 1,
+            result: None,
+        };
         assert_eq!(p.report("n0", &running, 161), None);
         let out = p.report("n0", &done(1, 0, "all 8 GPUs ok"), 170);
         assert_eq!(

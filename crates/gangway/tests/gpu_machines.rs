@@ -532,8 +532,7 @@ fn a_node_cordoned_for_a_lost_gpu_returns_to_service_when_its_health_check_passe
     wait_for("the job on another GPU", 60, || {
         let j = u.job(id);
         let state = j["state"].as_str().or_else(|| j["job"]["state"].as_str())?;
-        (state == "running" && placement(&j).first().is_some_and(|r| r.1 != vec![0]))
-            .then_some(())
+        (state == "running" && placement(&j).first().is_some_and(|r| r.1 != vec![0])).then_some(())
     });
     // The check had every GPU of the node, by UUID, in PCI bus order.
     let env = std::fs::read_to_string(&seen).expect("the check ran");
@@ -542,5 +541,8 @@ fn a_node_cordoned_for_a_lost_gpu_returns_to_service_when_its_health_check_passe
         .collect();
     let want = format!("CUDA_VISIBLE_DEVICES={}", uuids.join(","));
     assert!(env.lines().any(|l| l == want), "{env}");
-    assert!(env.lines().any(|l| l == "CUDA_DEVICE_ORDER=PCI_BUS_ID"), "{env}");
+    assert!(
+        env.lines().any(|l| l == "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+        "{env}"
+    );
 }

@@ -88,7 +88,11 @@ fn a_blamed_node_whose_health_check_passes_is_back_in_service_and_takes_a_job() 
     wait_for("back in service", 30, || {
         (c.node(&node)["cordoned"] == false).then_some(())
     });
-    assert!(c.node(&node)["cordon_reason"].is_null(), "{}", c.node(&node));
+    assert!(
+        c.node(&node)["cordon_reason"].is_null(),
+        "{}",
+        c.node(&node)
+    );
     let a = audit(&c);
     eprintln!(
         "back in service {} s after the auto-cordon",
@@ -108,9 +112,18 @@ fn a_blamed_node_whose_health_check_passes_is_back_in_service_and_takes_a_job() 
     // The check saw all of the node's GPUs, in PCI bus order, and nothing
     // of the agent's own environment.
     let env = std::fs::read_to_string(&seen).expect("the check ran");
-    assert!(env.lines().any(|l| l == "CUDA_VISIBLE_DEVICES=0,1"), "{env}");
-    assert!(env.lines().any(|l| l == "CUDA_DEVICE_ORDER=PCI_BUS_ID"), "{env}");
-    assert!(env.lines().any(|l| l == format!("GANGWAY_NODE={node}")), "{env}");
+    assert!(
+        env.lines().any(|l| l == "CUDA_VISIBLE_DEVICES=0,1"),
+        "{env}"
+    );
+    assert!(
+        env.lines().any(|l| l == "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+        "{env}"
+    );
+    assert!(
+        env.lines().any(|l| l == format!("GANGWAY_NODE={node}")),
+        "{env}"
+    );
     assert!(!env.contains("RUST_LOG"), "{env}");
     // Both GPUs take a job again.
     let mut job = c.rank_job("after", 1, 2);
@@ -127,7 +140,10 @@ fn a_failing_health_check_keeps_the_node_cordoned_saying_why_and_is_retried() {
         "node-a",
         1,
         &[],
-        &["--health-check", "echo checking; echo nccl loopback failed; exit 1"],
+        &[
+            "--health-check",
+            "echo checking; echo nccl loopback failed; exit 1",
+        ],
     );
     c.wait_nodes(1);
     let node = blame_a_node(&c);
@@ -138,7 +154,10 @@ fn a_failing_health_check_keeps_the_node_cordoned_saying_why_and_is_retried() {
     });
     eprintln!("failing check: {why}");
     assert!(why.starts_with("cordoned automatically"), "{why}");
-    assert!(why.contains("next try at") || why.contains("running since"), "{why}");
+    assert!(
+        why.contains("next try at") || why.contains("running since"),
+        "{why}"
+    );
     // The backoff after one failure is 2 s here: a second try fails too.
     wait_for("a retry", 30, || {
         metrics(&c)
@@ -170,7 +189,11 @@ fn an_admin_cordon_is_never_lifted_by_a_passing_health_check() {
     c.agent("node-b", 1, &[], &["--health-check", &check]);
     c.wait_nodes(2);
     let blamed = blame_a_node(&c);
-    let other = if blamed == "node-a" { "node-b" } else { "node-a" };
+    let other = if blamed == "node-a" {
+        "node-b"
+    } else {
+        "node-a"
+    };
     // An admin cordons the blamed node during its probation, and another.
     c.post(&format!("/v1/nodes/{blamed}/cordon"));
     c.post(&format!("/v1/nodes/{other}/cordon"));

@@ -23,8 +23,10 @@ impl<S: Store> Control<S> {
     pub(crate) fn end_probation(&mut self, node: &str, cordoned: bool) {
         if let Some(was) = self.probation.end(node) {
             if cordoned {
-                self.cordon_reasons
-                    .insert(node.to_string(), format!("cordoned by an admin after: {was}"));
+                self.cordon_reasons.insert(
+                    node.to_string(),
+                    format!("cordoned by an admin after: {was}"),
+                );
             }
         }
     }

@@ -185,7 +185,13 @@ pub async fn agent_sync(
         if c.pending_heartbeat(&node, now()) {
             // Waiting for approval: alive, nothing to run.
             let halted = c.blame.halted();
-            return Ok((SyncAnswer::idle(&node), false, Vec::new(), halted, Vec::new()));
+            return Ok((
+                SyncAnswer::idle(&node),
+                false,
+                Vec::new(),
+                halted,
+                Vec::new(),
+            ));
         }
         let (answer, changed) = c.sync(&node, &req, now())?;
         Ok((
