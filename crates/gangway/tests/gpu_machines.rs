@@ -59,6 +59,8 @@ fn up_with(machine: &Path, nodes: u32, dir: tempfile::TempDir, extra: &[&str]) -
         .arg(machine)
         .arg("--data-dir")
         .arg(&data)
+        // The host's own disk may be nearly full (see tests/availability.rs).
+        .args(["--disk-pressure-percent", "0"])
         .args(extra)
         .current_dir("/")
         .stdout(Stdio::null())
@@ -506,14 +508,7 @@ fn a_node_cordoned_for_a_lost_gpu_returns_to_service_when_its_health_check_passe
         &m,
         1,
         dir,
-        &[
-            "--config",
-            &cfg_arg,
-            "--health-check",
-            &check,
-            "--disk-pressure-percent",
-            "0",
-        ],
+        &["--config", &cfg_arg, "--health-check", &check],
     );
     let id = u.submit("victim", "gpus: 1", "sleep 600").expect("submit");
     let j = u.wait_state(id, "running", 15);

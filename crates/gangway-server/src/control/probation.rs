@@ -63,7 +63,9 @@ impl<S: Store> Control<S> {
             }
         }
         // No job left, and disk enough: a check needs the node to itself.
-        let idle = !self.disk_pressure.contains_key(node)
+        // (Looked at only for a node on probation: most syncs pay nothing.)
+        let idle = self.probation.phase(node).is_some()
+            && !self.disk_pressure.contains_key(node)
             && self
                 .cluster
                 .node_index(node)
