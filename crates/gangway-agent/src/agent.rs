@@ -147,6 +147,8 @@ pub struct Agent {
     disk_checked: Option<Instant>,
     /// Room kept back for the agent's own state.
     reserve: crate::disk::Reserve,
+    /// The node's health check and the run the server asked for.
+    health: crate::health::HealthChecks,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -259,6 +261,7 @@ impl Agent {
         let (stop, stop_rx) = watch::channel(false);
         let node = cfg.node.clone();
         let reserve = crate::disk::Reserve::new(&cfg.state_dir);
+        let health_check = cfg.health_check.clone();
         let mut agent = Agent {
             cfg,
             discovery,
@@ -273,6 +276,7 @@ impl Agent {
             disk_pressure: None,
             disk_checked: None,
             reserve,
+            health: crate::health::HealthChecks::new(health_check),
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -609,6 +613,8 @@ impl Agent {
     async fn sync(&self) -> Result<SyncResponse, SyncError> {
         let req = SyncRequest {
             disk_pressure: self.disk_pressure.clone(),
+            health_check: self.health.configured(),
+            health_check_run: self.health.report(),
             gpus: self.discovery.health(&self.cfg.state_dir),
             tasks: self
                 .tasks
@@ -638,6 +644,7 @@ impl Agent {
             self.drain_exits();
             changed |= self.poll_ranks();
             changed |= self.watch_disk();
+            changed |= self.health.poll();
             self.enforce_grace().await;
             changed |= self.give_up_unkillable();
             let due = match last_sync {
@@ -659,6 +666,8 @@ impl Agent {
                                 &c.subdir,
                             );
                         }
+                        let env = self.health_env();
+                        self.health.want(resp.health_check, &env);
                         // Report what was just started or stopped without waiting a period.
                         changed = self.reconcile(resp.assignments).await;
                     }
@@ -691,7 +700,7 @@ impl Agent {
             if let Some(d) = self.next_deadline() {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
             }
-            if self.watching() {
+            if self.watching() || self.health.running() {
                 wait = wait.min(POLL);
             }
             tokio::select! {
@@ -712,6 +721,29 @@ impl Agent {
         } else {
             self.kill_all().await;
         }
+    }
+
+    /// The health check's whole environment: a minimal base, the agent's
+    /// `--pass-env` variables, the node's name and all of its GPUs (by
+    /// UUID where known, in PCI bus order as `nvidia-smi` counts them).
+    fn health_env(&self) -> Vec<(String, String)> {
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        env.insert(
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        );
+        for k in &self.cfg.pass_env {
+            if let Ok(v) = std::env::var(k) {
+                env.insert(k.clone(), v);
+            }
+        }
+        let gpus = &self.discovery.gpus;
+        let uuids: Option<Vec<String>> = gpus.iter().map(|g| g.uuid.clone()).collect();
+        let devices = uuids.unwrap_or_else(|| gpus.iter().map(|g| g.index.to_string()).collect());
+        env.insert("CUDA_VISIBLE_DEVICES".into(), devices.join(","));
+        env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
+        env.insert("GANGWAY_NODE".into(), self.cfg.node.clone());
+        env.into_iter().collect()
     }
 
     /// Every [`DISK_CHECK`]: measures each job's checkpoint directory

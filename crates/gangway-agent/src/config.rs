@@ -96,6 +96,9 @@ pub struct AgentConfig {
     /// a fault of the node (unkillable processes: D state, a frozen cgroup).
     /// The rank then counts as ended, so its job can end.
     pub kill_timeout: Duration,
+    /// The node's own health check (`--health-check`), run when the server
+    /// asks, to return an auto-cordoned node to service.
+    pub health_check: Option<crate::health::HealthCheckConfig>,
 }
 
 /// How long processes may survive SIGKILL before "kill task failed" (as
@@ -140,6 +143,7 @@ impl AgentConfig {
             leave_ranks_on_exit: false,
             disk_pressure_percent: crate::disk::DEFAULT_PRESSURE_PERCENT,
             kill_timeout: DEFAULT_KILL_TIMEOUT,
+            health_check: None,
         }
     }
 }

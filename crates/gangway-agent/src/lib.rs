@@ -16,6 +16,7 @@ pub mod discovery;
 pub mod disk;
 pub mod executor;
 pub mod gpu_source;
+pub mod health;
 pub mod identity;
 pub mod leftovers;
 pub mod limits;

@@ -287,6 +287,7 @@ fn sync_prefix(gpus: &[GpuHealth]) -> Result<Vec<u8>> {
         disk_pressure: None,
         gpus: gpus.to_vec(),
         tasks: Vec::new(),
+        ..Default::default()
     })?;
     if !b.ends_with(b"\"tasks\":[]}") {
         bail!(
@@ -1551,6 +1552,7 @@ mod tests {
                 disk_pressure: None,
                 gpus: gpus.clone(),
                 tasks: reports[..n].to_vec(),
+                ..Default::default()
             };
             let got: SyncRequest = serde_json::from_slice(&body).expect("a sync request");
             assert_eq!(got, want, "{}", String::from_utf8_lossy(&body));

@@ -70,6 +70,7 @@ pub fn run(a: &SyncArgs) -> Result<()> {
                     .iter()
                     .map(|x| TaskReport::new(x.job, x.attempt, TaskState::Running))
                     .collect(),
+                ..Default::default()
             };
             // The first sync starts the jobs; the measured ones report nothing new.
             c.sync(name, &req, now)?;

@@ -239,6 +239,56 @@ pub struct SyncRequest {
     /// no new work (why, with the figures).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_pressure: Option<String>,
+    /// The agent has a health check configured (`--health-check`): the
+    /// server may ask it to run it to return an auto-cordoned node to
+    /// service. Sent only when true, so an agent without one sends what
+    /// older agents sent.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub health_check: bool,
+    /// The health check run the server asked for: running, or its result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_check_run: Option<HealthCheckReport>,
+}
+
+/// One run of the node's own health check, as its agent reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckReport {
+    /// The run the server asked for ([`SyncResponse::health_check`]).
+    pub run: u64,
+    /// How it ended; absent while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<HealthCheckResult>,
+}
+
+/// How a health check run ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckResult {
+    /// Its exit code (0: passed); 128+N when killed by signal N, 124 when
+    /// killed at its timeout, 127 when it could not be started.
+    pub exit_code: i32,
+    /// The last lines of its output (stdout and stderr), bounded; for a
+    /// timeout or a failed start, the last says so.
+    #[serde(default)]
+    pub tail: Vec<String>,
+}
+
+impl HealthCheckResult {
+    /// Whether the node passed.
+    pub fn passed(&self) -> bool {
+        self.exit_code == 0
+    }
+
+    /// The last non-empty line of its output ("" when there was none).
+    pub fn last_line(&self) -> &str {
+        self.tail
+            .iter()
+            .rev()
+            .map(|l| l.trim())
+            .find(|l| !l.is_empty())
+            .unwrap_or("")
+    }
 }
 
 /// One rank to run on this node.
@@ -342,6 +392,12 @@ pub struct SyncResponse {
     pub assignments: Vec<Assignment>,
     /// Checkpoint directories of succeeded jobs to remove (no `keep`).
     pub cleanup: Vec<CheckpointCleanup>,
+    /// Run the node's own health check (the agent's `--health-check`) once
+    /// as this run, and report it in later syncs while this stays set; when
+    /// it is no longer set, stop a run still going. Only sent to agents that
+    /// say they have a check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<u64>,
 }
 
 /// A checkpoint directory to remove from this node's view of the root.
@@ -583,6 +639,14 @@ mod tests {
     fn sync_bodies_round_trip_with_flattened_states() {
         let r = SyncRequest {
             disk_pressure: None,
+            health_check: true,
+            health_check_run: Some(HealthCheckReport {
+                run: 3,
+                result: Some(HealthCheckResult {
+                    exit_code: 1,
+                    tail: vec!["nccl loopback failed".into(), "".into()],
+                }),
+            }),
             gpus: vec![GpuHealth {
                 index: 0,
                 healthy: false,
@@ -611,6 +675,12 @@ mod tests {
             serde_json::from_str::<SyncRequest>(&text).expect("decode"),
             r
         );
+        let check = r.health_check_run.and_then(|c| c.result).expect("result");
+        assert!(!check.passed());
+        assert_eq!(check.last_line(), "nccl loopback failed");
+        // Without a check nothing new is sent.
+        let plain = serde_json::to_string(&SyncRequest::default()).expect("encode");
+        assert!(!plain.contains("health"), "{plain}");
     }
 
     #[test]

@@ -15,9 +15,9 @@
 //! directory is written (`GANGWAY_BLESS=1`); the previous one stays.
 
 use gangway_core::agent::{
-    check_skew, Assignment, CheckpointCleanup, CheckpointReport, GpuHealth, LogChunk,
-    RankAssignment, RankFailure, RankRules, SyncRequest, SyncResponse, TaskReport, TaskState,
-    Version,
+    check_skew, Assignment, CheckpointCleanup, CheckpointReport, GpuHealth, HealthCheckReport,
+    HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules, SyncRequest, SyncResponse,
+    TaskReport, TaskState, Version,
 };
 use gangway_core::workflow::ArrayTask;
 use gangway_core::{JobId, NodeSpec, RunSpec};
@@ -116,6 +116,14 @@ fn samples() -> Vec<(&'static str, Value)> {
     busy.port_busy = Some(29_400);
     let full_request = SyncRequest {
         disk_pressure: None,
+        health_check: true,
+        health_check_run: Some(HealthCheckReport {
+            run: 2,
+            result: Some(HealthCheckResult {
+                exit_code: 1,
+                tail: vec!["nccl loopback failed".into()],
+            }),
+        }),
         gpus: vec![
             GpuHealth {
                 index: 0,
@@ -132,6 +140,8 @@ fn samples() -> Vec<(&'static str, Value)> {
     };
     let minimal_request = SyncRequest {
         disk_pressure: None,
+        health_check: false,
+        health_check_run: None,
         gpus: vec![GpuHealth {
             index: 0,
             healthy: true,
@@ -146,10 +156,12 @@ fn samples() -> Vec<(&'static str, Value)> {
             root: Some("/shared/ck".into()),
             subdir: "alice/job-7".into(),
         }],
+        health_check: Some(2),
     };
     let minimal_response = SyncResponse {
         assignments: vec![assignment(false)],
         cleanup: Vec::new(),
+        health_check: None,
     };
     vec![
         ("register", v(&node)),

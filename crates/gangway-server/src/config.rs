@@ -24,6 +24,7 @@
 //! node_approval: manual      # or auto: joining nodes schedule at once
 //! metrics_token: s3cret-prometheus
 //! max_grace_seconds: 600
+//! probation_after_seconds: 300   # an auto-cordoned node's health check after (0: off)
 //! limits: { max_pending_jobs: 1000, max_gpus_per_job: 512, requests_per_second: 20, burst: 100 }
 //! scheduler:                  # seeds policy version 1 (then: gangway policy apply)
 //!   policy: gangway           # or fifo, priority, slurm, capacity, tiresias, qssf
@@ -357,6 +358,12 @@ pub struct ServerConfig {
     /// this long (0: never avoid).
     #[serde(default = "six_hundred")]
     pub avoid_node_seconds: u64,
+    /// Seconds after an auto-cordon before the node's agent is asked to run
+    /// its health check (`gangway agent --health-check`); a pass returns the
+    /// node to service, a failure is retried after a doubling backoff (up to
+    /// an hour). 0: no probation (an admin uncordons). See `probation`.
+    #[serde(default = "three_hundred")]
+    pub probation_after_seconds: u64,
     /// Whether nodes joining with the join token wait for an admin's approval.
     #[serde(default)]
     pub node_approval: NodeApproval,
@@ -418,6 +425,10 @@ pub struct ServerConfig {
 /// Most pending jobs `plan_depth` may ask to plan per cycle.
 pub const MAX_PLAN_DEPTH: usize = 100_000;
 
+fn three_hundred() -> u64 {
+    300
+}
+
 fn six_hundred() -> u64 {
     600
 }
@@ -478,6 +489,15 @@ impl ServerConfig {
         }
     }
 
+    /// The probation knobs: the delay from the config, the backoff's cap
+    /// fixed at an hour.
+    pub fn probation(&self) -> crate::probation::ProbationConfig {
+        crate::probation::ProbationConfig {
+            after_seconds: self.probation_after_seconds,
+            ..crate::probation::ProbationConfig::default()
+        }
+    }
+
     /// A configuration with these tokens and queues and every other knob at
     /// its default (tests and `gangway up`).
     pub fn new(admin_token: &str, agent_token: &str, queues: Vec<QueueSpec>) -> Self {
@@ -491,6 +511,7 @@ impl ServerConfig {
             node_lost_seconds: thirty(),
             auto_cordon_failures: three(),
             avoid_node_seconds: six_hundred(),
+            probation_after_seconds: three_hundred(),
             node_approval: NodeApproval::Manual,
             metrics_token: None,
             max_grace_seconds: six_hundred(),
@@ -604,6 +625,13 @@ impl ServerConfig {
                 "node_lost_seconds must not be less than node_not_ready_seconds".into(),
             ));
         }
+        if c.probation_after_seconds > crate::probation::MAX_AFTER_SECONDS {
+            return Err(ConfigError::Invalid(format!(
+                "probation_after_seconds: {} is more than a week ({} s); 0 turns probation off",
+                c.probation_after_seconds,
+                crate::probation::MAX_AFTER_SECONDS
+            )));
+        }
         if c.master_ports.is_empty() || c.master_ports.first < 1024 {
             return Err(ConfigError::Invalid(
                 "master_ports: first must be at least 1024 and not above last".into(),
@@ -710,6 +738,26 @@ mod tests {
     }
 
     const BASE: &str = "admin_token: admin-secret\nagent_token: agent-secret\n";
+
+    #[test]
+    fn probation_delay_defaults_to_five_minutes_and_is_bounded() {
+        let c = ServerConfig::from_yaml(BASE).expect("base");
+        assert_eq!(c.probation().after_seconds, 300);
+        assert_eq!(c.probation().max_backoff_seconds, 3600);
+        let off =
+            ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 0\n")).expect("off");
+        assert_eq!(off.probation().after_seconds, 0);
+        let week = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 604800\n"));
+        assert!(week.is_ok());
+        let e = ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: 604801\n"))
+            .expect_err("over a week")
+            .to_string();
+        assert!(
+            e.contains("probation_after_seconds: 604801 is more than a week"),
+            "{e}"
+        );
+        assert!(ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: -1\n")).is_err());
+    }
 
     #[test]
     fn backfill_settings_are_scheduler_knobs_and_the_top_level_spelling_still_reads() {

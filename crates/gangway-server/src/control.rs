@@ -8,6 +8,7 @@ mod avoid;
 mod contract;
 mod nodes;
 mod predictor;
+mod probation;
 mod rank;
 mod reservations;
 mod view;
@@ -341,6 +342,7 @@ impl<S: Store> Control<S> {
         let mut control = Self::open(store, &cfg.queues)?;
         control.nodes.lifecycle = cfg.lifecycle();
         control.nodes.blame = crate::blame::Blame::new(cfg.blame());
+        control.nodes.probation = crate::probation::Probation::new(cfg.probation());
         control.nodes.cycle_seconds = cfg.cycle_seconds;
         control.contract.config = cfg.contract();
         Ok(control)
@@ -1225,7 +1227,7 @@ impl<S: Store> Control<S> {
                     self.cordon(node, true)?;
                     let why = format!("cordoned automatically at {now}: {why}");
                     tracing::warn!("node {node} {why}");
-                    self.nodes.cordon_reasons.insert(node.clone(), why);
+                    self.start_probation(node, why, now);
                     changed = true;
                 }
                 crate::blame::Decision::Halt { nodes } => tracing::error!(
@@ -1325,9 +1327,12 @@ impl<S: Store> Control<S> {
             }
         }
         changed |= self.apply_blame(now)?;
+        let (health_check, c) = self.probation_sync(node, req, now)?;
+        changed |= c;
         let answer = SyncAnswer {
             work: self.node_work(node),
             cleanup: self.take_cleanup(node),
+            health_check,
         };
         Ok((answer, changed))
     }
@@ -1573,6 +1578,7 @@ impl<S: Store> Control<S> {
             // Back in service: the evidence that cordoned it is spent.
             self.nodes.uncordoned(name);
         }
+        self.end_probation(name, cordoned);
         self.cluster
             .set_cordoned(name, cordoned)
             .map_err(|e| ControlError::BadNode(e.to_string()))?;

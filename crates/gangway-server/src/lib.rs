@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod parts;
 pub mod policy;
+pub mod probation;
 pub mod records;
 pub mod reservations;
 pub mod retention;

@@ -25,6 +25,13 @@ pub struct CauseLabels {
     pub cause: String,
 }
 
+/// Labels of `gangway_probations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `passed` or `failed`.
+    pub result: String,
+}
+
 /// Labels of the per-state job gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabels {
@@ -200,6 +207,8 @@ pub struct Metrics {
     pub node_auto_cordons: Counter,
     /// 1 while auto-cordon is stopped because many nodes qualified at once.
     pub auto_cordon_halted: Gauge,
+    /// Health checks of auto-cordoned nodes, by result (see `probation`).
+    probations: Family<ResultLabels, Counter>,
     /// The (state, queue) pairs the job gauge last showed.
     job_labels: std::sync::Mutex<std::collections::HashSet<JobLabels>>,
     /// Times each holder took the state lock.
@@ -231,6 +240,7 @@ impl Metrics {
             causes_shown: Default::default(),
             node_auto_cordons: Counter::default(),
             auto_cordon_halted: Gauge::default(),
+            probations: Family::default(),
             cycle_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             decisions: Family::default(),
             api_requests: Family::default(),
@@ -272,6 +282,11 @@ impl Metrics {
             "auto_cordon_halted",
             "1 while auto-cordon is stopped: more than half the nodes qualified at once",
             m.auto_cordon_halted.clone(),
+        );
+        registry.register(
+            "probations",
+            "Health checks of auto-cordoned nodes, by result (passed: back in service)",
+            m.probations.clone(),
         );
         registry.register(
             "scheduling_cycle_seconds",
@@ -325,6 +340,16 @@ impl Metrics {
             m.lock_held.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Counts one health check of an auto-cordoned node (`passed` or
+    /// `failed`).
+    pub fn probation(&self, result: &str) {
+        self.probations
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
+            })
+            .inc();
     }
 
     /// Brings the lock's counters up to `now` ([`StateLock::lock_use`],

@@ -28,6 +28,7 @@ const STATE: &[&str] = &[
     "policy/mod.rs",
     "policy/watch.rs",
     "policy/whatif.rs",
+    "probation.rs",
     "records.rs",
     "reservations.rs",
     "retention.rs",

@@ -792,6 +792,10 @@ pub fn nodes(c: &Conn) -> Result<()> {
                 used,
                 bad
             );
+            if let Some(why) = n.get("cordon_reason").and_then(Value::as_str) {
+                // Why, with an auto-cordon's evidence and probation state.
+                out += &format!("  Cordoned: {why}\n");
+            }
             out += &gpu_lines(&g);
         }
         out

@@ -165,6 +165,39 @@ pub struct AgentArgs {
     /// server cordons for) and lets the job end.
     #[arg(long, default_value_t = gangway_agent::config::DEFAULT_KILL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub kill_timeout_seconds: u64,
+    #[command(flatten)]
+    pub health: HealthCheckArgs,
+}
+
+/// The node's own health check (an agent's, or each of `up`'s agents').
+#[derive(Args, Clone, Debug, Default)]
+pub struct HealthCheckArgs {
+    /// A command line (run with `/bin/sh -c` as the agent's account, with
+    /// all of the node's GPUs) that the server may ask the agent to run to
+    /// return an auto-cordoned node to service: exit 0 passes. Without it,
+    /// such a node stays cordoned until an admin uncordons it.
+    #[arg(long, value_name = "COMMAND")]
+    pub health_check: Option<String>,
+    /// Seconds a health check run may take before its processes are killed
+    /// and it counts as failed.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub health_check_timeout: u64,
+}
+
+impl HealthCheckArgs {
+    /// The agent's check, if one is configured.
+    pub fn config(&self) -> Result<Option<gangway_agent::health::HealthCheckConfig>> {
+        let Some(command) = &self.health_check else {
+            return Ok(None);
+        };
+        if command.trim().is_empty() {
+            anyhow::bail!("--health-check: the command is empty");
+        }
+        Ok(Some(gangway_agent::health::HealthCheckConfig {
+            command: command.clone(),
+            timeout: Duration::from_secs(self.health_check_timeout),
+        }))
+    }
 }
 
 /// TLS of a listener and the CA its peers' certificates are checked against.
@@ -274,6 +307,7 @@ impl AgentArgs {
             leave_ranks_on_exit: self.leave_ranks_on_exit,
             disk_pressure_percent: self.disk_pressure_percent,
             kill_timeout: Duration::from_secs(self.kill_timeout_seconds),
+            health_check: self.health.config()?,
             pass_env: self.pass_env.clone(),
             tls: self.tls.apply()?,
         })
@@ -374,6 +408,8 @@ pub struct UpArgs {
     /// a node reports DiskPressure and takes no new work (0: never).
     #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
     pub disk_pressure_percent: u32,
+    #[command(flatten)]
+    pub health: HealthCheckArgs,
 }
 
 /// `up`'s server configuration: `--config`'s, adapted to one machine, or a
@@ -583,6 +619,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
         });
         let mut agents = Vec::new();
         let host_memory_mib = gangway_agent::discovery::machine_size().1;
+        let health_check = a.health.config()?;
         for i in 0..a.nodes {
             let name = format!("node-{i}");
             let mut c = AgentConfig::declared(&addr, &join, &name, a.gpus_per_node, dir.join(&name));
@@ -593,6 +630,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             c.checkpoint_root = checkpoint_root.clone();
             c.sync_interval = Duration::from_millis(a.sync_ms);
             c.disk_pressure_percent = a.disk_pressure_percent;
+            c.health_check = health_check.clone();
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
             // The host's real memory, shared by the nodes it plays: each
             // rank's default memory limit is its GPUs' share of it.

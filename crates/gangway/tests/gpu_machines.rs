@@ -45,7 +45,11 @@ impl Drop for Up {
 
 /// `gangway up --machine FILE --nodes N`, waiting for every node.
 fn up(machine: &Path, nodes: u32) -> Up {
-    let dir = tempfile::tempdir().expect("tmp");
+    up_with(machine, nodes, tempfile::tempdir().expect("tmp"), &[])
+}
+
+/// [`up`] in `dir`, with more of `up`'s flags.
+fn up_with(machine: &Path, nodes: u32, dir: tempfile::TempDir, extra: &[&str]) -> Up {
     let data = dir.path().join("up");
     let child = Command::new(BIN)
         .args(["up", "--no-tls", "--sync-ms", "100"])
@@ -57,6 +61,9 @@ fn up(machine: &Path, nodes: u32) -> Up {
         .arg(machine)
         .arg("--data-dir")
         .arg(&data)
+        // The host's own disk may be nearly full (see tests/availability.rs).
+        .args(["--disk-pressure-percent", "0"])
+        .args(extra)
         .current_dir("/")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -478,5 +485,61 @@ fn agent_check_prints_what_a_rank_would_get() {
     assert!(
         out.contains("GPU 0 has MIG enabled (instances: 1g.5gb"),
         "{out}"
+    );
+}
+
+#[test]
+fn a_node_cordoned_for_a_lost_gpu_returns_to_service_when_its_health_check_passes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // GPU 0 falls off the bus 12 s after the agent starts, under a job.
+    let m = with_events(
+        dir.path(),
+        "dgx-h100.yaml",
+        "  - { at_seconds: 12, gpu: 0, lost: true }\n",
+    );
+    let cfg = dir.path().join("server.yaml");
+    std::fs::write(
+        &cfg,
+        "admin_token: probation-admin\nagent_token: probation-join\nprobation_after_seconds: 1\nqueues:\n  - name: default\n",
+    )
+    .expect("config");
+    let seen = dir.path().join("check-env");
+    let check = format!("env > {}; echo GPUs fine", seen.display());
+    let cfg_arg = cfg.display().to_string();
+    let u = up_with(
+        &m,
+        1,
+        dir,
+        &["--config", &cfg_arg, "--health-check", &check],
+    );
+    let id = u.submit("victim", "gpus: 1", "sleep 600").expect("submit");
+    let j = u.wait_state(id, "running", 15);
+    assert_eq!(placement(&j)[0].1, vec![0]);
+    // Blamed for the lost GPU, cordoned, checked, and back in service: the
+    // job restarts on another of its GPUs.
+    let audit = wait_for("back in service", 90, || {
+        let a = String::from_utf8_lossy(&u.cli(&["audit"]).stdout).to_string();
+        a.contains("returned to service after passing its health check: GPUs fine")
+            .then_some(a)
+    });
+    assert!(audit.contains("auto-cordon: causes: GPU 0 lost"), "{audit}");
+    let nodes = u.json(&["nodes"]).expect("nodes");
+    assert_eq!(nodes[0]["cordoned"], false, "{nodes}");
+    assert_eq!(nodes[0]["gpus"][0]["healthy"], false, "GPU 0 stays out");
+    wait_for("the job on another GPU", 60, || {
+        let j = u.job(id);
+        let state = j["state"].as_str().or_else(|| j["job"]["state"].as_str())?;
+        (state == "running" && placement(&j).first().is_some_and(|r| r.1 != vec![0])).then_some(())
+    });
+    // The check had every GPU of the node, by UUID, in PCI bus order.
+    let env = std::fs::read_to_string(&seen).expect("the check ran");
+    let uuids: Vec<String> = (0..8)
+        .map(|i| format!("GPU-h100-0000-4000-8000-00000000000{i}"))
+        .collect();
+    let want = format!("CUDA_VISIBLE_DEVICES={}", uuids.join(","));
+    assert!(env.lines().any(|l| l == want), "{env}");
+    assert!(
+        env.lines().any(|l| l == "CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+        "{env}"
     );
 }

@@ -43,6 +43,8 @@ pub struct SyncAnswer {
     pub work: NodeWork,
     /// Checkpoint directories to remove.
     pub cleanup: Vec<CheckpointCleanup>,
+    /// The health check run to ask the node's agent for (probation).
+    pub health_check: Option<u64>,
 }
 
 impl SyncAnswer {
@@ -55,6 +57,7 @@ impl SyncAnswer {
                 checkpoint_root: None,
             },
             cleanup: Vec::new(),
+            health_check: None,
         }
     }
 
@@ -63,6 +66,7 @@ impl SyncAnswer {
         SyncResponse {
             assignments: self.work.build(),
             cleanup: self.cleanup,
+            health_check: self.health_check,
         }
     }
 }

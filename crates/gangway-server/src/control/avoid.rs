@@ -131,6 +131,7 @@ mod tests {
             }],
             tasks: Vec::new(),
             disk_pressure: None,
+            ..Default::default()
         };
         c.sync("a", &fault, 10).expect("sync");
         let rec = c.jobs[&id].0.clone();
@@ -157,6 +158,7 @@ mod tests {
             gpus: Vec::new(),
             tasks: Vec::new(),
             disk_pressure: None,
+            ..Default::default()
         };
         c.sync("a", &fault, restart_at).expect("sync");
         c.sync("b", &quiet, restart_at).expect("sync");
@@ -194,6 +196,7 @@ mod tests {
             }],
             tasks: Vec::new(),
             disk_pressure: None,
+            ..Default::default()
         };
         c.sync("a", &fault, 10).expect("sync");
         let until = c.jobs[&id].0.avoid.as_ref().expect("avoids").until;

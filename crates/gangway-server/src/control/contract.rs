@@ -576,6 +576,7 @@ mod tests {
             disk_pressure: None,
             gpus: Vec::new(),
             tasks: vec![t],
+            ..Default::default()
         };
         c.sync("n", &req, now).expect("sync").1
     }

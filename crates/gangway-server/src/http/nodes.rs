@@ -181,14 +181,16 @@ pub async fn agent_sync(
     let body = read_body(&app, body).await?;
     let req: SyncRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("sync: {e}")))?;
-    let (answer, changed, blamed, halted) = with_control(&app, move |c| {
+    let (answer, changed, blamed, halted, probation) = with_control(&app, move |c| {
         if c.pending_heartbeat(&node, now()) {
             // Waiting for approval: alive, nothing to run.
+            let halted = c.nodes.blame.halted();
             return Ok((
                 SyncAnswer::idle(&node),
                 false,
                 Vec::new(),
-                c.nodes.blame.halted(),
+                halted,
+                Vec::new(),
             ));
         }
         let (answer, changed) = c.sync(&node, &req, now())?;
@@ -197,10 +199,12 @@ pub async fn agent_sync(
             changed,
             c.nodes.take_blame_log(),
             c.nodes.blame.halted(),
+            c.nodes.probation.take_log(),
         ))
     })
     .await?;
     record_blame(&app, blamed, halted);
+    record_probation(&app, probation);
     // Built here, not under the state lock.
     let mut out = answer.into_response();
     crate::admission::stamp(&app.cfg, &mut out.assignments);
@@ -367,6 +371,35 @@ pub struct NodeView {
 
 /// Node blame's decisions go to the audit log (with their evidence) and
 /// the metrics (`gangway_node_auto_cordons_total`, `gangway_auto_cordon_halted`).
+/// Probation's outcomes go to the audit log and the metrics
+/// (`gangway_probations_total{result}`).
+fn record_probation(app: &App, outcomes: Vec<crate::probation::Outcome>) {
+    use crate::probation::Outcome;
+    for o in outcomes {
+        let (result, action, node) = match o {
+            Outcome::Passed { node, last_line } => (
+                "passed",
+                format!("returned to service after passing its health check: {last_line}"),
+                node,
+            ),
+            Outcome::Failed { node, why, next_at } => (
+                "failed",
+                format!("health check failed: {why}; stays cordoned, next try at {next_at}"),
+                node,
+            ),
+        };
+        app.metrics.probation(result);
+        app.audit.record(crate::audit::AuditEntry {
+            at: now(),
+            who: "gangway".into(),
+            action,
+            target: Some(node),
+            status: 200,
+            result: "ok".into(),
+        });
+    }
+}
+
 fn record_blame(app: &App, decisions: Vec<crate::blame::Decision>, halted: bool) {
     app.metrics.auto_cordon_halted.set(i64::from(halted));
     for d in decisions {

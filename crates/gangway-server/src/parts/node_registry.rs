@@ -44,6 +44,8 @@ pub struct NodeRegistry {
     pub disk_pressure: HashMap<String, (String, bool)>,
     /// Why a node was cordoned automatically.
     pub cordon_reasons: HashMap<String, String>,
+    /// Auto-cordoned nodes' way back to service (see [`crate::probation`]).
+    pub probation: crate::probation::Probation,
     /// The agents' last verdict per GPU.
     pub(crate) reported_health: HashMap<String, BTreeMap<u32, bool>>,
     /// Seconds between cycles when nothing changes (the stall detector's period).
@@ -68,6 +70,7 @@ impl NodeRegistry {
             blame_log: Vec::new(),
             disk_pressure: HashMap::new(),
             cordon_reasons: HashMap::new(),
+            probation: Default::default(),
             reported_health: HashMap::new(),
             cycle_seconds: 1,
             last_cycle_at: None,
@@ -94,6 +97,7 @@ impl NodeRegistry {
         self.heartbeats.forget(name);
         self.lost.remove(name);
         self.blame.forget_node(name);
+        self.probation.end(name);
         self.cordon_reasons.remove(name);
         self.reported_health.remove(name);
     }
