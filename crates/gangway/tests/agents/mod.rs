@@ -543,6 +543,15 @@ pub fn has_event(j: &Value, kind: Option<&str>, needle: &str) -> bool {
         .any(|(k, m)| kind.is_none_or(|want| k == want) && m.contains(needle))
 }
 
+/// The message of the job's first event of `kind` (empty when none).
+pub fn first_event(j: &Value, kind: &str) -> String {
+    events(j)
+        .into_iter()
+        .find(|(k, _)| k == kind)
+        .map(|(_, m)| m)
+        .unwrap_or_default()
+}
+
 /// Whether the tests run as root; without root the caller skips (true is
 /// returned), or fails when GANGWAY_REQUIRE_ROOT is set. `why` says what
 /// root is needed for.
