@@ -149,9 +149,9 @@ pub fn format_time_span(secs: u64) -> String {
 mod tests {
     use super::*;
 
-    /// Each form as the CLI's relative times and the explanations' estimates
-    /// printed them before they shared this formatter: (seconds, relative,
-    /// estimate), across every unit boundary of both.
+    /// Both forms across every unit boundary of either: (seconds, relative,
+    /// estimate). The CLI's relative times and the explanations' estimates
+    /// (and their tests) read exactly these.
     #[test]
     fn both_short_forms_across_their_unit_boundaries() {
         let table = [
