@@ -2,8 +2,8 @@
 //! percentiles against a real server on loopback, and the time to list jobs
 //! with many stored.
 
-use crate::common::percentile;
-use anyhow::{Context, Result};
+use crate::common::{local_server, percentile};
+use anyhow::Result;
 use clap::Args;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -29,28 +29,8 @@ const CONFIG: &str =
 pub fn run(a: &ApiArgs) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("gangway-bench-api-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = gangway_server::ServerConfig::from_yaml(CONFIG)?;
-    let app = gangway_server::open(cfg, &dir)?;
-    let app_ref = app.clone();
-    let rt = tokio::runtime::Runtime::new()?;
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-    let base = format!("http://{}", listener.local_addr()?);
-    rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
-    });
-    let node = serde_json::to_string(&gangway_core::NodeSpec::uniform(
-        "bench-node",
-        "l0",
-        "s0",
-        8,
-        "H100",
-        80,
-    ))?;
-    ureq::post(&format!("{base}/v1/nodes"))
-        .set("Authorization", "Bearer bench-agent-token")
-        .set("Content-Type", "application/json")
-        .send_string(&node)
-        .context("registering the node")?;
+    let server = local_server(CONFIG, &dir, "bench-agent-token")?;
+    let (app_ref, base) = (&server.app, &server.base);
     let lat = Arc::new(Mutex::new(Vec::with_capacity(a.clients * a.per_client)));
     let start = Instant::now();
     let handles: Vec<_> = (0..a.clients)
@@ -145,7 +125,7 @@ pub fn run(a: &ApiArgs) -> Result<()> {
         "list_jobs_default_page_latency: {ms:.2} ms (the first page of {total} jobs, {} KiB)",
         bytes / 1024
     );
-    drop(rt);
+    drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! What the benchmarks share: a deterministic generator, the Philly job-size
-//! mix, percentiles, and the `gangway` binary the whole-server benchmarks start.
+//! mix, percentiles, the `gangway` binary the whole-server benchmarks start,
+//! and the in-process server the client-loop benchmarks drive.
 
-use anyhow::{bail, Result};
-use std::path::PathBuf;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// SplitMix64: a tiny deterministic generator, enough for synthetic workloads.
 pub(crate) struct Rng(pub(crate) u64);
@@ -73,4 +75,49 @@ pub(crate) fn gangway_exe() -> Result<PathBuf> {
         );
     }
     Ok(beside)
+}
+
+/// A server in this process on a loopback port, on redb in its data
+/// directory, with one 8-GPU node registered so that 1-GPU jobs are
+/// admissible (no agent runs, so nothing starts): what the benchmarks that
+/// time client loops against the API (`api`, `slurm`) start with.
+pub(crate) struct LocalServer {
+    /// The server's state, to fill or count what it stores directly.
+    pub(crate) app: Arc<gangway_server::http::common::App>,
+    /// Its address, `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+    /// The runtime serving it: the server stops when this is dropped.
+    _rt: tokio::runtime::Runtime,
+}
+
+/// Starts a [`LocalServer`] with the server configuration `config` (YAML)
+/// on `data_dir`, registering its node with `agent_token` (the config's).
+pub(crate) fn local_server(
+    config: &str,
+    data_dir: &Path,
+    agent_token: &str,
+) -> Result<LocalServer> {
+    let cfg = gangway_server::ServerConfig::from_yaml(config)?;
+    let app = gangway_server::open(cfg, data_dir)?;
+    let served = app.clone();
+    let rt = tokio::runtime::Runtime::new()?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let base = format!("http://{}", listener.local_addr()?);
+    rt.spawn(async move {
+        let _ = gangway_server::serve(served, listener).await;
+    });
+    let node = serde_json::to_string(&gangway_core::NodeSpec::uniform(
+        "bench-node",
+        "l0",
+        "s0",
+        8,
+        "H100",
+        80,
+    ))?;
+    ureq::post(&format!("{base}/v1/nodes"))
+        .set("Authorization", &format!("Bearer {agent_token}"))
+        .set("Content-Type", "application/json")
+        .send_string(&node)
+        .context("registering the node")?;
+    Ok(LocalServer { app, base, _rt: rt })
 }

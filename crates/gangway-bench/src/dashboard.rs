@@ -137,12 +137,13 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         let mut bytes = 0usize;
         for _ in 0..a.requests {
             let t = Instant::now();
-            let body = agent
-                .get(&format!("{base}{path}"))
-                .set("Authorization", "Bearer bench-admin-token")
-                .call()
-                .with_context(|| format!("GET {path}"))?
-                .into_string()?;
+            let body = read_body(
+                agent
+                    .get(&format!("{base}{path}"))
+                    .set("Authorization", "Bearer bench-admin-token")
+                    .call()
+                    .with_context(|| format!("GET {path}"))?,
+            )?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
             bytes = body.len();
         }
@@ -167,6 +168,14 @@ pub fn run(a: &DashboardArgs) -> Result<()> {
         print_during_cycles(&app, &base, a.during_cycles)?;
     }
     Ok(())
+}
+
+/// A response's whole body. `/v1/nodes` at 10,000 nodes is over 10 MB,
+/// past what ureq's `into_string` reads.
+fn read_body(r: ureq::Response) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut r.into_reader(), &mut body)?;
+    Ok(body)
 }
 
 /// Each view's latency while a thread runs scheduling cycles back to back
@@ -228,7 +237,7 @@ fn print_during_cycles(
                     .set("Authorization", "Bearer bench-admin-token")
                     .call()
                     .with_context(|| format!("GET {path}"))
-                    .and_then(|r| Ok(r.into_string()?));
+                    .and_then(read_body);
                 if let Err(e) = r {
                     first_err.get_or_insert(e);
                     break;

@@ -216,30 +216,13 @@ pub fn run(a: &SlurmArgs) -> Result<()> {
         .tempdir()?;
     let (_slurm, conf) = start_slurm(dir.path(), a.jobs)?;
 
-    let cfg = gangway_server::ServerConfig::from_yaml(CONFIG)?;
-    let app = gangway_server::open(cfg, &dir.path().join("gangway"))?;
-    let app_ref = app.clone();
-    let rt = tokio::runtime::Runtime::new()?;
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-    let base = format!("http://{}", listener.local_addr()?);
-    rt.spawn(async move {
-        let _ = gangway_server::serve(app, listener).await;
-    });
-    // One node with GPUs, so the jobs are admissible; they are held, so
-    // none is placed and no agent is needed.
-    let node = serde_json::to_string(&gangway_core::NodeSpec::uniform(
-        "bench-node",
-        "l0",
-        "s0",
-        8,
-        "H100",
-        80,
-    ))?;
-    ureq::post(&format!("{base}/v1/nodes"))
-        .set("Authorization", "Bearer bench-slurm-agent-token")
-        .set("Content-Type", "application/json")
-        .send_string(&node)
-        .context("registering the node")?;
+    // Held jobs on one 8-GPU node: admissible, none placed, no agent needed.
+    let server = crate::common::local_server(
+        CONFIG,
+        &dir.path().join("gangway"),
+        "bench-slurm-agent-token",
+    )?;
+    let (app_ref, base) = (&server.app, &server.base);
     let job_file = dir.path().join("job.yaml");
     std::fs::write(&job_file, JOB)?;
     let exe = crate::common::gangway_exe()?;

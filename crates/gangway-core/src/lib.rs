@@ -31,6 +31,7 @@ pub use queue::{
 };
 pub use reason::ReasonCode;
 pub use resources::{Resource, Resources};
+pub use span::{format_span, SpanForm};
 pub use workflow::{ArrayTask, BeginAt};
 
 /// Time in whole seconds on the scheduler's clock (wall-clock epoch seconds in

@@ -141,14 +141,9 @@ fn mib(m: u64) -> String {
     }
 }
 
+/// An estimate's distance from now: `90s`, `16m`, `2h05m`.
 fn duration(secs: u64) -> String {
-    if secs < 120 {
-        format!("{secs}s")
-    } else if secs < 2 * 3600 {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60)
-    }
+    gangway_core::format_span(secs, gangway_core::SpanForm::Estimate)
 }
 
 impl WaitReason {

@@ -31,19 +31,7 @@ pub fn now() -> u64 {
 
 /// A span in its largest unit, rounded down: `42s`, `3m`, `2h`, `5d`.
 fn span(secs: u64) -> String {
-    match secs {
-        0..=59 => format!("{secs}s"),
-        60..=3_599 => format!("{}m", secs / 60),
-        3_600..=86_399 => {
-            let (h, m) = (secs / 3_600, secs % 3_600 / 60);
-            if m == 0 || h >= 10 {
-                format!("{h}h")
-            } else {
-                format!("{h}h{m}m")
-            }
-        }
-        _ => format!("{}d", secs / 86_400),
-    }
+    gangway_core::format_span(secs, gangway_core::SpanForm::Relative)
 }
 
 /// `t` relative to `now`: `just now`, `3m ago`, `in 2h`.
@@ -57,9 +45,26 @@ pub fn relative(t: u64, now: u64) -> String {
     }
 }
 
-/// `t` as ISO-8601 in UTC, to the second: `2026-12-03T10:12:57Z`.
+/// The last second ISO-8601 with a four-digit year can write.
+const LAST_ISO: u64 = 253_402_300_799;
+
+/// `t` as ISO-8601 in UTC, to the second: `2026-12-03T10:12:57Z`. A time
+/// past the year 9999 (a server's value is not checked here) is shown as
+/// its epoch seconds instead of failing.
 pub fn iso(t: u64) -> String {
+    if t > LAST_ISO {
+        return format!("@{t}");
+    }
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(t)).to_string()
+}
+
+/// `t` in UTC to the minute, for tables: `2026-12-03 10:12Z`.
+pub fn iso_minute(t: u64) -> String {
+    let s = iso(t);
+    match (s.get(..10), s.get(11..16)) {
+        (Some(day), Some(hm)) if t <= LAST_ISO => format!("{day} {hm}Z"),
+        _ => s,
+    }
 }
 
 /// Both: `2026-12-03T10:12:57Z (3m ago)`.
@@ -177,6 +182,14 @@ mod tests {
     fn iso_times_are_utc_seconds() {
         assert_eq!(iso(0), "1970-01-01T00:00:00Z");
         assert_eq!(iso(1_796_292_777), "2026-12-03T10:12:57Z");
+        assert_eq!(iso(LAST_ISO), "9999-12-31T23:59:59Z");
+        assert_eq!(iso(LAST_ISO + 1), "@253402300800");
+        assert_eq!(iso(u64::MAX), format!("@{}", u64::MAX));
+        assert_eq!(iso_minute(0), "1970-01-01 00:00Z");
+        assert_eq!(iso_minute(1_796_292_777), "2026-12-03 10:12Z");
+        assert_eq!(iso_minute(951_868_800 - 60), "2000-02-29 23:59Z");
+        assert_eq!(iso_minute(LAST_ISO), "9999-12-31 23:59Z");
+        assert_eq!(iso_minute(u64::MAX), format!("@{}", u64::MAX));
     }
 
     #[test]

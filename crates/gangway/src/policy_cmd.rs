@@ -102,30 +102,6 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
-fn when(t: u64) -> String {
-    let d = t / 86_400;
-    let (y, m, dd) = civil(d as i64);
-    let s = t % 86_400;
-    format!(
-        "{y:04}-{m:02}-{dd:02} {:02}:{:02}Z",
-        s / 3600,
-        (s % 3600) / 60
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day) (Howard Hinnant's algorithm).
-fn civil(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 fn action(v: &Value) -> String {
     match v.pointer("/action/kind").and_then(Value::as_str) {
         Some("rollback") => format!(
@@ -161,7 +137,7 @@ fn print_version(v: &Value, out: &mut String) {
         v["version"],
         action(v),
         v["author"].as_str().unwrap_or("-"),
-        when(v["at"].as_u64().unwrap_or(0)),
+        crate::human::iso_minute(v["at"].as_u64().unwrap_or(0)),
         if v["forced"].as_bool() == Some(true) {
             " FORCED past failing gates"
         } else {
@@ -238,7 +214,7 @@ fn pilot_text(p: &Value) -> String {
     };
     let mut out = format!(
         "# pilot since {}\n# pilot queues (live): {}\n# other queues (live): {}\n",
-        when(p["since"].as_u64().unwrap_or(0)),
+        crate::human::iso_minute(p["since"].as_u64().unwrap_or(0)),
         f(&p["pilot"]),
         f(&p["others"])
     );
@@ -275,7 +251,7 @@ pub fn run(c: &Conn, cmd: PolicyCmd) -> Result<()> {
                 v["version"],
                 action(&v),
                 v["author"].as_str().unwrap_or("-"),
-                when(v["at"].as_u64().unwrap_or(0)),
+                crate::human::iso_minute(v["at"].as_u64().unwrap_or(0)),
                 v["reason"].as_str().unwrap_or("-"),
                 serde_json::to_string_pretty(&v["policy"])?
             );

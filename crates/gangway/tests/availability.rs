@@ -25,28 +25,24 @@ static FLOODS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// flood got.
 fn fork_flood(agent_extra: &[&str], neighbour_must_run: bool) -> usize {
     let _one = FLOODS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut c = Cluster::start_with(
-        "127.0.0.1",
+    let c = Cluster::one_node(
         &server_config("    node:\n      limits:\n        pids: 64\n"),
+        "node-a",
+        2,
+        agent_extra,
     );
-    c.agent("node-a", 2, &[], agent_extra);
-    c.wait_nodes(1);
     let forks = c.out.join("forks");
-    let flood = c.submit(&json!({
-        "name": "flood", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 0 },
-        "run": { "command": ["sh", "-c", format!(
+    let flood = c.submit(&shell_job(
+        "flood",
+        &format!(
             "for i in $(seq 200); do (echo x >> {f}; exec sleep 3) & done 2>/dev/null; wait",
             f = forks.display()
-        )] }
-    }));
+        ),
+    ));
     let mut neighbour = c.rank_job("neighbour", 1, 1);
     neighbour["run"]["env"]["STEPS"] = json!("2");
     let neighbour = c.submit(&neighbour);
-    c.wait_job(flood, "end", 60, |j| {
-        matches!(state(j), "failed" | "succeeded")
-    });
+    c.wait_end(flood, "end", 60);
     if neighbour_must_run {
         c.wait_job(neighbour, "succeed beside the flood", 60, |j| {
             state(j) == "succeeded"
@@ -81,25 +77,22 @@ fn a_memory_hog_without_a_request_is_oom_killed_at_its_gpu_share() {
     if !cgroup_controller("memory") {
         return skip_or_fail("GANGWAY_REQUIRE_CGROUP", "no memory cgroup controller here");
     }
-    let mut c = Cluster::start("127.0.0.1");
     // 512 MiB over 2 GPUs: a one-GPU rank's default share is 256 MiB.
-    c.agent("node-a", 2, &[], &["--memory-mib", "512"]);
-    c.wait_nodes(1);
-    let id = c.submit(&json!({
-        "name": "hog", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 0 },
-        "run": { "command": ["sh", "-c", "head -c 600000000 /dev/zero | tail > /dev/null"] }
-    }));
-    let j = c.wait_job(id, "fail", 60, |j| {
-        matches!(state(j), "failed" | "succeeded")
-    });
+    let c = Cluster::one_node(&server_config(""), "node-a", 2, &["--memory-mib", "512"]);
+    let id = c.submit(&shell_job(
+        "hog",
+        "head -c 600000000 /dev/zero | tail > /dev/null",
+    ));
+    let j = c.wait_end(id, "fail", 60);
     assert_eq!(state(&j), "failed", "{j:#}");
-    let ev = events(&j);
     assert!(
-        ev.iter()
-            .any(|(k, m)| k == "failed" && m.contains("memory limit 256 MiB reached (OOM-killed)")),
-        "{ev:?}"
+        has_event(
+            &j,
+            Some("failed"),
+            "memory limit 256 MiB reached (OOM-killed)"
+        ),
+        "{:?}",
+        events(&j)
     );
     assert_eq!(
         c.node("node-a")["cordoned"],
@@ -111,26 +104,21 @@ fn a_memory_hog_without_a_request_is_oom_killed_at_its_gpu_share() {
 #[test]
 fn a_log_flood_leaves_at_most_the_cap_on_disk_and_logs_say_what_was_dropped() {
     // 64 KiB x 3 files per rank for this queue.
-    let mut c = Cluster::start_with(
-        "127.0.0.1",
+    let c = Cluster::one_node(
         &server_config(
             "    node:\n      limits:\n        log_max_bytes: 65536\n        log_max_files: 3\n",
         ),
+        "node-a",
+        2,
+        &[],
     );
-    c.agent("node-a", 2, &[], &[]);
-    c.wait_nodes(1);
     // About 20 MiB of output, then a last line.
-    let id = c.submit(&json!({
-        "name": "flood", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 0 },
-        "run": { "command": ["sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' x | fold -w 99; echo; echo the end"] }
-    }));
+    let id = c.submit(&shell_job(
+        "flood",
+        "head -c 20000000 /dev/zero | tr '\\0' x | fold -w 99; echo; echo the end",
+    ));
     c.wait_job(id, "succeed", 120, |j| state(j) == "succeeded");
-    let log = c
-        .dir
-        .path()
-        .join(format!("node-a/logs/job-{id}/attempt-0/rank-0.log"));
+    let log = c.rank_log_path("node-a", id, 0);
     let on_disk: u64 = (0..10)
         .map(|n| {
             let p = if n == 0 {
@@ -144,15 +132,8 @@ fn a_log_flood_leaves_at_most_the_cap_on_disk_and_logs_say_what_was_dropped() {
     eprintln!("log flood: 20,000,000+ bytes written, {on_disk} bytes on disk (cap 196,608)");
     assert!(on_disk <= 3 * 65536, "{on_disk} bytes on disk");
     assert!(on_disk > 65536, "rotated files kept ({on_disk} bytes)");
-    let out = std::process::Command::new(BIN)
-        .args(["logs", &id.to_string()])
-        .env("GANGWAY_ADDR", &c.addr)
-        .env("GANGWAY_TOKEN", ADMIN)
-        .output()
-        .expect("gangway logs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (ok, text, err) = c.gangway(&["logs", &id.to_string()]);
+    assert!(ok, "{err}");
     assert!(
         text.ends_with("the end\n"),
         "{}",
@@ -163,28 +144,22 @@ fn a_log_flood_leaves_at_most_the_cap_on_disk_and_logs_say_what_was_dropped() {
 
 #[test]
 fn a_job_over_its_checkpoint_quota_is_stopped_naming_it() {
-    let mut c = Cluster::start_with(
-        "127.0.0.1",
+    let c = Cluster::one_node(
         &server_config("    node:\n      limits:\n        checkpoint_quota_bytes: 1048576\n"),
+        "node-a",
+        2,
+        &[],
     );
-    c.agent("node-a", 2, &[], &[]);
-    c.wait_nodes(1);
-    let id = c.submit(&json!({
-        "name": "filler", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 0 },
-        "run": { "command": ["sh", "-c",
-            "for i in 1 2 3 4 5; do head -c 1000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/part-$i; sleep 1; done; sleep 30"] }
-    }));
-    let j = c.wait_job(id, "stopped", 60, |j| {
-        matches!(state(j), "failed" | "succeeded")
-    });
+    let id = c.submit(&shell_job(
+        "filler",
+        "for i in 1 2 3 4 5; do head -c 1000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/part-$i; sleep 1; done; sleep 30",
+    ));
+    let j = c.wait_end(id, "stopped", 60);
     assert_eq!(state(&j), "failed", "{j:#}");
-    let ev = events(&j);
     assert!(
-        ev.iter()
-            .any(|(_, m)| m.contains("checkpoint quota 1 MiB exceeded")),
-        "{ev:?}"
+        has_event(&j, None, "checkpoint quota 1 MiB exceeded"),
+        "{:?}",
+        events(&j)
     );
 }
 
@@ -259,32 +234,28 @@ fn a_job_filling_its_checkpoint_filesystem_is_stopped_and_the_node_shows_disk_pr
             "cannot mount a tmpfs here (not root?)",
         );
     };
-    let mut c = Cluster::start("127.0.0.1");
     let root = fs.0.display().to_string();
     // Pressure below 3 % free: the tmpfs gets there, the host's disk (the
     // agent's state directory) should not.
-    c.agent(
+    let c = Cluster::one_node(
+        &server_config(""),
         "node-a",
         2,
-        &[],
         &["--checkpoint-root", &root, "--disk-pressure-percent", "3"],
     );
-    c.wait_nodes(1);
-    let id = c.submit(&json!({
-        "name": "filler", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 0 },
-        "run": { "command": ["sh", "-c",
-            "head -c 20000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/fill; sleep 60"] }
-    }));
-    let j = c.wait_job(id, "stopped", 60, |j| {
-        matches!(state(j), "failed" | "succeeded")
-    });
+    let id = c.submit(&shell_job(
+        "filler",
+        "head -c 20000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/fill; sleep 60",
+    ));
+    let j = c.wait_end(id, "stopped", 60);
     assert_eq!(state(&j), "failed", "{j:#}");
     let ev = events(&j);
     assert!(
-        ev.iter()
-            .any(|(_, m)| m.contains("stopped for the node's disk pressure, writing most")),
+        has_event(
+            &j,
+            None,
+            "stopped for the node's disk pressure, writing most"
+        ),
         "{ev:?}"
     );
     let n = c.node("node-a");

@@ -72,20 +72,6 @@ fn read_json(p: &Path) -> Option<Value> {
     serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
 }
 
-fn gangway(c: &Cluster, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("GANGWAY_ADDR", &c.addr)
-        .env("GANGWAY_TOKEN", ADMIN)
-        .output()
-        .expect("gangway");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 #[test]
 fn checkpoints_reported_through_latest_drive_events_early_stop_and_resume() {
     let Some(py) = python() else {
@@ -187,7 +173,7 @@ fn checkpoints_reported_through_latest_drive_events_early_stop_and_resume() {
             .ok()
     });
     assert_eq!(resumed, saved);
-    let (ok, out, err) = gangway(&c, &["describe", &a.to_string()]);
+    let (ok, out, err) = c.gangway(&["describe", &a.to_string()]);
     assert!(ok, "{err}");
     assert!(
         out.contains("  last checkpoint: step ") && out.contains("rendezvous port "),
@@ -430,7 +416,7 @@ fn a_job_past_its_time_limit_ends_as_timeout_and_queues_bound_limits() {
         assert!(last.1.contains("no checkpoint reported"), "{ev:?}");
     }
     assert_eq!(c.job(dflt)["spec"]["time_limit"], 3);
-    let (ok, out, err) = gangway(&c, &["describe", &dflt.to_string()]);
+    let (ok, out, err) = c.gangway(&["describe", &dflt.to_string()]);
     assert!(ok, "{err}");
     assert!(out.contains("state timeout"), "{out}");
     assert!(out.contains("  time limit 0:00:03\n"), "{out}");
@@ -482,7 +468,7 @@ fn the_first_failing_rank_is_named_in_events_describe_and_logs() {
         "{ev:?}"
     );
     assert!(failed.1.contains("CUDA out of memory"), "{ev:?}");
-    let (ok, out, err) = gangway(&c, &["describe", &id.to_string()]);
+    let (ok, out, err) = c.gangway(&["describe", &id.to_string()]);
     assert!(ok, "{err}");
     assert!(
         out.contains(&format!(
@@ -491,25 +477,25 @@ fn the_first_failing_rank_is_named_in_events_describe_and_logs() {
         "{out}"
     );
     assert!(out.contains("| RuntimeError: CUDA out of memory"), "{out}");
-    let (ok, out, err) = gangway(&c, &["logs", &id.to_string(), "--failed"]);
+    let (ok, out, err) = c.gangway(&["logs", &id.to_string(), "--failed"]);
     assert!(ok, "{err}");
     assert!(out.contains("rank 3 on"), "{out}");
     assert!(out.contains("loading shard 3"), "{out}");
     assert!(out.contains("rank 3 up"), "{out}");
     assert!(!out.contains("rank 0 up"), "{out}");
-    let (ok, out, err) = gangway(&c, &["logs", &id.to_string(), "--all"]);
+    let (ok, out, err) = c.gangway(&["logs", &id.to_string(), "--all"]);
     assert!(ok, "{err}");
     for r in 0..4 {
         assert!(out.contains(&format!("==> rank {r} on ")), "{out}");
         assert!(out.contains(&format!("rank {r} up")), "{out}");
     }
-    let (ok, out, _) = gangway(&c, &["logs", &id.to_string(), "--rank", "1"]);
+    let (ok, out, _) = c.gangway(&["logs", &id.to_string(), "--rank", "1"]);
     assert!(
         ok && out.contains("rank 1 up") && !out.contains("rank 3 up"),
         "{out}"
     );
     // --rank and --failed together make no sense.
-    let (ok, _, _) = gangway(&c, &["logs", &id.to_string(), "--rank", "1", "--failed"]);
+    let (ok, _, _) = c.gangway(&["logs", &id.to_string(), "--rank", "1", "--failed"]);
     assert!(!ok);
 }
 

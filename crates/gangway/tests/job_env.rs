@@ -5,7 +5,7 @@
 mod agents;
 
 use agents::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,32 +14,14 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Whether the tests run as root (ranks then run as `nobody`); without
-/// root the test is skipped, or fails when GANGWAY_REQUIRE_ROOT is set.
-fn skip_unless_root() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !root {
-        skip_or_fail("GANGWAY_REQUIRE_ROOT", "needs root (ranks as nobody)");
-    }
-    !root
-}
+/// Ranks run as `nobody` where the tests run as root.
+const ROOT_WHY: &str = "needs root (ranks as nobody)";
 
-/// The log of rank 0 of a job's attempt on `node`, read from the agent's state dir.
-fn rank_log(c: &Cluster, node: &str, id: u64, attempt: u32) -> String {
-    let p = c
-        .dir
-        .path()
-        .join(format!("{node}/logs/job-{id}/attempt-{attempt}/rank-0.log"));
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
-fn finished(c: &Cluster, id: u64) -> Value {
-    c.wait_job(id, "finish", 60, |j| {
-        matches!(state(j), "succeeded" | "failed" | "cancelled" | "timeout")
-    })
+/// A test's cluster: one node named `{tag}-{pid}` with `gpus` GPUs; the
+/// cluster and the node's name.
+fn cluster(config: &str, tag: &str, gpus: u32) -> (Cluster, String) {
+    let node = format!("{tag}-{}", std::process::id());
+    (Cluster::one_node(config, &node, gpus, &[]), node)
 }
 
 /// The variables the tables of docs/JOB_ENV.md's "Environment" section
@@ -77,19 +59,16 @@ fn documented_env() -> (BTreeSet<String>, BTreeSet<String>) {
 
 #[test]
 fn the_job_env_document_lists_exactly_what_a_rank_gets() {
-    let mut c = Cluster::start("127.0.0.1");
-    let node = format!("envdoc-{}", std::process::id());
-    c.agent(&node, 1, &[], &[]);
-    c.wait_nodes(1);
+    let (c, node) = cluster(&server_config(""), "envdoc", 1);
     let id = c.submit(&json!({
         "name": "env", "queue": "default", "replicas": 1,
         "resources": { "gpus": 1 },
         "restart": { "max_restarts": 0 },
         "run": { "command": ["/usr/bin/env"], "env": { "JOB_OWN": "1" } }
     }));
-    let j = finished(&c, id);
+    let j = c.wait_end(id, "finish", 60);
     assert_eq!(state(&j), "succeeded", "{j:#}");
-    let log = rank_log(&c, &node, id, 0);
+    let log = c.rank_log(&node, id, 0);
     let got: BTreeSet<String> = log
         .lines()
         .filter_map(|l| l.split_once('='))
@@ -119,32 +98,26 @@ fn the_job_env_document_lists_exactly_what_a_rank_gets() {
 /// reaches a rank that cannot be root; a queue that allows root refuses it.
 #[test]
 fn a_rank_gets_a_home_and_tmpdir_of_its_own_removed_with_the_job() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let extra = "  - name: ops\n    node: { allow_root: true }\n";
-    let mut c = Cluster::start_with("127.0.0.1", &server_config(extra));
-    let node = format!("envdirs-{}", std::process::id());
-    c.agent(&node, 1, &[], &[]);
-    c.wait_nodes(1);
+    let (c, node) = cluster(&server_config(extra), "envdirs", 1);
     let script = r#"set -e
 id -u > "$OUT/uid"
 echo "$HOME" > "$OUT/home"; echo "$TMPDIR" > "$OUT/tmpdir"; echo "$LD_LIBRARY_PATH" > "$OUT/ldpath"
 mkdir -p "$HOME/.cache/torch"; echo x > "$HOME/.cache/torch/kernel"; echo y > "$TMPDIR/scratch"
 stat -c '%u %a' "$HOME" > "$OUT/home-stat"; stat -c '%u %a' "$TMPDIR" > "$OUT/tmp-stat""#;
     let spec = |queue: &str| {
-        json!({
-            "name": "dirs", "queue": queue, "replicas": 1,
-            "resources": { "gpus": 1 },
-            "restart": { "max_restarts": 0 },
-            "run": {
-                "command": ["sh", "-c", script],
-                "env": { "OUT": c.out.display().to_string(), "LD_LIBRARY_PATH": "/opt/cuda/lib64" }
-            }
-        })
+        let mut j = shell_job("dirs", script);
+        j["queue"] = json!(queue);
+        j["run"]["env"] = json!({
+            "OUT": c.out.display().to_string(), "LD_LIBRARY_PATH": "/opt/cuda/lib64"
+        });
+        j
     };
     let id = c.submit(&spec("default"));
-    let j = finished(&c, id);
+    let j = c.wait_end(id, "finish", 60);
     let read = |n: &str| {
         std::fs::read_to_string(c.out.join(n))
             .unwrap_or_default()
@@ -155,7 +128,7 @@ stat -c '%u %a' "$HOME" > "$OUT/home-stat"; stat -c '%u %a' "$TMPDIR" > "$OUT/tm
         state(&j),
         "succeeded",
         "{j:#}\n{}",
-        rank_log(&c, &node, id, 0)
+        c.rank_log(&node, id, 0)
     );
     let uid = read("uid");
     assert_ne!(uid, "0");
@@ -210,26 +183,19 @@ fn a_rendezvous_port_move_is_not_a_restart() {
         server_config(""),
         port - 1
     );
-    let mut c = Cluster::start_with("127.0.0.1", &config);
-    let node = format!("portmove-{}", std::process::id());
-    c.agent(&node, 1, &[], &[]);
-    c.wait_nodes(1);
-    let id = c.submit(&json!({
-        "name": "moved", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 2, "backoff_seconds": 0 },
-        "run": {
-            "command": ["sh", "-c", "echo \"$TORCHELASTIC_RESTART_COUNT $MASTER_PORT\" > \"$OUT/count\""],
-            "env": { "OUT": c.out.display().to_string() }
-        }
-    }));
-    let j = finished(&c, id);
+    let (c, _) = cluster(&config, "portmove", 1);
+    let mut spec = shell_job(
+        "moved",
+        "echo \"$TORCHELASTIC_RESTART_COUNT $MASTER_PORT\" > \"$OUT/count\"",
+    );
+    spec["restart"] = json!({ "max_restarts": 2, "backoff_seconds": 0 });
+    spec["run"]["env"] = json!({ "OUT": c.out.display().to_string() });
+    let id = c.submit(&spec);
+    let j = c.wait_end(id, "finish", 60);
     drop(held);
     assert_eq!(state(&j), "succeeded", "{j:#}");
     assert!(
-        events(&j)
-            .iter()
-            .any(|(k, m)| k == "rendezvous" && m.contains(&format!("port {port} is in use"))),
+        has_event(&j, Some("rendezvous"), &format!("port {port} is in use")),
         "{:?}",
         events(&j)
     );
@@ -244,40 +210,16 @@ fn a_rendezvous_port_move_is_not_a_restart() {
     );
 }
 
-/// `gangway ARGS` against the cluster as admin: (success, stdout, stderr).
-fn gangway(c: &Cluster, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("GANGWAY_ADDR", &c.addr)
-        .env("GANGWAY_TOKEN", ADMIN)
-        .env_remove("GANGWAY_CONFIG")
-        .output()
-        .expect("gangway");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 /// A cancel says `cancelling` while the ranks stop (here they ignore the
 /// signal and get the 10 s cap of their 30 s grace, cut to 2 s by the
 /// job), `--wait` returns once it is `cancelled`; a time-limit stop shows
 /// `stopping (time limit)` until the job ends `timeout`.
 #[test]
 fn cancel_and_time_limit_stops_show_what_is_happening() {
-    let mut c = Cluster::start("127.0.0.1");
-    let node = format!("states-{}", std::process::id());
-    c.agent(&node, 2, &[], &[]);
-    c.wait_nodes(1);
+    let (c, _) = cluster(&server_config(""), "states", 2);
     let stubborn = |name: &str, limit: Option<u64>| {
-        let mut j = json!({
-            "name": name, "queue": "default", "replicas": 1,
-            "resources": { "gpus": 1 },
-            "restart": { "max_restarts": 0 },
-            "checkpoint": { "grace_seconds": 2 },
-            "run": { "command": ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"] }
-        });
+        let mut j = shell_job(name, "trap '' TERM; while :; do sleep 0.1; done");
+        j["checkpoint"] = json!({ "grace_seconds": 2 });
         if let Some(l) = limit {
             j["time_limit"] = json!(l);
         }
@@ -285,15 +227,15 @@ fn cancel_and_time_limit_stops_show_what_is_happening() {
     };
     let id = c.submit(&stubborn("cancel-me", None));
     c.wait_job(id, "run", 30, |j| state(j) == "running");
-    let (ok, out, err) = gangway(&c, &["cancel", &id.to_string()]);
+    let (ok, out, err) = c.gangway(&["cancel", &id.to_string()]);
     assert!(ok, "{err}");
     assert!(
         out.starts_with(&format!("job {id} cancelling (cancel requested by")),
         "{out}"
     );
-    let (ok, out, _) = gangway(&c, &["describe", &id.to_string()]);
+    let (ok, out, _) = c.gangway(&["describe", &id.to_string()]);
     assert!(ok && out.contains("state cancelling"), "{out}");
-    let (ok, out, err) = gangway(&c, &["cancel", &id.to_string(), "--wait"]);
+    let (ok, out, err) = c.gangway(&["cancel", &id.to_string(), "--wait"]);
     assert!(ok, "{err}");
     assert!(
         out.trim_end().ends_with(&format!("job {id} cancelled")),
@@ -303,7 +245,7 @@ fn cancel_and_time_limit_stops_show_what_is_happening() {
 
     let id = c.submit(&stubborn("limited", Some(1)));
     let seen = wait_for("stopping (time limit)", 30, || {
-        let (_, out, _) = gangway(&c, &["describe", &id.to_string()]);
+        let (_, out, _) = c.gangway(&["describe", &id.to_string()]);
         out.contains("state stopping (time limit)").then_some(out)
     });
     assert!(seen.contains("state stopping (time limit)"));
@@ -364,17 +306,15 @@ fn up_exit_when_done_fails_when_a_job_failed() {
 /// "same start failure twice". `restart.retry_start_failures` opts out.
 #[test]
 fn the_same_start_failure_twice_ends_the_job() {
-    let mut c = Cluster::start("127.0.0.1");
-    let node = format!("startfail-{}", std::process::id());
-    c.agent(&node, 2, &[], &[]);
-    c.wait_nodes(1);
+    let (c, _) = cluster(&server_config(""), "startfail", 2);
     let spec = |retry: bool| {
-        json!({
-            "name": "no-torch", "queue": "default", "replicas": 1,
-            "resources": { "gpus": 1 },
-            "restart": { "max_restarts": 5, "backoff_seconds": 0, "retry_start_failures": retry },
-            "run": { "command": ["sh", "-c", "echo 'ModuleNotFoundError: No module named torch_not_here' >&2; exit 1"] }
-        })
+        let mut j = shell_job(
+            "no-torch",
+            "echo 'ModuleNotFoundError: No module named torch_not_here' >&2; exit 1",
+        );
+        j["restart"] =
+            json!({ "max_restarts": 5, "backoff_seconds": 0, "retry_start_failures": retry });
+        j
     };
     let id = c.submit(&spec(false));
     let j = c.wait_job(id, "fail", 60, |j| state(j) == "failed");
@@ -383,11 +323,7 @@ fn the_same_start_failure_twice_ends_the_job() {
         (Some(1), Some(1)),
         "{j:#}"
     );
-    let failed = events(&j)
-        .into_iter()
-        .find(|(k, _)| k == "failed")
-        .map(|(_, m)| m)
-        .unwrap_or_default();
+    let failed = first_event(&j, "failed");
     assert!(
         failed.starts_with("same start failure twice: exited with code 1 on")
             && failed.contains("No module named torch_not_here"),
@@ -400,9 +336,7 @@ fn the_same_start_failure_twice_ends_the_job() {
     let j = c.wait_job(id, "fail", 60, |j| state(j) == "failed");
     assert_eq!(j["restarts"], 2, "{j:#}");
     assert!(
-        !events(&j)
-            .iter()
-            .any(|(_, m)| m.contains("same start failure")),
+        !has_event(&j, None, "same start failure"),
         "{:?}",
         events(&j)
     );
@@ -414,13 +348,10 @@ fn the_same_start_failure_twice_ends_the_job() {
 /// falls back to the next entry.
 #[test]
 fn a_venv_the_rank_cannot_enter_is_named_with_the_account() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
-    let mut c = Cluster::start("127.0.0.1");
-    let node = format!("venvtrap-{}", std::process::id());
-    c.agent(&node, 1, &[], &[]);
-    c.wait_nodes(1);
+    let (c, node) = cluster(&server_config(""), "venvtrap", 1);
     use std::os::unix::fs::PermissionsExt;
     let private = c.dir.path().join("private");
     std::fs::create_dir_all(private.join("venv/bin")).expect("venv");
@@ -438,7 +369,7 @@ fn a_venv_the_rank_cannot_enter_is_named_with_the_account() {
         "restart": { "max_restarts": 0 },
         "run": { "command": [python.display().to_string(), "train.py"] }
     }));
-    let j = finished(&c, id);
+    let j = c.wait_end(id, "finish", 60);
     assert_eq!(state(&j), "failed", "{j:#}");
     let want = format!(
         "cannot start {:?}: permission denied for user nobody (uid {uid}): {} is 0700",
@@ -446,40 +377,26 @@ fn a_venv_the_rank_cannot_enter_is_named_with_the_account() {
         private.display()
     );
     assert!(
-        rank_log(&c, &node, id, 0).contains(&want),
+        c.rank_log(&node, id, 0).contains(&want),
         "{}",
-        rank_log(&c, &node, id, 0)
+        c.rank_log(&node, id, 0)
     );
     assert!(
-        events(&j)
-            .iter()
-            .any(|(k, m)| k == "failed" && m.contains(&want.replace('"', "\\\""))),
+        has_event(&j, Some("failed"), &want.replace('"', "\\\"")),
         "{:?}",
         events(&j)
     );
-    let id = c.submit(&json!({
-        "name": "venv-path", "queue": "default", "replicas": 1,
-        "resources": { "gpus": 1 },
-        "restart": { "max_restarts": 0 },
-        "run": {
-            "command": ["sh", "-c", "true"],
-            "env": { "PATH": format!("{}/venv/bin:/usr/bin:/bin", private.display()) }
-        }
-    }));
-    let j = finished(&c, id);
+    let mut spec = shell_job("venv-path", "true");
+    spec["run"]["env"] = json!({ "PATH": format!("{}/venv/bin:/usr/bin:/bin", private.display()) });
+    let id = c.submit(&spec);
+    let j = c.wait_end(id, "finish", 60);
     assert_eq!(state(&j), "succeeded", "{j:#}");
     let want = format!(
         "PATH entry {}/venv/bin cannot be searched by user nobody (uid {uid}): {} is 0700",
         private.display(),
         private.display()
     );
-    assert!(
-        events(&j)
-            .iter()
-            .any(|(k, m)| k == "warning" && m.contains(&want)),
-        "{:?}",
-        events(&j)
-    );
+    assert!(has_event(&j, Some("warning"), &want), "{:?}", events(&j));
 }
 
 /// The shipped PyTorch examples, submitted as documented where the nodes'
@@ -496,10 +413,7 @@ fn the_pytorch_examples_fail_at_once_and_clearly_without_torch() {
         eprintln!("skipped: /usr/bin/python3 has torch here");
         return;
     }
-    let mut c = Cluster::start("127.0.0.1");
-    let node = format!("notorch-{}", std::process::id());
-    c.agent(&node, 4, &[], &[]);
-    c.wait_nodes(1);
+    let (c, _) = cluster(&server_config(""), "notorch", 4);
     for (file, says) in [
         (
             "examples/ddp.yaml",
@@ -529,20 +443,14 @@ fn the_pytorch_examples_fail_at_once_and_clearly_without_torch() {
                     .ok()
             })
             .expect("job id");
-        let j = c.wait_job(id, "fail", 60, |j| {
-            matches!(state(j), "failed" | "succeeded")
-        });
+        let j = c.wait_end(id, "fail", 60);
         assert_eq!(state(&j), "failed", "{j:#}");
         assert_eq!(
             (j["attempt"].as_u64(), j["restarts"].as_u64()),
             (Some(0), Some(0)),
             "{file}"
         );
-        let failed = events(&j)
-            .into_iter()
-            .find(|(k, _)| k == "failed")
-            .map(|(_, m)| m)
-            .unwrap_or_default();
+        let failed = first_event(&j, "failed");
         assert!(
             failed.contains("exited with code 3")
                 && failed.contains(says)

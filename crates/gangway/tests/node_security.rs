@@ -24,16 +24,7 @@ struct Account {
 }
 
 /// These tests create Unix accounts and drop privileges: they need root.
-fn skip_unless_root() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    if !root {
-        skip_or_fail("GANGWAY_REQUIRE_ROOT", "needs root to create Unix accounts");
-    }
-    !root
-}
+const ROOT_WHY: &str = "needs root to create Unix accounts";
 
 impl Account {
     fn create(tag: &str) -> Account {
@@ -178,7 +169,7 @@ fn read(out: &Path, name: &str) -> String {
 
 #[test]
 fn attack_1_a_rank_runs_as_its_unix_account_and_cannot_read_shadow() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let acct = Account::create("a");
@@ -238,7 +229,7 @@ if ls "$LOGS" > "$OUT/logs" 2>/dev/null; then echo listed > "$OUT/logs-rc"; else
 
 #[test]
 fn attack_2_a_rank_sees_a_clean_environment_and_not_the_agent_s() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let acct = Account::create("b");
@@ -363,7 +354,7 @@ if tr '\0' '\n' < /proc/$PPID/environ > "$OUT/parent-environ" 2>/dev/null; then 
 
 #[test]
 fn attack_3_host_mounts_outside_the_queue_s_allow_list_are_refused() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let acct = Account::create("c");
@@ -419,7 +410,7 @@ fn attack_3_host_mounts_outside_the_queue_s_allow_list_are_refused() {
 
 #[test]
 fn a_missing_account_fails_the_rank_naming_it_and_root_needs_an_allowing_queue() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let acct = Account::create("d");
@@ -442,7 +433,7 @@ fn a_missing_account_fails_the_rank_naming_it_and_root_needs_an_allowing_queue()
 
 #[test]
 fn a_real_user_s_job_with_an_allowed_dataset_runs_end_to_end() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let acct = Account::create("e");
@@ -510,7 +501,7 @@ fn status_field<'a>(status: &'a str, key: &str) -> &'a str {
 
 #[test]
 fn a_docker_rank_runs_as_the_account_without_capabilities_or_host_network() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     if let Err(why) = busybox_image() {
@@ -619,7 +610,7 @@ fn cli(config: &Path, args: &[&str]) -> (bool, String) {
 
 #[test]
 fn gangway_up_serves_tls_with_a_throwaway_ca_and_agents_logs_too() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
@@ -728,7 +719,7 @@ impl Drop for Kill {
 
 #[test]
 fn server_and_agents_speak_tls_and_refuse_a_peer_signed_by_another_ca() {
-    if skip_unless_root() {
+    if skip_unless_root(ROOT_WHY) {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");

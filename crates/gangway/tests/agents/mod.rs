@@ -352,6 +352,54 @@ impl Cluster {
         }
     }
 
+    /// A server on loopback with `config` (see [`server_config`]) and one
+    /// agent, `node` with `gpus` declared GPUs and `agent_extra` flags,
+    /// waited for until Ready: the set-up most single-node cases share.
+    pub fn one_node(config: &str, node: &str, gpus: u32, agent_extra: &[&str]) -> Cluster {
+        let mut c = Self::start_with("127.0.0.1", config);
+        c.agent(node, gpus, &[], agent_extra);
+        c.wait_nodes(1);
+        c
+    }
+
+    /// Waits until the job has ended (succeeded, failed, cancelled or
+    /// timed out); its JSON.
+    pub fn wait_end(&self, id: u64, what: &str, secs: u64) -> Value {
+        self.wait_job(id, what, secs, |j| {
+            matches!(state(j), "succeeded" | "failed" | "cancelled" | "timeout")
+        })
+    }
+
+    /// The path of rank 0's log of a job's attempt on `node`, in the
+    /// agent's state directory.
+    pub fn rank_log_path(&self, node: &str, id: u64, attempt: u32) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("{node}/logs/job-{id}/attempt-{attempt}/rank-0.log"))
+    }
+
+    /// Rank 0's log of a job's attempt on `node` (empty when there is none).
+    pub fn rank_log(&self, node: &str, id: u64, attempt: u32) -> String {
+        std::fs::read_to_string(self.rank_log_path(node, id, attempt)).unwrap_or_default()
+    }
+
+    /// `gangway ARGS` against the cluster as admin, with no client config
+    /// file: (success, stdout, stderr).
+    pub fn gangway(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("GANGWAY_ADDR", &self.addr)
+            .env("GANGWAY_TOKEN", ADMIN)
+            .env_remove("GANGWAY_CONFIG")
+            .output()
+            .expect("gangway");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    }
+
     /// A job spec running the test rank script.
     pub fn rank_job(&self, name: &str, replicas: u32, gpus: u32) -> Value {
         serde_json::json!({
@@ -475,6 +523,47 @@ pub fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A one-rank, one-GPU job in the default queue that runs `sh -c script`
+/// once (no restarts).
+pub fn shell_job(name: &str, script: &str) -> Value {
+    serde_json::json!({
+        "name": name, "queue": "default", "replicas": 1,
+        "resources": { "gpus": 1 },
+        "restart": { "max_restarts": 0 },
+        "run": { "command": ["sh", "-c", script] }
+    })
+}
+
+/// Whether an event of the job's JSON says `needle` (of `kind` when given).
+pub fn has_event(j: &Value, kind: Option<&str>, needle: &str) -> bool {
+    events(j)
+        .iter()
+        .any(|(k, m)| kind.is_none_or(|want| k == want) && m.contains(needle))
+}
+
+/// The message of the job's first event of `kind` (empty when none).
+pub fn first_event(j: &Value, kind: &str) -> String {
+    events(j)
+        .into_iter()
+        .find(|(k, _)| k == kind)
+        .map(|(_, m)| m)
+        .unwrap_or_default()
+}
+
+/// Whether the tests run as root; without root the caller skips (true is
+/// returned), or fails when GANGWAY_REQUIRE_ROOT is set. `why` says what
+/// root is needed for.
+pub fn skip_unless_root(why: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        skip_or_fail("GANGWAY_REQUIRE_ROOT", why);
+    }
+    !root
 }
 
 pub fn events(j: &Value) -> Vec<(String, String)> {
