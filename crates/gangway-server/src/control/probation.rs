@@ -129,7 +129,8 @@ mod tests {
         c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 0)
             .expect("node");
         // Blamed for an agent fault at 0.
-        c.nodes.blame
+        c.nodes
+            .blame
             .node_fault("n", None, Cause::AgentFault("cgroup".into()), 0);
         c.apply_blame(0).expect("blame");
         assert!(c.cluster.nodes()[0].spec.cordoned);
