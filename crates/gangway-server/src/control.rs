@@ -1575,8 +1575,10 @@ impl<S: Store> Control<S> {
         spec.cordoned = cordoned;
         self.store.put(&node_key(name), &encode(&spec))?;
         if !cordoned {
-            // Back in service: the evidence that cordoned it is spent.
+            // Back in service: the evidence that cordoned it is spent, and
+            // jobs that avoided it for that evidence may use it again.
             self.nodes.uncordoned(name);
+            self.forgive_node(name, crate::clock::now())?;
         }
         self.end_probation(name, cordoned);
         self.cluster

@@ -61,8 +61,6 @@ fn up_with(machine: &Path, nodes: u32, dir: tempfile::TempDir, extra: &[&str]) -
         .arg(machine)
         .arg("--data-dir")
         .arg(&data)
-        // The host's own disk may be nearly full (see tests/availability.rs).
-        .args(["--disk-pressure-percent", "0"])
         .args(extra)
         .current_dir("/")
         .stdout(Stdio::null())

@@ -6,9 +6,9 @@
 //! only those nodes can host still runs, after that wait) and is cleared
 //! once the next attempt runs.
 
-use super::{AfterEnd, Control, Ending};
+use super::{AfterEnd, Control, ControlError, Ending};
 use crate::records::{AvoidNodes, JobEvent, JobRecord};
-use gangway_core::{JobId, Time};
+use gangway_core::{JobId, JobState, Time};
 use gangway_sched::Avoid;
 use gangway_store::Store;
 
@@ -48,6 +48,43 @@ impl<S: Store> Control<S> {
             ));
         }
         (rec, after)
+    }
+
+    /// Node `node` is back in service (it passed its health check, or an
+    /// admin uncordoned it): jobs that avoided it for an earlier fault may
+    /// use it again at once rather than wait for their avoidance to lapse.
+    pub(crate) fn forgive_node(&mut self, node: &str, now: Time) -> Result<(), ControlError> {
+        let avoiding: Vec<JobRecord> = self
+            .jobs
+            .in_states(&[JobState::Pending, JobState::Restarting])
+            .into_iter()
+            .filter(|r| {
+                r.avoid
+                    .as_ref()
+                    .is_some_and(|a| a.nodes.iter().any(|n| n == node))
+            })
+            .map(|r| JobRecord::clone(r))
+            .collect();
+        for mut rec in avoiding {
+            let id = rec.id;
+            if let Some(a) = &mut rec.avoid {
+                a.nodes.retain(|n| n != node);
+            }
+            if rec.avoid.as_ref().is_some_and(|a| a.nodes.is_empty()) {
+                rec.avoid = None;
+            }
+            rec.events.push(JobEvent::new(
+                now,
+                "avoiding",
+                format!("node {node} is back in service: no longer avoided"),
+            ));
+            self.write(rec)?;
+            if self.cluster.job(id).is_some() {
+                let _ = self.cluster.set_avoid(id, None);
+                self.apply_avoid(id);
+            }
+        }
+        Ok(())
     }
 
     /// Tells the scheduler the nodes job `id` avoids, from its record (after
@@ -221,5 +258,51 @@ mod tests {
         assert_eq!(rec.state, JobState::Scheduled, "{:?}", rec.events);
         assert_eq!(rec.placement[0].node, "a");
         assert_ne!(rec.placement[0].gpus[0], gpu, "not the faulty GPU");
+    }
+
+    /// A node back in service (an admin's uncordon, or a passed health
+    /// check, which uncordons the same way) is no longer avoided: the job
+    /// runs there at once, not when its avoidance lapses.
+    #[test]
+    fn a_node_back_in_service_is_no_longer_avoided() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let mut c = open(&dir.path().join("s.redb"), 0);
+        node(&mut c, "a", 0);
+        let mut spec = JobSpec::new("j", "q", 1, 1);
+        spec.restart.max_restarts = 3;
+        spec.restart.backoff_seconds = 5;
+        let id = c.submit("alice", spec, 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        c.report("a", id, Some(0), Report::Running, 2)
+            .expect("running");
+        let gpu = c.jobs[&id].0.placement[0].gpus[0];
+        let fault = SyncRequest {
+            gpus: vec![GpuHealth {
+                index: gpu,
+                healthy: false,
+                reason: Some("XID 48: double-bit ECC error".into()),
+            }],
+            ..Default::default()
+        };
+        c.sync("a", &fault, 10).expect("sync");
+        let at = c.jobs[&id].0.restart_at.expect("backoff");
+        c.cycle(at).expect("resume");
+        c.cycle(at + 1).expect("cycle");
+        assert_eq!(c.jobs[&id].0.state, JobState::Pending);
+        c.cordon("a", true).expect("cordon");
+        c.cordon("a", false).expect("uncordon");
+        assert!(c.jobs[&id].0.avoid.is_none(), "forgiven");
+        c.sync("a", &fault, at + 2).expect("heartbeat");
+        c.cycle(at + 2).expect("cycle");
+        let rec = &c.jobs[&id].0;
+        assert_eq!(rec.state, JobState::Scheduled, "{:?}", rec.events);
+        assert_eq!(rec.placement[0].node, "a");
+        assert!(
+            rec.events
+                .iter()
+                .any(|e| e.message.contains("node a is back in service")),
+            "{:?}",
+            rec.events
+        );
     }
 }
