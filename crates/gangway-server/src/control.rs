@@ -24,7 +24,10 @@ pub(crate) use crate::control_error::{decode, encode};
 pub use crate::parts::ContractState;
 pub(crate) use crate::records::token_key;
 
-use crate::records::{job_key, node_key, JobEvent, JobRecord, ReplicaOn, Stopping, JOB_SEQ};
+use crate::records::{
+    auto_cordon_key, job_key, node_key, AutoCordon, JobEvent, JobRecord, ReplicaOn, Stopping,
+    JOB_SEQ,
+};
 use gangway_core::agent::{GpuHealth, SyncRequest, TaskState};
 use gangway_core::{JobId, JobSpec, JobState, NodeSpec, Time};
 use gangway_sched::{
@@ -339,10 +342,11 @@ impl<S: Store> Control<S> {
         store: S,
         cfg: &crate::config::ServerConfig,
     ) -> Result<Self, ControlError> {
-        let mut control = Self::open(store, &cfg.queues)?;
+        let now = crate::clock::now();
+        let mut control = Self::open_at(store, &cfg.queues, now)?;
         control.nodes.lifecycle = cfg.lifecycle();
         control.nodes.blame = crate::blame::Blame::new(cfg.blame());
-        control.nodes.probation = crate::probation::Probation::new(cfg.probation());
+        control.load_auto_cordons(cfg.probation(), now)?;
         control.nodes.cycle_seconds = cfg.cycle_seconds;
         control.contract.config = cfg.contract();
         Ok(control)
@@ -412,6 +416,7 @@ impl<S: Store> Control<S> {
         }
         c.rebuild()?;
         c.reservations = crate::reservations::Reservations::load(&c.store)?;
+        c.load_auto_cordons(Default::default(), now)?;
         Ok(c)
     }
 
@@ -1224,8 +1229,13 @@ impl<S: Store> Control<S> {
         for d in decisions {
             match &d {
                 crate::blame::Decision::Cordon { node, why } => {
-                    self.cordon(node, true)?;
                     let why = format!("cordoned automatically at {now}: {why}");
+                    let auto = AutoCordon {
+                        by: "blame".into(),
+                        at: now,
+                        reason: why.clone(),
+                    };
+                    self.cordon_as(node, true, Some(&auto))?;
                     tracing::warn!("node {node} {why}");
                     self.start_probation(node, why, now);
                     changed = true;
@@ -1446,8 +1456,18 @@ impl<S: Store> Control<S> {
     }
 
     pub(crate) fn store_node(&mut self, n: gangway_sched::NodeIdx) -> Result<(), ControlError> {
-        let spec = &self.cluster.nodes()[n as usize].spec;
-        self.store.put(&node_key(&spec.name), &encode(spec))?;
+        let mut spec = self.cluster.nodes()[n as usize].spec.clone();
+        // DiskPressure's own cordon is not stored: the agent reports the
+        // pressure again at its next sync to a restarted server.
+        if self
+            .nodes
+            .disk_pressure
+            .get(&spec.name)
+            .is_some_and(|p| p.1)
+        {
+            spec.cordoned = false;
+        }
+        self.store.put(&node_key(&spec.name), &encode(&spec))?;
         Ok(())
     }
 
@@ -1563,8 +1583,20 @@ impl<S: Store> Control<S> {
         written
     }
 
-    /// Cordons or uncordons a node, durably.
+    /// Cordons or uncordons a node, durably, as an admin (or a passed
+    /// health check) does: the cordon is nobody else's from now on.
     pub fn cordon(&mut self, name: &str, cordoned: bool) -> Result<(), ControlError> {
+        self.cordon_as(name, cordoned, None)
+    }
+
+    /// [`Control::cordon`]; `auto`: the cordon is automatic, and its record
+    /// is stored with it (else any such record is deleted with it).
+    pub(crate) fn cordon_as(
+        &mut self,
+        name: &str,
+        cordoned: bool,
+        auto: Option<&AutoCordon>,
+    ) -> Result<(), ControlError> {
         // The node list shows it to whoever is told it was done.
         self.view.cluster.urge();
         let n = self
@@ -1573,7 +1605,16 @@ impl<S: Store> Control<S> {
             .ok_or_else(|| ControlError::NoSuchNode(name.into()))?;
         let mut spec = self.cluster.nodes()[n as usize].spec.clone();
         spec.cordoned = cordoned;
-        self.store.put(&node_key(name), &encode(&spec))?;
+        let record = match auto {
+            Some(a) => Op::Put(auto_cordon_key(name), encode(a)),
+            None => Op::Delete(auto_cordon_key(name)),
+        };
+        self.store
+            .txn(&[], &[Op::Put(node_key(name), encode(&spec)), record])?;
+        if let Some(p) = self.nodes.disk_pressure.get_mut(name) {
+            // The pressure's end lifts no cordon it did not make.
+            p.1 = false;
+        }
         if !cordoned {
             // Back in service: the evidence that cordoned it is spent, and
             // jobs that avoided it for that evidence may use it again.

@@ -103,7 +103,7 @@ pub enum Outcome {
 }
 
 /// The probation state of the cluster.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Probation {
     cfg: ProbationConfig,
     nodes: BTreeMap<String, OnProbation>,
@@ -111,6 +111,9 @@ pub struct Probation {
     checks: BTreeSet<String>,
     /// The last run number handed out.
     last_run: u64,
+    /// Run numbers up to this one may be handed out (the server reserves
+    /// them in the store, so a later leader numbers its runs above them).
+    reserved: u64,
     /// Outcomes since the API last took them.
     log: Vec<Outcome>,
 }
@@ -130,12 +133,60 @@ fn clip(s: &str) -> String {
     format!("{}...", &s[..end])
 }
 
+impl Default for Probation {
+    fn default() -> Self {
+        Probation::new(ProbationConfig::default())
+    }
+}
+
 impl Probation {
-    /// A fresh state with these knobs.
+    /// A fresh state with these knobs, its run numbers unreserved (no
+    /// earlier leader to collide with).
     pub fn new(cfg: ProbationConfig) -> Self {
         Probation {
             cfg,
-            ..Probation::default()
+            nodes: BTreeMap::new(),
+            checks: BTreeSet::new(),
+            last_run: 0,
+            reserved: u64::MAX,
+            log: Vec::new(),
+        }
+    }
+
+    /// A new leader's state: its run numbers go above `last`, the highest
+    /// an earlier leader may have handed out, and none is handed out until
+    /// [`Probation::reserve`] allows it.
+    pub fn runs_above(&mut self, last: u64) {
+        self.last_run = last;
+        self.reserved = last;
+    }
+
+    /// Whether every reserved run number is spent (the server reserves
+    /// more before a run can start).
+    pub fn runs_spent(&self) -> bool {
+        self.last_run >= self.reserved
+    }
+
+    /// The last run number handed out.
+    pub fn last_run(&self) -> u64 {
+        self.last_run
+    }
+
+    /// Run numbers up to `upto` are reserved (stored) and may be handed out.
+    pub fn reserve(&mut self, upto: u64) {
+        self.reserved = upto;
+    }
+
+    /// New knobs, right after the state was loaded: each node on probation
+    /// is tried `after_seconds` from `now` (none is on probation when
+    /// probation is off).
+    pub fn reconfigure(&mut self, cfg: ProbationConfig, now: Time) {
+        self.cfg = cfg;
+        if cfg.after_seconds == 0 {
+            self.nodes.clear();
+        }
+        for p in self.nodes.values_mut() {
+            p.phase = Phase::Due(now.saturating_add(cfg.after_seconds));
         }
     }
 
@@ -202,7 +253,7 @@ impl Probation {
                 (None, true)
             }
             Phase::Running { run, .. } => (Some(run), false),
-            Phase::Due(at) if has && idle && at <= now => {
+            Phase::Due(at) if has && idle && at <= now && self.last_run < self.reserved => {
                 self.last_run += 1;
                 let run = self.last_run;
                 p.phase = Phase::Running { run, since: now };
@@ -432,6 +483,45 @@ mod tests {
         };
         assert!(why.len() < 220, "{}", why.len());
         assert!(why.ends_with("..."));
+    }
+
+    #[test]
+    fn a_new_leaders_runs_wait_for_their_reservation_and_number_above_the_old_ones() {
+        let mut p = Probation::new(cfg());
+        p.runs_above(41);
+        p.start("n0", "blamed", 0);
+        p.agent_check("n0", true);
+        assert!(p.runs_spent());
+        assert_eq!(p.ask("n0", 60, true), (None, false), "none reserved yet");
+        p.reserve(42);
+        assert_eq!(p.ask("n0", 60, true), (Some(42), true));
+        assert!(p.runs_spent());
+        assert_eq!(p.last_run(), 42);
+        // The earlier leader's run 41 passing lifts nothing.
+        assert_eq!(p.report("n0", &done(41, 0, "ok"), 61), None);
+        assert!(p.report("n0", &done(42, 0, "ok"), 61).is_some());
+    }
+
+    #[test]
+    fn reconfigured_knobs_count_the_delay_from_the_load() {
+        let mut p = Probation::new(cfg());
+        p.start("n0", "blamed", 0);
+        assert_eq!(p.phase("n0"), Some(&Phase::Due(60)));
+        let later = ProbationConfig {
+            after_seconds: 500,
+            max_backoff_seconds: 3600,
+        };
+        p.reconfigure(later, 1000);
+        assert_eq!(p.phase("n0"), Some(&Phase::Due(1500)));
+        assert_eq!(p.config(), later);
+        p.reconfigure(
+            ProbationConfig {
+                after_seconds: 0,
+                ..later
+            },
+            1000,
+        );
+        assert_eq!(p.phase("n0"), None, "probation off");
     }
 
     #[derive(Clone, Debug)]

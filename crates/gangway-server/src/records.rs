@@ -298,6 +298,33 @@ pub fn node_key(name: &str) -> String {
     format!("/nodes/{name}")
 }
 
+/// Prefix of the automatic cordons' records ([`AutoCordon`]).
+pub const AUTO_CORDON_PREFIX: &str = "/node_cordons/";
+
+/// Store key of the record of a node's automatic cordon.
+pub fn auto_cordon_key(name: &str) -> String {
+    format!("{AUTO_CORDON_PREFIX}{name}")
+}
+
+/// Why a node was cordoned automatically, kept beside its spec (which says
+/// only `cordoned`) while that cordon lasts, so a restarted or new leader
+/// knows the cordon is automatic and puts the node back on probation. A
+/// cordoned node without one is an admin's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AutoCordon {
+    /// What cordoned it (`blame`).
+    pub by: String,
+    /// When.
+    pub at: Time,
+    /// The reason shown with the node (the evidence).
+    pub reason: String,
+}
+
+/// Key holding the highest probation run number any leader may have handed
+/// out: a new leader numbers its runs above it, so no agent's result of an
+/// earlier leader's run passes for one of its own.
+pub const PROBATION_RUN_KEY: &str = "/meta/probation_runs";
+
 /// Key holding the last job id handed out.
 pub const JOB_SEQ: &str = "/meta/job_seq";
 

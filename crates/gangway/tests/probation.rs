@@ -134,6 +134,42 @@ fn a_blamed_node_whose_health_check_passes_is_back_in_service_and_takes_a_job() 
 }
 
 #[test]
+fn an_auto_cordon_survives_a_server_restart_and_its_probation_resumes() {
+    let mut c = Cluster::start_with("127.0.0.1", &config(1));
+    let ok = c.out.join("repaired");
+    let check = format!("test -e {} && echo all GPUs ok", ok.display());
+    c.agent("node-a", 1, &[], &["--health-check", &check]);
+    c.wait_nodes(1);
+    let node = blame_a_node(&c);
+    std::fs::remove_file(c.dir.path().join(format!("{node}/unhealthy-gpus"))).expect("repair");
+    // The first leader's checks fail (not repaired yet); then it stops.
+    wait_for("a failed check", 30, || {
+        reason(&c, &node)
+            .contains("health check failed: exit 1")
+            .then_some(())
+    });
+    let data = c.dir.path().join("data");
+    c.replace_server(&data);
+    // The restarted server knows the cordon is automatic, and why.
+    let why = wait_for("the probation resumed", 30, || {
+        let r = reason(&c, &node);
+        r.contains("probation: health check").then_some(r)
+    });
+    assert!(why.starts_with("cordoned automatically"), "{why}");
+    assert_eq!(c.node(&node)["cordoned"], true);
+    std::fs::write(&ok, "").expect("repaired");
+    wait_for("back in service after the restart", 30, || {
+        (c.node(&node)["cordoned"] == false).then_some(())
+    });
+    assert!(c.node(&node)["cordon_reason"].is_null());
+    // And it stays so across another restart.
+    c.replace_server(&data);
+    c.wait_nodes(1);
+    assert_eq!(c.node(&node)["cordoned"], false, "{}", c.node(&node));
+    std::fs::write(c.out.join("stop"), "").expect("stop");
+}
+
+#[test]
 fn a_failing_health_check_keeps_the_node_cordoned_saying_why_and_is_retried() {
     let mut c = Cluster::start_with("127.0.0.1", &config(1));
     c.agent(

@@ -212,7 +212,11 @@ impl<S: Store> Control<S> {
         self.end_gangs_of_gone_nodes(gone, now)?;
         self.store.txn(
             &[],
-            &[Op::Delete(node_key(name)), Op::Delete(token_key(name))],
+            &[
+                Op::Delete(node_key(name)),
+                Op::Delete(token_key(name)),
+                Op::Delete(crate::records::auto_cordon_key(name)),
+            ],
         )?;
         self.nodes.forget(name);
         // The scheduler's state has no removal: rebuild it as a restart would.

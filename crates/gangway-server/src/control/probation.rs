@@ -2,13 +2,66 @@
 //! the node shows, and a passing health check returning it to service.
 
 use super::Control;
-use crate::control_error::ControlError;
-use crate::probation::Outcome;
+use crate::control_error::{decode, encode, ControlError};
+use crate::probation::{Outcome, Probation, ProbationConfig};
+use crate::records::{
+    auto_cordon_key, node_key, AutoCordon, AUTO_CORDON_PREFIX, PROBATION_RUN_KEY,
+};
 use gangway_core::agent::SyncRequest;
 use gangway_core::Time;
-use gangway_store::Store;
+use gangway_store::{Op, Store};
+
+/// Probation run numbers reserved in the store at a time: one write per
+/// this many runs (and one per leader).
+const RUN_BLOCK: u64 = 1024;
 
 impl<S: Store> Control<S> {
+    /// Loads the automatic cordons' records with these probation knobs (at
+    /// open, and again once the server config's knobs are known): each
+    /// cordoned node's reason is shown again and its probation restarts,
+    /// its first try `after_seconds` from `now`; run numbers go above every
+    /// one an earlier leader may have handed out. A record of a node no
+    /// longer cordoned is left alone (its next cordon replaces it).
+    pub(crate) fn load_auto_cordons(
+        &mut self,
+        cfg: ProbationConfig,
+        now: Time,
+    ) -> Result<(), ControlError> {
+        let mut probation = Probation::new(cfg);
+        if let Some(kv) = self.store.get(PROBATION_RUN_KEY)? {
+            probation.runs_above(decode(&kv.key, &kv.value)?);
+        } else {
+            probation.runs_above(0);
+        }
+        self.nodes.probation = probation;
+        for kv in self.store.range(AUTO_CORDON_PREFIX)? {
+            let auto: AutoCordon = decode(&kv.key, &kv.value)?;
+            let name = &kv.key[AUTO_CORDON_PREFIX.len()..];
+            let cordoned = self
+                .cluster
+                .node_index(name)
+                .is_some_and(|n| self.cluster.nodes()[n as usize].spec.cordoned);
+            if !cordoned {
+                tracing::warn!("{}: node {name} is not cordoned; ignored", kv.key);
+                continue;
+            }
+            self.start_probation(name, auto.reason, now);
+        }
+        Ok(())
+    }
+
+    /// Reserves the next run numbers in the store, before any of them is
+    /// handed out; until it can, no health check starts.
+    fn reserve_runs(&mut self) {
+        let upto = self.nodes.probation.last_run().saturating_add(RUN_BLOCK);
+        match self.store.put(PROBATION_RUN_KEY, &encode(&upto)) {
+            Ok(_) => self.nodes.probation.reserve(upto),
+            Err(e) => tracing::warn!(
+                "cannot reserve probation run numbers: {e}; no health check starts until then"
+            ),
+        }
+    }
+
     /// Node blame cordoned `node` for `why`: its reason is shown and its
     /// probation starts.
     pub(crate) fn start_probation(&mut self, node: &str, why: String, now: Time) {
@@ -70,6 +123,9 @@ impl<S: Store> Control<S> {
                 .cluster
                 .node_index(node)
                 .is_some_and(|n| self.cluster.jobs_on(n).is_empty());
+        if idle && self.nodes.probation.runs_spent() {
+            self.reserve_runs();
+        }
         let (ask, started) = self.nodes.probation.ask(node, now, idle);
         if shown || started {
             self.show_probation(node);
@@ -79,13 +135,28 @@ impl<S: Store> Control<S> {
 
     /// A node passed its health check: uncordoned, its evidence forgotten;
     /// under DiskPressure (which began during the run) the pressure's
-    /// cordon takes over, lifted when the pressure goes.
+    /// cordon takes over, lifted when the pressure goes (and, as every
+    /// pressure's cordon, not stored: the store has the node uncordoned).
     fn back_in_service(&mut self, node: &str) -> Result<(), ControlError> {
-        let Some((why, ours)) = self.nodes.disk_pressure.get_mut(node) else {
+        let (Some(n), Some((why, _))) = (
+            self.cluster.node_index(node),
+            self.nodes.disk_pressure.get(node),
+        ) else {
             return self.cordon(node, false);
         };
-        *ours = true;
         let why = why.clone();
+        let mut spec = self.cluster.nodes()[n as usize].spec.clone();
+        spec.cordoned = false;
+        self.store.txn(
+            &[],
+            &[
+                Op::Put(node_key(node), encode(&spec)),
+                Op::Delete(auto_cordon_key(node)),
+            ],
+        )?;
+        if let Some(p) = self.nodes.disk_pressure.get_mut(node) {
+            p.1 = true;
+        }
         self.nodes.blame.forget_node(node);
         self.nodes.cordon_reasons.insert(node.to_string(), why);
         if self.cluster.set_cordoned(node, true).is_ok() {
@@ -112,18 +183,27 @@ impl<S: Store> Control<S> {
 mod tests {
     use super::*;
     use crate::blame::Cause;
-    use crate::probation::{Probation, ProbationConfig};
     use gangway_core::agent::{HealthCheckReport, HealthCheckResult};
     use gangway_core::{NodeSpec, QueueSpec};
     use gangway_store::RedbStore;
 
-    fn control(dir: &std::path::Path) -> Control<RedbStore> {
+    const KNOBS: ProbationConfig = ProbationConfig {
+        after_seconds: 10,
+        max_backoff_seconds: 3600,
+    };
+
+    /// The control state loaded from the store in `dir` at `now`, as a
+    /// leader (the first, a restarted or a new one) loads it.
+    fn open(dir: &std::path::Path, now: Time) -> Control<RedbStore> {
         let store = RedbStore::open(&dir.join("s.redb")).expect("store");
-        let mut c = Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
-        c.nodes.probation = Probation::new(ProbationConfig {
-            after_seconds: 10,
-            max_backoff_seconds: 3600,
-        });
+        let queues = [QueueSpec::unlimited("q", None)];
+        let mut c = Control::open_at(store, &queues, now).expect("control");
+        c.load_auto_cordons(KNOBS, now).expect("auto cordons");
+        c
+    }
+
+    fn control(dir: &std::path::Path) -> Control<RedbStore> {
+        let mut c = open(dir, 0);
         let mut n = NodeSpec::uniform("n", "l", "s", 1, "H100", 80);
         n.address = "10.0.0.1".into();
         c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 0)
@@ -160,6 +240,139 @@ mod tests {
 
     fn reason(c: &Control<RedbStore>) -> String {
         c.nodes.cordon_reasons.get("n").cloned().unwrap_or_default()
+    }
+
+    fn cordoned(c: &Control<RedbStore>) -> bool {
+        c.cluster.nodes()[0].spec.cordoned
+    }
+
+    /// The node's automatic cordon as stored, and its spec's `cordoned`.
+    fn stored(c: &Control<RedbStore>) -> (Option<AutoCordon>, bool) {
+        let auto = c
+            .store
+            .get(&auto_cordon_key("n"))
+            .expect("get")
+            .map(|kv| serde_json::from_slice(&kv.value).expect("record"));
+        let spec = c.store.get(&node_key("n")).expect("get").expect("node");
+        let spec: NodeSpec = serde_json::from_slice(&spec.value).expect("spec");
+        (auto, spec.cordoned)
+    }
+
+    #[test]
+    fn an_auto_cordon_and_its_probation_survive_a_restart() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path());
+        let (auto, spec_cordoned) = stored(&c);
+        let auto = auto.expect("the auto-cordon is recorded");
+        assert!(spec_cordoned);
+        assert_eq!((auto.by.as_str(), auto.at), ("blame", 0));
+        assert!(auto.reason.starts_with("cordoned automatically at 0: "));
+        // This leader asks for run 1, and stops before its result comes.
+        assert_eq!(sync(&mut c, 10, None, false), Some(1));
+        drop(c);
+        let mut c = open(d.path(), 100);
+        assert!(cordoned(&c));
+        assert!(reason(&c).starts_with(&auto.reason), "{}", reason(&c));
+        // The earlier leader's run passing lifts nothing, nor is it due yet.
+        assert_eq!(sync(&mut c, 105, Some((1, 0)), false), None);
+        assert!(cordoned(&c));
+        let due = format!("{}; probation: health check due at 110", auto.reason);
+        assert!(reason(&c).starts_with(&due), "{}", reason(&c));
+        // The new leader's runs go above every number the old one reserved.
+        assert_eq!(sync(&mut c, 110, None, false), Some(1025));
+        assert_eq!(sync(&mut c, 111, Some((1025, 0)), false), None);
+        assert!(!cordoned(&c));
+        assert_eq!(stored(&c), (None, false), "no record left");
+        drop(c);
+        let c = open(d.path(), 200);
+        assert!(!cordoned(&c));
+        assert_eq!(reason(&c), "");
+        assert_eq!(c.nodes.probation.phase("n"), None);
+    }
+
+    #[test]
+    fn an_admins_cordon_or_uncordon_leaves_no_record_and_stays_the_admins() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path());
+        c.cordon("n", true).expect("admin cordon");
+        assert_eq!(stored(&c), (None, true));
+        drop(c);
+        // Reopened: an admin's cordon, as a store from before records shows.
+        let mut c = open(d.path(), 100);
+        assert!(cordoned(&c));
+        assert_eq!(reason(&c), "");
+        assert_eq!(sync(&mut c, 100_000, None, false), None);
+        assert!(cordoned(&c), "never lifted by probation");
+        c.cordon("n", false).expect("admin uncordon");
+        drop(c);
+        let c = open(d.path(), 200);
+        assert!(!cordoned(&c));
+        assert_eq!(c.nodes.probation.phase("n"), None);
+    }
+
+    #[test]
+    fn a_deleted_nodes_record_goes_with_it() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path());
+        c.delete_node("n", 1).expect("delete");
+        assert_eq!(
+            c.store
+                .range(crate::records::AUTO_CORDON_PREFIX)
+                .expect("range"),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn with_probation_off_a_restart_keeps_the_reason_and_asks_nothing() {
+        let d = tempfile::tempdir().expect("tmp");
+        let c = control(d.path());
+        drop(c);
+        let mut c = open(d.path(), 100);
+        let off = ProbationConfig {
+            after_seconds: 0,
+            ..KNOBS
+        };
+        c.load_auto_cordons(off, 100).expect("reload");
+        assert!(reason(&c).starts_with("cordoned automatically at 0: "));
+        assert!(!reason(&c).contains("probation"), "{}", reason(&c));
+        assert_eq!(sync(&mut c, 100_000, None, false), None);
+        assert!(cordoned(&c));
+    }
+
+    #[test]
+    fn disk_pressures_cordon_is_never_stored_and_comes_back_with_the_pressure() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path());
+        assert_eq!(sync(&mut c, 11, None, false), Some(1));
+        // Passes under pressure: the pressure's cordon takes over, unstored.
+        assert_eq!(sync(&mut c, 12, Some((1, 0)), true), None);
+        assert!(cordoned(&c));
+        assert_eq!(stored(&c), (None, false));
+        // A GPU health change stores the spec: still not cordoned there.
+        c.set_gpu_health("n", 0, false).expect("gpu");
+        assert_eq!(stored(&c), (None, false));
+        drop(c);
+        let mut c = open(d.path(), 100);
+        assert!(!cordoned(&c), "until the agent reports again");
+        sync(&mut c, 101, None, true);
+        assert!(cordoned(&c));
+        assert_eq!(reason(&c), "DiskPressure: 3 % free");
+        sync(&mut c, 102, None, false);
+        assert!(!cordoned(&c));
+    }
+
+    #[test]
+    fn an_admins_cordon_under_disk_pressure_outlasts_the_pressure() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path());
+        c.cordon("n", false).expect("admin uncordon");
+        sync(&mut c, 1, None, true);
+        assert!(cordoned(&c));
+        c.cordon("n", true).expect("admin cordon");
+        sync(&mut c, 2, None, false);
+        assert!(cordoned(&c), "the admin's cordon stays");
+        assert_eq!(stored(&c), (None, true));
     }
 
     #[test]
