@@ -2,9 +2,9 @@
 //! server` and `gangway agent` processes running real ranks, attacked with
 //! the tokens an attacker would hold.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::{json, Value};
 use std::io::BufRead;
 use std::process::{Command, Stdio};

@@ -3,9 +3,9 @@
 //! rank processes. Tests that need a cgroup controller skip (and say so)
 //! where the host has none, unless `GANGWAY_REQUIRE_CGROUP` is set.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::json;
 
 /// Whether this host has a cgroup hierarchy with `controller` the agent can use.

@@ -2,9 +2,9 @@
 //! running restores into a fresh server whose agents re-adopt the running
 //! jobs, and a server refuses a store written by a newer one.
 
-mod agents;
+mod common;
 
-use agents::{alive, pids, server_config, wait_for, Cluster, ADMIN, BIN};
+use common::{alive, pids, server_config, wait_for, Cluster, ADMIN, BIN};
 use gangway_store::{RedbStore, Store};
 use serde_json::Value;
 use std::process::{Command, Output};

@@ -1,9 +1,9 @@
 //! The CLI as a newcomer meets it: `gangway up --config` with the example
 //! files, `submit --wait` exit codes and progress lines, shell completions.
 
-mod agents;
+mod common;
 
-use agents::{free_port, wait_for};
+use common::{free_port, wait_for};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

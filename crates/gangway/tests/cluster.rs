@@ -1,9 +1,9 @@
 //! Gangway end to end on one machine: a real server and several agents
 //! (separate processes) with declared GPUs running real rank processes.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::json;
 use std::process::Command;
 

@@ -2,9 +2,9 @@
 //! rank processes: the checkpoint handshake (through the stdlib Python
 //! helper in examples/), rendezvous ports, time limits and naming what failed.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,9 +3,9 @@
 //! belongs to the whole gang, the GPUs show free only when no process of a
 //! job is left, and a restarted agent adopts its ranks instead of killing them.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;

@@ -3,9 +3,9 @@
 //! exactly their devices and neighbourhood, health follows NVIDIA's XID
 //! classes, and a GPU lost mid-job sends its gang elsewhere.
 
-mod agents;
+mod common;
 
-use agents::{free_port, wait_for};
+use common::{free_port, wait_for};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

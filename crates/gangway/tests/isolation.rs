@@ -3,9 +3,9 @@
 //! a developer's machine may lack: they skip with a message unless
 //! `GANGWAY_REQUIRE_DOCKER` / `GANGWAY_REQUIRE_NETNS` is set (CI sets both).
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::json;
 use std::process::Command;
 

@@ -2,9 +2,9 @@
 //! agents and real ranks: the environment a rank gets (as docs/JOB_ENV.md
 //! lists it), its own HOME and TMPDIR, loader variables, and clear errors.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

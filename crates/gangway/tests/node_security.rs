@@ -5,9 +5,9 @@
 //! afterwards); the Docker test skips unless Docker is reachable (CI sets
 //! `GANGWAY_REQUIRE_DOCKER`).
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

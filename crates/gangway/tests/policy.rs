@@ -4,9 +4,9 @@
 //! rolled back at the next cycle with nothing running or pending lost, and
 //! the decision log showing it all.
 
-mod agents;
+mod common;
 
-use agents::{server_config, Cluster, ADMIN, BIN};
+use common::{server_config, Cluster, ADMIN, BIN};
 use gangway_core::{JobId, JobSpec, JobState};
 use gangway_server::records::{job_key, JobEvent, JobRecord, JOB_SEQ};
 use gangway_store::{RedbStore, Store};
@@ -507,7 +507,7 @@ fn the_alert_rules_pass_promtool() {
         assert!(rules.contains(name), "{name}");
     }
     if Command::new("promtool").arg("--version").output().is_err() {
-        agents::skip_or_fail("GANGWAY_REQUIRE_PROMTOOL", "promtool is not installed");
+        common::skip_or_fail("GANGWAY_REQUIRE_PROMTOOL", "promtool is not installed");
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
@@ -709,7 +709,7 @@ fn a_policy_naming_tiresias_ranks_the_next_cycle_by_it() {
 
 /// Which of `a` and `b` leaves `pending` first (the other must still be pending).
 fn wait_for_start(c: &Cluster, a: u64, b: u64) -> u64 {
-    agents::wait_for("one of two jobs scheduled", 60, || {
+    common::wait_for("one of two jobs scheduled", 60, || {
         let (sa, sb) = (c.job(a)["state"].clone(), c.job(b)["state"].clone());
         match (sa != "pending", sb != "pending") {
             (true, false) => Some(a),

@@ -4,9 +4,9 @@
 //! check keeps it cordoned and is retried; an admin's cordon is never lifted
 //! by a check.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::json;
 
 fn config(after_seconds: u64) -> String {

@@ -3,9 +3,9 @@
 //! where users drive it: arrays, dependencies, begin, hold/release, update,
 //! history.
 
-mod agents;
+mod common;
 
-use agents::*;
+use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::process::Command;
