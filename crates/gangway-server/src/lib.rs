@@ -3,6 +3,7 @@
 //! second, an HTTP+JSON API with bearer-token auth, and Prometheus metrics.
 
 pub mod admission;
+pub mod attempt;
 pub mod audit;
 pub mod authz;
 pub mod backup;

@@ -614,6 +614,17 @@ impl<R: Into<Arc<JobRecord>>> FromIterator<(JobId, (R, u64))> for JobTable {
     }
 }
 
+impl JobEvent {
+    /// An event of `kind` at `at`.
+    pub(crate) fn new(at: Time, kind: &str, message: String) -> Self {
+        JobEvent {
+            at,
+            kind: kind.into(),
+            message,
+        }
+    }
+}
+
 #[cfg(test)]
 mod table_tests {
     use super::*;

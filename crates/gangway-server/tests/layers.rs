@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 /// The state layer: files (relative to `src/`) that must not import HTTP.
 const STATE: &[&str] = &[
     "admission.rs",
+    "attempt.rs",
     "audit.rs",
     "authz.rs",
     "backup.rs",
@@ -171,6 +172,8 @@ const PARTS: &[&str] = &[
     "workflow.rs",
     "blame.rs",
     "heartbeats.rs",
+    "attempt.rs",
+    "probation.rs",
 ];
 
 fn is_part(rel: &str) -> bool {

@@ -3,7 +3,7 @@
 //! checkpoint storage and cleanup, naming what failed, time limits and the
 //! rule about loopback addresses.
 
-use super::{Control, ControlError, Ending};
+use super::{Control, ControlError};
 use crate::records::{CheckpointRecord, FailureRecord, JobEvent, JobRecord};
 use gangway_core::agent::{checkpoint_subdir, CheckpointCleanup, CheckpointReport, RankFailure};
 use gangway_core::{format_time_span, JobId, JobSpec, JobState, SpecError, Time, TimeSpan};
@@ -534,14 +534,6 @@ impl<S: Store> Control<S> {
             }
         }
         Ok(())
-    }
-}
-
-/// An attempt of a gang in its time-limit grace ends as a timeout, not a requeue.
-pub(super) fn timeout_ending(rec: &JobRecord, ending: Ending) -> Ending {
-    match ending {
-        Ending::Requeued(m) if rec.time_limit_hit.is_some() => Ending::TimedOut(m),
-        e => e,
     }
 }
 
