@@ -141,6 +141,32 @@ mod tests {
         c
     }
 
+    /// Node `a` and a one-GPU gang running on it (3 restarts, 5 s backoff):
+    /// the job and its GPU.
+    fn running_on_a(c: &mut Control<RedbStore>) -> (JobId, u32) {
+        node(c, "a", 0);
+        let mut spec = JobSpec::new("j", "q", 1, 1);
+        spec.restart.max_restarts = 3;
+        spec.restart.backoff_seconds = 5;
+        let id = c.submit("alice", spec, 0).expect("submit");
+        c.cycle(1).expect("cycle");
+        c.report("a", id, Some(0), Report::Running, 2)
+            .expect("running");
+        (id, c.jobs[&id].0.placement[0].gpus[0])
+    }
+
+    /// A sync saying GPU `gpu` had a double-bit ECC error (XID 48).
+    fn xid_48(gpu: u32) -> SyncRequest {
+        SyncRequest {
+            gpus: vec![GpuHealth {
+                index: gpu,
+                healthy: false,
+                reason: Some("XID 48: double-bit ECC error".into()),
+            }],
+            ..Default::default()
+        }
+    }
+
     /// A one-GPU gang whose GPU faults (XID 48) restarts on the other node,
     /// although best fit would put it back beside its dead GPU; the
     /// avoidance is on the stored record (a server restart keeps it), lapses
@@ -150,26 +176,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("s.redb");
         let mut c = open(&path, 0);
-        node(&mut c, "a", 0);
-        let mut spec = JobSpec::new("j", "q", 1, 1);
-        spec.restart.max_restarts = 3;
-        spec.restart.backoff_seconds = 5;
-        let id = c.submit("alice", spec, 0).expect("submit");
-        c.cycle(1).expect("cycle");
-        c.report("a", id, Some(0), Report::Running, 2)
-            .expect("running");
-        let gpu = c.jobs[&id].0.placement[0].gpus[0];
+        let (id, gpu) = running_on_a(&mut c);
         node(&mut c, "b", 3);
-        let fault = SyncRequest {
-            gpus: vec![GpuHealth {
-                index: gpu,
-                healthy: false,
-                reason: Some("XID 48: double-bit ECC error".into()),
-            }],
-            tasks: Vec::new(),
-            disk_pressure: None,
-            ..Default::default()
-        };
+        let fault = xid_48(gpu);
         c.sync("a", &fault, 10).expect("sync");
         let rec = c.jobs[&id].0.clone();
         assert_eq!(rec.state, JobState::Restarting);
@@ -216,25 +225,8 @@ mod tests {
     fn a_gang_only_its_blamed_node_fits_runs_there_once_the_avoidance_lapses() {
         let dir = tempfile::tempdir().expect("tmp");
         let mut c = open(&dir.path().join("s.redb"), 0);
-        node(&mut c, "a", 0);
-        let mut spec = JobSpec::new("j", "q", 1, 1);
-        spec.restart.max_restarts = 3;
-        spec.restart.backoff_seconds = 5;
-        let id = c.submit("alice", spec, 0).expect("submit");
-        c.cycle(1).expect("cycle");
-        c.report("a", id, Some(0), Report::Running, 2)
-            .expect("running");
-        let gpu = c.jobs[&id].0.placement[0].gpus[0];
-        let fault = SyncRequest {
-            gpus: vec![GpuHealth {
-                index: gpu,
-                healthy: false,
-                reason: Some("XID 48: double-bit ECC error".into()),
-            }],
-            tasks: Vec::new(),
-            disk_pressure: None,
-            ..Default::default()
-        };
+        let (id, gpu) = running_on_a(&mut c);
+        let fault = xid_48(gpu);
         c.sync("a", &fault, 10).expect("sync");
         let until = c.jobs[&id].0.avoid.as_ref().expect("avoids").until;
         let at = c.jobs[&id].0.restart_at.expect("backoff");
@@ -267,23 +259,8 @@ mod tests {
     fn a_node_back_in_service_is_no_longer_avoided() {
         let dir = tempfile::tempdir().expect("tmp");
         let mut c = open(&dir.path().join("s.redb"), 0);
-        node(&mut c, "a", 0);
-        let mut spec = JobSpec::new("j", "q", 1, 1);
-        spec.restart.max_restarts = 3;
-        spec.restart.backoff_seconds = 5;
-        let id = c.submit("alice", spec, 0).expect("submit");
-        c.cycle(1).expect("cycle");
-        c.report("a", id, Some(0), Report::Running, 2)
-            .expect("running");
-        let gpu = c.jobs[&id].0.placement[0].gpus[0];
-        let fault = SyncRequest {
-            gpus: vec![GpuHealth {
-                index: gpu,
-                healthy: false,
-                reason: Some("XID 48: double-bit ECC error".into()),
-            }],
-            ..Default::default()
-        };
+        let (id, gpu) = running_on_a(&mut c);
+        let fault = xid_48(gpu);
         c.sync("a", &fault, 10).expect("sync");
         let at = c.jobs[&id].0.restart_at.expect("backoff");
         c.cycle(at).expect("resume");
