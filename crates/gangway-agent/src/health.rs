@@ -204,17 +204,25 @@ impl Drop for HealthChecks {
 /// Starts run `id` of the check: the process now, its waiting on a thread.
 fn start(id: u64, cfg: &HealthCheckConfig, env: &[(String, String)]) -> Run {
     let result = Arc::new(Mutex::new(None));
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(&cfg.command)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = match cmd.spawn() {
+    // stdout and stderr share one pipe (as `2>&1`), so the tail keeps the
+    // order the check wrote its lines in.
+    let spawned = std::io::pipe().and_then(|(reader, writer)| {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(&cfg.command)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(writer.try_clone()?)
+            .stderr(writer)
+            .process_group(0);
+        // `cmd` (and with it this side's write ends) is dropped on return,
+        // so the reader sees the end of the output when the check's
+        // processes close theirs.
+        Ok((cmd.spawn()?, reader))
+    });
+    let (mut child, output) = match spawned {
         Ok(c) => c,
         Err(e) => {
             if let Ok(mut r) = result.lock() {
@@ -234,24 +242,13 @@ fn start(id: u64, cfg: &HealthCheckConfig, env: &[(String, String)]) -> Run {
     let pgid = i32::try_from(child.id()).ok();
     let tail = Arc::new(Mutex::new(Tail::default()));
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let mut readers = 0;
-    if let Some(out) = child.stdout.take() {
-        let (t, d) = (tail.clone(), done_tx.clone());
-        readers += 1;
+    {
+        let t = tail.clone();
         std::thread::spawn(move || {
-            pump(out, &t);
-            let _ = d.send(());
+            pump(output, &t);
+            let _ = done_tx.send(());
         });
     }
-    if let Some(err) = child.stderr.take() {
-        let (t, d) = (tail.clone(), done_tx.clone());
-        readers += 1;
-        std::thread::spawn(move || {
-            pump(err, &t);
-            let _ = d.send(());
-        });
-    }
-    drop(done_tx);
     let timeout = cfg.timeout;
     let out = result.clone();
     std::thread::spawn(move || {
@@ -276,11 +273,8 @@ fn start(id: u64, cfg: &HealthCheckConfig, env: &[(String, String)]) -> Run {
         if let Some(g) = pgid {
             kill_group(g);
         }
-        for _ in 0..readers {
-            if done_rx.recv_timeout(Duration::from_secs(1)).is_err() {
-                break;
-            }
-        }
+        // The output's end, or a second for what is still in the pipe.
+        let _ = done_rx.recv_timeout(Duration::from_secs(1));
         let mut lines: Vec<String> = tail
             .lock()
             .map(|t| t.0.iter().cloned().collect())
