@@ -231,7 +231,7 @@ fn an_unhealthy_gpu_is_never_assigned_until_it_recovers_or_is_cleared() {
     let mut c = Cluster::start("127.0.0.1");
     c.agent("node-a", 4, &[], &[]);
     c.wait_nodes(1);
-    let health = c.dir.path().join("node-a/unhealthy-gpus");
+    let health = c.gpu_health_file("node-a");
     std::fs::write(&health, "2 XID 79: GPU has fallen off the bus\n").expect("health file");
     wait_for("GPU 2 unhealthy", 10, || {
         (c.node("node-a")["gpus"][2]["healthy"] == false).then_some(())
@@ -312,17 +312,8 @@ fn a_gpu_lost_under_a_job_cordons_only_its_node_with_the_evidence() {
     let spec = c.rank_job("victim", 1, 1);
     let id = c.submit(&spec);
     let j = c.wait_job(id, "run", 30, |j| state(j) == "running");
-    let node = j["placement"][0]["node"]
-        .as_str()
-        .expect("node")
-        .to_string();
     let gpu = j["placement"][0]["gpus"][0].as_u64().expect("gpu");
-    // The stand-in for NVML's XID 79 on the job's GPU.
-    std::fs::write(
-        c.dir.path().join(format!("{node}/unhealthy-gpus")),
-        format!("{gpu} XID 79: GPU has fallen off the bus\n"),
-    )
-    .expect("health file");
+    let node = c.lose_gpu_under(&j);
     wait_for("cordoned", 20, || {
         (c.node(&node)["cordoned"] == true).then_some(())
     });
@@ -365,11 +356,7 @@ fn gpus_lost_on_most_nodes_at_once_stop_auto_cordon_and_raise_the_alert() {
         c.wait_job(*id, "run", 30, |j| state(j) == "running");
     }
     for n in nodes {
-        std::fs::write(
-            c.dir.path().join(format!("{n}/unhealthy-gpus")),
-            "0 XID 79: GPU has fallen off the bus\n",
-        )
-        .expect("health file");
+        c.lose_gpu(n, 0);
     }
     let metrics = || {
         ureq::get(&format!("{}/metrics", c.addr))

@@ -50,16 +50,7 @@ fn blame_a_node(c: &Cluster) -> String {
     spec["restart"]["max_restarts"] = json!(0);
     let id = c.submit(&spec);
     let j = c.wait_job(id, "run", 30, |j| state(j) == "running");
-    let node = j["placement"][0]["node"]
-        .as_str()
-        .expect("node")
-        .to_string();
-    let gpu = j["placement"][0]["gpus"][0].as_u64().expect("gpu");
-    std::fs::write(
-        c.dir.path().join(format!("{node}/unhealthy-gpus")),
-        format!("{gpu} XID 79: GPU has fallen off the bus\n"),
-    )
-    .expect("health file");
+    let node = c.lose_gpu_under(&j);
     wait_for("auto-cordon", 20, || {
         (c.node(&node)["cordoned"] == true).then_some(())
     });
@@ -84,7 +75,7 @@ fn a_blamed_node_whose_health_check_passes_is_back_in_service_and_takes_a_job() 
     let node = blame_a_node(&c);
     let cordoned_at = now_secs();
     // The GPU is repaired (the fault file goes); the check then passes.
-    std::fs::remove_file(c.dir.path().join(format!("{node}/unhealthy-gpus"))).expect("repair");
+    std::fs::remove_file(c.gpu_health_file(&node)).expect("repair");
     wait_for("back in service", 30, || {
         (c.node(&node)["cordoned"] == false).then_some(())
     });
@@ -141,7 +132,7 @@ fn an_auto_cordon_survives_a_server_restart_and_its_probation_resumes() {
     c.agent("node-a", 1, &[], &["--health-check", &check]);
     c.wait_nodes(1);
     let node = blame_a_node(&c);
-    std::fs::remove_file(c.dir.path().join(format!("{node}/unhealthy-gpus"))).expect("repair");
+    std::fs::remove_file(c.gpu_health_file(&node)).expect("repair");
     // The first leader's checks fail (not repaired yet); then it stops.
     wait_for("a failed check", 30, || {
         reason(&c, &node)

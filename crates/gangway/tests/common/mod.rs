@@ -147,6 +147,33 @@ pub fn server_config(extra: &str) -> String {
 }
 
 impl Cluster {
+    /// Where node `node`'s declared agent reads its GPUs' health (a line
+    /// `INDEX REASON` per unhealthy GPU): the stand-in for NVML's events.
+    pub fn gpu_health_file(&self, node: &str) -> PathBuf {
+        self.dir.path().join(format!("{node}/unhealthy-gpus"))
+    }
+
+    /// GPU `gpu` of `node` falls off the bus (the stand-in for XID 79).
+    pub fn lose_gpu(&self, node: &str, gpu: u64) {
+        std::fs::write(
+            self.gpu_health_file(node),
+            format!("{gpu} XID 79: GPU has fallen off the bus\n"),
+        )
+        .expect("health file");
+    }
+
+    /// The first GPU of running job `j` (its JSON) falls off the bus;
+    /// returns its node.
+    pub fn lose_gpu_under(&self, j: &Value) -> String {
+        let node = j["placement"][0]["node"]
+            .as_str()
+            .expect("node")
+            .to_string();
+        let gpu = j["placement"][0]["gpus"][0].as_u64().expect("gpu");
+        self.lose_gpu(&node, gpu);
+        node
+    }
+
     /// A server on `listen_ip` with the test config.
     pub fn start(listen_ip: &str) -> Cluster {
         Self::start_with(listen_ip, &server_config(""))
