@@ -63,6 +63,10 @@ impl std::fmt::Display for Cause {
     }
 }
 
+/// Longest a job may avoid a blamed node (`avoid_node_seconds`): a gang
+/// that only that node fits waits at most this long.
+pub const MAX_AVOID_SECONDS: u64 = 24 * 3600;
+
 /// NVIDIA's application XIDs: a user's kernel fault, the GPU stays healthy
 /// and the node is not blamed.
 pub const APPLICATION_XIDS: [u32; 5] = [13, 31, 43, 45, 68];

@@ -354,8 +354,8 @@ pub struct ServerConfig {
     pub auto_cordon_failures: u32,
     /// Seconds a gang restarted after a node fault (a GPU fault, a GPU lost,
     /// an agent fault such as "kill task failed") avoids the blamed node for
-    /// its next attempt. Bounded, so a gang only that node fits waits at most
-    /// this long (0: never avoid).
+    /// its next attempt, at most a day: a gang only that node fits waits at
+    /// most this long (0: never avoid).
     #[serde(default = "six_hundred")]
     pub avoid_node_seconds: u64,
     /// Seconds after an auto-cordon before the node's agent is asked to run
@@ -625,6 +625,13 @@ impl ServerConfig {
                 "node_lost_seconds must not be less than node_not_ready_seconds".into(),
             ));
         }
+        if c.avoid_node_seconds > crate::blame::MAX_AVOID_SECONDS {
+            return Err(ConfigError::Invalid(format!(
+                "avoid_node_seconds: {} is more than a day ({} s); 0 turns avoidance off",
+                c.avoid_node_seconds,
+                crate::blame::MAX_AVOID_SECONDS
+            )));
+        }
         if c.probation_after_seconds > crate::probation::MAX_AFTER_SECONDS {
             return Err(ConfigError::Invalid(format!(
                 "probation_after_seconds: {} is more than a week ({} s); 0 turns probation off",
@@ -757,6 +764,23 @@ mod tests {
             "{e}"
         );
         assert!(ServerConfig::from_yaml(&format!("{BASE}probation_after_seconds: -1\n")).is_err());
+    }
+
+    /// A gang that only its blamed node fits waits out the avoidance, so
+    /// it is bounded.
+    #[test]
+    fn avoid_node_seconds_is_bounded_to_a_day() {
+        let c = ServerConfig::from_yaml(BASE).expect("base");
+        assert_eq!(c.blame().avoid_seconds, 600);
+        let day = ServerConfig::from_yaml(&format!("{BASE}avoid_node_seconds: 86400\n"));
+        assert_eq!(day.expect("a day").blame().avoid_seconds, 86_400);
+        let e = ServerConfig::from_yaml(&format!("{BASE}avoid_node_seconds: 86401\n"))
+            .expect_err("over a day")
+            .to_string();
+        assert!(
+            e.contains("avoid_node_seconds: 86401 is more than a day"),
+            "{e}"
+        );
     }
 
     #[test]
