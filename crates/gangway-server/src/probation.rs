@@ -443,6 +443,36 @@ mod tests {
         assert!(p.report("n0", &done(2, 0, "ok"), 161).is_some());
     }
 
+    /// A node's agent may report only what it was asked: a pass it sends
+    /// unasked (before its run is due, for a run number it guessed, for
+    /// another node's run, or while not on probation at all) lifts nothing.
+    #[test]
+    fn an_unasked_pass_lifts_nothing() {
+        let mut p = Probation::new(cfg());
+        assert_eq!(
+            p.report("n0", &done(1, 0, "ok"), 10),
+            None,
+            "not on probation"
+        );
+        p.start("n0", "blamed", 0);
+        p.start("n1", "blamed", 0);
+        p.agent_check("n0", true);
+        p.agent_check("n1", true);
+        for run in [0, 1, 2, u64::MAX] {
+            assert_eq!(
+                p.report("n0", &done(run, 0, "ok"), 30),
+                None,
+                "not asked yet"
+            );
+        }
+        assert_eq!(p.ask("n1", 60, true), (Some(1), true));
+        assert_eq!(p.report("n0", &done(1, 0, "ok"), 61), None, "n1's run");
+        assert_eq!(p.ask("n0", 61, true), (Some(2), true));
+        assert_eq!(p.report("n0", &done(3, 0, "ok"), 62), None, "a later run");
+        assert!(p.phase("n0").is_some(), "still on probation");
+        assert!(p.report("n0", &done(2, 0, "ok"), 62).is_some());
+    }
+
     #[test]
     fn without_a_check_the_node_says_so_and_is_never_asked() {
         let mut p = Probation::new(cfg());
