@@ -175,9 +175,17 @@ stat -c '%u %a' "$HOME" > "$OUT/home-stat"; stat -c '%u %a' "$TMPDIR" > "$OUT/tm
 #[test]
 fn a_rendezvous_port_move_is_not_a_restart() {
     // A port of ours, held on every interface, is the one the range of two
-    // gives the cluster's first job (job 1, attempt 0: the second port).
-    let held = std::net::TcpListener::bind("0.0.0.0:0").expect("bind");
-    let port = held.local_addr().expect("addr").port();
+    // gives the cluster's first job (job 1, attempt 0: the second port);
+    // the port below it, the one the job moves to, must be free.
+    let (held, port) = (0..100)
+        .find_map(|_| {
+            let held = std::net::TcpListener::bind("0.0.0.0:0").ok()?;
+            let port = held.local_addr().ok()?.port();
+            let below = port.checked_sub(1).filter(|p| *p >= 1024)?;
+            std::net::TcpListener::bind(("0.0.0.0", below)).ok()?;
+            Some((held, port))
+        })
+        .expect("a port whose neighbour below is free");
     let config = format!(
         "{}master_ports: {{ first: {}, last: {port} }}\n",
         server_config(""),
