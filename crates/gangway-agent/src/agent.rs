@@ -1119,7 +1119,7 @@ impl Agent {
             );
         }
         if let Ok(sb) = &sandbox {
-            task.warnings = path_warnings(sb, &a);
+            task.warnings = path_warnings(sb, &a).await;
             for w in &task.warnings {
                 tracing::warn!("job {} attempt {}: {w}", a.job, a.attempt);
             }
@@ -1240,10 +1240,9 @@ impl Agent {
     }
 }
 
-/// `PATH` entries of a process rank that its account cannot search: a
-/// command there is silently not found and the shell falls back to a later
-/// entry (a venv under `/root` gives the system's python), so each is said.
-fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String> {
+/// `PATH` entries of a process rank that its account cannot search, as the
+/// account finds them (see [`crate::probe::path_warnings`]).
+async fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String> {
     if a.run.image.is_some() {
         return Vec::new();
     }
@@ -1254,16 +1253,7 @@ fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String
         .or_else(|| sb.base_env.get("PATH"))
         .cloned()
         .unwrap_or_default();
-    path.split(':')
-        .filter(|d| d.starts_with('/'))
-        .filter_map(|d| {
-            let why = crate::identity::denied_on_the_way(&sb.account, std::path::Path::new(d))?;
-            Some(format!(
-                "PATH entry {d} cannot be searched by {}: {why}; commands there are not found and the shell falls back to later entries",
-                crate::identity::who(&sb.account)
-            ))
-        })
-        .collect()
+    crate::probe::path_warnings(&sb.account, &path).await
 }
 
 /// The exit code of a rank whose supervisor is gone without writing one

@@ -677,9 +677,13 @@ impl Executor {
                 Rank::Process { pid, container }
             }
             Err(e) => {
-                note(&l.log, &cannot_start(&l, &e));
                 self.track.destroy(&container);
-                let _ = exits.send((k, 127));
+                // The account's own look at the path blocks: off the loop,
+                // the exit reported once the log says why.
+                tokio::task::spawn_blocking(move || {
+                    note(&l.log, &cannot_start(&l, &e));
+                    let _ = exits.send((k, 127));
+                });
                 Rank::NotStarted
             }
         }
@@ -687,39 +691,26 @@ impl Executor {
 }
 
 /// Why a process rank could not start, naming the account that was
-/// refused and, for a permission error, the step it may not take:
-/// `cannot start "/root/venv/bin/python": permission denied for user nobody
-/// (uid 65534): /root is 0700`.
+/// refused and, for a permission error, the step it may not take as the
+/// account sees it (see [`crate::probe::cannot_start`]).
 fn cannot_start(l: &Launch, e: &std::io::Error) -> String {
     let cmd = &l.run.command[0];
-    let who = crate::identity::who(&l.sandbox.account);
     if e.kind() != std::io::ErrorKind::PermissionDenied {
+        let who = crate::identity::who(&l.sandbox.account);
         return format!("cannot start {cmd:?} as {who}: {e}");
     }
-    let path = if cmd.contains('/') {
-        let p = Path::new(cmd);
-        match &l.run.workdir {
-            Some(w) if p.is_relative() => Path::new(w).join(p),
-            _ => p.to_path_buf(),
-        }
-    } else {
-        // The first PATH entry holding it, as the exec would search.
-        let path_var = l
-            .env
-            .get("PATH")
-            .or_else(|| l.sandbox.base_env.get("PATH"))
-            .cloned()
-            .unwrap_or_default();
-        path_var
-            .split(':')
-            .map(|d| Path::new(d).join(cmd))
-            .find(|p| p.exists())
-            .unwrap_or_else(|| PathBuf::from(cmd))
-    };
-    match crate::identity::denied_on_the_way(&l.sandbox.account, &path) {
-        Some(why) => format!("cannot start {cmd:?}: permission denied for {who}: {why}"),
-        None => format!("cannot start {cmd:?}: permission denied for {who}"),
-    }
+    let path_var = l
+        .env
+        .get("PATH")
+        .or_else(|| l.sandbox.base_env.get("PATH"))
+        .cloned()
+        .unwrap_or_default();
+    crate::probe::cannot_start(
+        &l.sandbox.account,
+        cmd,
+        l.run.workdir.as_deref(),
+        &path_var,
+    )
 }
 
 /// Rendezvous of a container rank on the bridge network, where the node's

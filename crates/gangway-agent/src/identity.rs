@@ -133,50 +133,6 @@ pub fn check(
     Ok(())
 }
 
-/// Whether `account` has the permission `bit` (4 read, 2 write, 1
-/// execute/search) on a file with this metadata (mode bits; no ACLs).
-fn may(account: &Account, meta: &std::fs::Metadata, bit: u32) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let mode = meta.mode();
-    if account.uid == 0 {
-        // Root searches any directory, and executes a file anyone may.
-        return meta.is_dir() || mode & 0o111 != 0 || bit != 1;
-    }
-    let shift = if meta.uid() == account.uid {
-        6
-    } else if account.groups.contains(&meta.gid()) || meta.gid() == account.gid {
-        3
-    } else {
-        0
-    };
-    (mode >> shift) & bit != 0
-}
-
-/// The first step on the way to `path` that `account` may not take: a
-/// directory it cannot search (`"/root is 0700"`), or `path` itself when it
-/// cannot search or execute it. `None` when every step is allowed (or the
-/// path does not exist as far as it goes).
-pub fn denied_on_the_way(account: &Account, path: &Path) -> Option<String> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut at = PathBuf::from("/");
-    let mut steps = vec![at.clone()];
-    for c in path.components().skip(1) {
-        at.push(c);
-        steps.push(at.clone());
-    }
-    for step in steps {
-        let meta = std::fs::metadata(&step).ok()?;
-        if !may(account, &meta, 1) {
-            return Some(format!(
-                "{} is {:04o}",
-                step.display(),
-                meta.permissions().mode() & 0o7777
-            ));
-        }
-    }
-    None
-}
-
 /// Who a rank runs as, for messages: `user nobody (uid 65534)`.
 pub fn who(account: &Account) -> String {
     format!("user {} (uid {})", account.name, account.uid)
@@ -258,7 +214,7 @@ mod tests {
     }
 
     #[test]
-    fn the_step_an_account_may_not_take_is_named() {
+    fn who_names_the_account_and_its_uid() {
         let nobody = Account {
             name: "nobody".into(),
             uid: 65534,
@@ -266,27 +222,6 @@ mod tests {
             groups: vec![65534],
             home: "/nonexistent".into(),
         };
-        let dir = tempfile::tempdir().expect("tmp");
-        let private = dir.path().join("venv");
-        std::fs::create_dir_all(private.join("bin")).expect("mkdir");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-        let python = private.join("bin/python");
-        let owner_uid = std::fs::metadata(&private).map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            m.uid()
-        });
-        if owner_uid.ok() == Some(nobody.uid) {
-            return; // Running as nobody: the directory is its own.
-        }
-        assert_eq!(
-            denied_on_the_way(&nobody, &python),
-            Some(format!("{} is 0700", private.display()))
-        );
-        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        assert_eq!(denied_on_the_way(&nobody, &private.join("bin")), None);
         assert_eq!(who(&nobody), "user nobody (uid 65534)");
     }
 

@@ -24,6 +24,7 @@ pub mod logpump;
 pub mod logs;
 pub mod machine;
 pub mod mounts;
+pub mod probe;
 pub mod proctrack;
 pub mod reconcile;
 pub mod sandbox;

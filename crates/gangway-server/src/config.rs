@@ -539,6 +539,24 @@ impl ServerConfig {
             .unwrap_or(self.limits)
     }
 
+    /// Unix accounts that several users who may submit (a user with at
+    /// least one queue) run as, each with those users' names, sorted. Ranks
+    /// of one account are one principal on a node, whatever Gangway user
+    /// submitted them: see [`shared_account_refusal`].
+    pub fn shared_accounts(&self) -> Vec<(String, Vec<String>)> {
+        let mut by_account: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for u in self.users.iter().filter(|u| !u.queues.is_empty()) {
+            by_account
+                .entry(crate::admission::run_as(self, &u.name))
+                .or_default()
+                .push(u.name.clone());
+        }
+        by_account
+            .into_iter()
+            .filter(|(_, users)| users.len() > 1)
+            .collect()
+    }
+
     /// The job-contract knobs.
     pub fn contract(&self) -> ContractConfig {
         ContractConfig {
@@ -700,9 +718,66 @@ impl ServerConfig {
     }
 }
 
+/// The refusal of a configuration whose users share Unix accounts (see
+/// [`ServerConfig::shared_accounts`]), saying what sharing means and how
+/// to fix it, or `None` when every user has an account of their own.
+/// `flag` is the command-line flag that accepts sharing.
+pub fn shared_account_refusal(cfg: &ServerConfig, flag: &str) -> Option<String> {
+    let shared = cfg.shared_accounts();
+    if shared.is_empty() {
+        return None;
+    }
+    let list = shared
+        .iter()
+        .map(|(account, users)| format!("{} run as Unix account {account:?}", users.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(format!(
+        "users share a Unix account: {list}. Ranks of one account are one user to the \
+         node: each of these users' ranks can read the others' environment (secrets \
+         in run.env, via /proc), read and replace their checkpoints, read their \
+         TMPDIR and home, read their logs and signal (kill) their ranks. Give each \
+         user an account of their own (`unix_user:` in the user's entry), or start \
+         with {flag} to accept that these users are not isolated from each other"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn users_mapped_to_one_account_are_named_with_what_sharing_means() {
+        let c = ServerConfig::from_yaml(
+            "admin_token: admin-token-1\nagent_token: agent-token-1\nusers:\n  - { name: alice, token: alice-token-1, queues: [q], unix_user: lab }\n  - { name: bob, token: bob-token-11, queues: [q], unix_user: lab }\n  - { name: carol, token: carol-token-1, queues: [q] }\n  - { name: dave, token: dave-token-11, queues: [], unix_user: carol }\nqueues:\n  - name: q\n",
+        )
+        .expect("config");
+        // dave may submit nowhere: his account runs nothing.
+        assert_eq!(
+            c.shared_accounts(),
+            vec![("lab".to_string(), vec!["alice".to_string(), "bob".to_string()])]
+        );
+        let why = shared_account_refusal(&c, "--allow-shared-account").expect("refused");
+        for part in [
+            "alice, bob run as Unix account \"lab\"",
+            "environment",
+            "checkpoints",
+            "TMPDIR",
+            "logs",
+            "signal",
+            "unix_user:",
+            "--allow-shared-account",
+        ] {
+            assert!(why.contains(part), "{part}: {why}");
+        }
+        // A user's name is the default account: distinct names, distinct accounts.
+        let own = ServerConfig::from_yaml(
+            "admin_token: admin-token-1\nagent_token: agent-token-1\nusers:\n  - { name: alice, token: alice-token-1, queues: [q] }\n  - { name: bob, token: bob-token-11, queues: [q] }\nqueues:\n  - name: q\n",
+        )
+        .expect("config");
+        assert!(own.shared_accounts().is_empty());
+        assert_eq!(shared_account_refusal(&own, "--x"), None);
+    }
 
     #[test]
     fn the_example_config_parses_with_its_security_settings() {

@@ -400,6 +400,11 @@ pub struct UpArgs {
     /// `unix_user`. Without it: one unlimited `default` queue.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Start even though `--config` maps several users to one Unix account
+    /// (users without `unix_user` all run as `--run-as`): their ranks are
+    /// then not isolated from each other (see docs/SECURITY.md).
+    #[arg(long)]
+    pub allow_shared_account: bool,
     /// Milliseconds between each agent's syncs with the server (how soon a
     /// placement starts and an exit is seen).
     #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(50..=60_000))]
@@ -412,28 +417,53 @@ pub struct UpArgs {
     pub health: HealthCheckArgs,
 }
 
-/// `up`'s server configuration: `--config`'s, adapted to one machine, or a
-/// single unlimited `default` queue.
+/// `--config`'s server configuration with every user that names no
+/// `unix_user` run as `run_as`; refused when that (or the file) maps
+/// several users to one account, unless `--allow-shared-account`.
+fn config_file(a: &UpArgs, run_as: &str) -> Result<Option<gangway_server::ServerConfig>> {
+    let Some(path) = &a.config else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut cfg = gangway_server::ServerConfig::from_yaml(&text)
+        .with_context(|| format!("in {}", path.display()))?;
+    let mut defaulted = false;
+    for u in &mut cfg.users {
+        if u.unix_user.is_none() {
+            u.unix_user = Some(run_as.to_string());
+            defaulted = true;
+        }
+    }
+    if let Some(why) =
+        gangway_server::config::shared_account_refusal(&cfg, "--allow-shared-account")
+    {
+        let how = if defaulted {
+            format!(" (`up` runs each user without `unix_user` as --run-as {run_as})")
+        } else {
+            String::new()
+        };
+        if !a.allow_shared_account {
+            anyhow::bail!("in {}: {why}{how}", path.display());
+        }
+        eprintln!("warning: {why}{how} (accepted with --allow-shared-account)");
+    }
+    Ok(Some(cfg))
+}
+
+/// `up`'s server configuration: `--config`'s (read by [`config_file`]),
+/// adapted to one machine, or a single unlimited `default` queue.
 fn up_config(
-    a: &UpArgs,
+    file: Option<gangway_server::ServerConfig>,
     admin: &str,
     join: &str,
     run_as: &str,
     dir: &std::path::Path,
 ) -> Result<gangway_server::ServerConfig> {
-    let mut cfg = match &a.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let mut cfg = gangway_server::ServerConfig::from_yaml(&text)
-                .with_context(|| format!("in {}", path.display()))?;
+    let mut cfg = match file {
+        Some(mut cfg) => {
             cfg.admin_token = admin.to_string();
             cfg.agent_token = join.to_string();
-            for u in &mut cfg.users {
-                if u.unix_user.is_none() {
-                    u.unix_user = Some(run_as.to_string());
-                }
-            }
             cfg
         }
         None => {
@@ -528,6 +558,8 @@ fn up_run_as(flag: Option<&str>) -> Result<String> {
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
 pub fn up(a: &UpArgs) -> Result<()> {
     init_tracing();
+    let run_as = up_run_as(a.run_as.as_deref())?;
+    let file = config_file(a, &run_as)?;
     // The admin token lands in this directory: private (0700) and, by
     // default, at an unpredictable path.
     let dir = match &a.data_dir {
@@ -554,8 +586,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("admin-{}", gangway_server::control::fresh_token()));
     let join = format!("join-{}", gangway_server::control::fresh_token());
-    let run_as = up_run_as(a.run_as.as_deref())?;
-    let cfg = up_config(a, &admin, &join, &run_as, &dir)?;
+    let cfg = up_config(file, &admin, &join, &run_as, &dir)?;
     let checkpoint_root = cfg
         .checkpoint_root
         .as_ref()

@@ -68,6 +68,10 @@ enum Command {
         /// other replicas must be signed by).
         #[command(flatten)]
         tls: local::TlsArgs,
+        /// Start even though several users run as one Unix account: their
+        /// ranks are then not isolated from each other (see docs/SECURITY.md).
+        #[arg(long)]
+        allow_shared_account: bool,
     },
     /// Runs a node agent: registers the node, runs the ranks the server assigns.
     Agent(Box<local::AgentArgs>),
@@ -254,12 +258,21 @@ fn server(
     metrics_listen: Option<&str>,
     ha: Option<Replica>,
     tls: &local::TlsArgs,
+    allow_shared_account: bool,
 ) -> Result<()> {
     let tls = tls.apply()?;
     let text =
         std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let cfg = gangway_server::ServerConfig::from_yaml(&text)
         .with_context(|| format!("in {}", config.display()))?;
+    if let Some(why) =
+        gangway_server::config::shared_account_refusal(&cfg, "--allow-shared-account")
+    {
+        if !allow_shared_account {
+            anyhow::bail!("in {}: {why}", config.display());
+        }
+        tracing::warn!("{why} (accepted with --allow-shared-account)");
+    }
     let etcd = match &ha {
         Some(r) => Some(
             gangway_store::EtcdStore::connect(&r.etcd, &r.namespace)
@@ -437,6 +450,7 @@ fn run() -> Result<()> {
             log_json,
             metrics_listen,
             tls,
+            allow_shared_account,
         } => {
             init_server_tracing(log_json);
             let ha = (!etcd.is_empty()).then_some(Replica {
@@ -451,6 +465,7 @@ fn run() -> Result<()> {
                 metrics_listen.as_deref(),
                 ha,
                 &tls,
+                allow_shared_account,
             )
         }
         Command::Agent(a) => local::agent(&a),

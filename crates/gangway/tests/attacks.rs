@@ -48,7 +48,7 @@ fn logs_as(c: &Cluster, token: &str, id: u64) -> std::process::Output {
 /// take it over; with another user's token, read a job's secrets and logs.
 #[test]
 fn a_join_token_cannot_take_over_a_node_and_users_read_only_their_own_jobs() {
-    let mut c = Cluster::start_with("127.0.0.1", &config());
+    let mut c = Cluster::start_shared("127.0.0.1", &config());
     c.agent("node-a", 4, &[], &[]);
     c.wait_nodes(1);
     let hijack = json!({
@@ -104,7 +104,7 @@ fn a_join_token_cannot_take_over_a_node_and_users_read_only_their_own_jobs() {
 /// admin deletes the node, it joins again.
 #[test]
 fn an_agent_without_its_node_token_needs_an_admin_to_come_back() {
-    let mut c = Cluster::start_with("127.0.0.1", &config());
+    let mut c = Cluster::start_shared("127.0.0.1", &config());
     c.agent("node-a", 2, &[], &[]);
     c.wait_nodes(1);
     let token_file = c.dir.path().join("node-a/node-token");
@@ -145,7 +145,7 @@ fn deep_yaml_floods_do_not_get_a_healthy_node_declared_lost() {
         "node_not_ready_seconds: 5\nnode_lost_seconds: 10",
     );
     assert!(cfg.contains("node_lost_seconds: 10"));
-    let mut c = Cluster::start_with("127.0.0.1", &cfg);
+    let mut c = Cluster::start_shared("127.0.0.1", &cfg);
     c.agent("node-a", 2, &[], &[]);
     c.wait_nodes(1);
     let id = submit_as(&c, "alice-token", &c.rank_job("steady", 1, 2));
@@ -190,7 +190,7 @@ fn deep_yaml_floods_do_not_get_a_healthy_node_declared_lost() {
 /// agent kills what still runs.
 #[test]
 fn ranks_ignoring_sigterm_lose_their_gpus_after_the_grace() {
-    let mut c = Cluster::start_with("127.0.0.1", &config());
+    let mut c = Cluster::start_shared("127.0.0.1", &config());
     c.agent("node-a", 2, &[], &[]);
     c.wait_nodes(1);
     let out = c.out.display().to_string();
@@ -320,7 +320,7 @@ fn cli(c: &Cluster, token: &str, args: &[&str]) -> (bool, String, String) {
 #[test]
 fn joining_nodes_wait_for_gangway_nodes_approve_and_gangway_audit_tells_who() {
     let manual = config().replace("node_approval: auto", "node_approval: manual");
-    let mut c = Cluster::start_with("127.0.0.1", &manual);
+    let mut c = Cluster::start_shared("127.0.0.1", &manual);
     c.agent("node-a", 2, &[], &[]);
     let (ok, text, err) = wait_for("node-a to join", 30, || {
         let r = cli(&c, ADMIN, &["nodes"]);
@@ -379,7 +379,7 @@ fn the_server_logs_json_lines_with_log_json() {
     let port = free_port();
     let log = dir.path().join("server.log");
     let mut server = Command::new(BIN)
-        .args(["server", "--log-json", "--config"])
+        .args(["server", "--log-json", "--allow-shared-account", "--config"])
         .arg(&cfg)
         .arg("--data-dir")
         .arg(dir.path().join("data"))

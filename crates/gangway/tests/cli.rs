@@ -59,10 +59,19 @@ fn up_with_the_example_config_runs_the_example_job_to_success() {
     let dir = tempfile::tempdir().expect("tmp");
     let data = dir.path().join("up");
     // up's defaults (4 nodes x 8 GPUs): the example queues' quotas fit.
+    // The example's users name no `unix_user`: under `up` they share
+    // `--run-as`, which must be accepted in so many words.
     let mut child = Up(up(
         &data,
         free_port(),
-        &["--gpus", "8", "--sync-ms", "100", "--exit-when-done"],
+        &[
+            "--gpus",
+            "8",
+            "--sync-ms",
+            "100",
+            "--exit-when-done",
+            "--allow-shared-account",
+        ],
     )
     .arg("--config")
     .arg(example("server.yaml"))
@@ -97,6 +106,99 @@ fn up_with_the_example_config_runs_the_example_job_to_success() {
         .map(|p| std::fs::read_to_string(p).unwrap_or_default())
         .find(|l| l.contains("rank 1 of 2"));
     assert!(log.is_some(), "no rank log says 'rank 1 of 2'");
+}
+
+/// Several users who run as one Unix account are one principal on a node:
+/// `up --config` refuses to start so, saying what it means and how to fix
+/// it, until `--allow-shared-account` accepts it.
+#[test]
+fn up_refuses_users_who_would_share_one_unix_account() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("up");
+    let out = up(&data, free_port(), &["--nodes", "1", "--run-as", "nobody"])
+        .arg("--config")
+        .arg(example("server.yaml"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("up");
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    for part in [
+        "alice, bob run as Unix account \"nobody\"",
+        "environment",
+        "checkpoints",
+        "TMPDIR",
+        "signal",
+        "unix_user:",
+        "--allow-shared-account",
+        "--run-as nobody",
+    ] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+    // Refused before anything was set up.
+    assert!(!data.exists(), "{err}");
+    // One account per user: no refusal (up starts; it is stopped at once).
+    let cfg = dir.path().join("own.yaml");
+    std::fs::write(
+        &cfg,
+        "admin_token: admin-secret-1\nagent_token: agent-secret-1\nusers:\n  - { name: alice, token: alice-token-1, queues: [default], unix_user: nobody }\n  - { name: bob, token: bob-token-11, queues: [default], unix_user: daemon }\nqueues:\n  - name: default\n",
+    )
+    .expect("config");
+    let mut child = Up(up(&data, free_port(), &["--nodes", "1"])
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("up"));
+    let mut stdout = child.0.stdout.take().expect("stdout");
+    let mut first = [0u8; 16];
+    let n = stdout.read(&mut first).expect("read");
+    assert_eq!(&first[..n.min(15)], b"Gangway is up: ", "up did not start");
+}
+
+/// The same rule for `gangway server`: users mapped to one account are
+/// refused unless `--allow-shared-account`, which starts it.
+#[test]
+fn server_refuses_users_who_share_one_unix_account_unless_allowed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("server.yaml");
+    std::fs::write(
+        &cfg,
+        "admin_token: admin-secret-1\nagent_token: agent-secret-1\nusers:\n  - { name: alice, token: alice-token-1, queues: [default], unix_user: lab }\n  - { name: bob, token: bob-token-11, queues: [default], unix_user: lab }\nqueues:\n  - name: default\n",
+    )
+    .expect("config");
+    let server = |extra: &[&str], port: u16| {
+        let mut c = Command::new(BIN);
+        c.args(["server", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra);
+        c
+    };
+    let out = server(&[], free_port()).output().expect("server");
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("alice, bob run as Unix account \"lab\"")
+            && err.contains("signal")
+            && err.contains("--allow-shared-account"),
+        "{err}"
+    );
+    let port = free_port();
+    let child = server(&["--allow-shared-account"], port)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("server");
+    let _stop = Up(child);
+    wait_for("the server to answer", 20, || {
+        ureq::get(&format!("http://127.0.0.1:{port}/healthz"))
+            .call()
+            .ok()
+    });
 }
 
 fn walk(p: &Path) -> Vec<PathBuf> {

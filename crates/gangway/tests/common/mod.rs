@@ -49,6 +49,8 @@ pub struct Cluster {
     pub out: PathBuf,
     pub script: PathBuf,
     server: Child,
+    /// Extra `gangway server` flags (kept for [`Cluster::replace_server`]).
+    server_args: Vec<String>,
     pub agents: BTreeMap<String, Child>,
     /// Extra commands to run at teardown (network namespaces).
     pub teardown: Vec<Vec<String>>,
@@ -78,8 +80,9 @@ impl Drop for Cluster {
     }
 }
 
-/// `gangway server` with `dir/server.yaml` on `data_dir`, logging to `dir/server.log`.
-fn spawn_server(dir: &Path, data_dir: &Path, listen: &str) -> Child {
+/// `gangway server` with `dir/server.yaml` on `data_dir`, logging to
+/// `dir/server.log`, with `args` after the others.
+fn spawn_server(dir: &Path, data_dir: &Path, listen: &str, args: &[String]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -91,6 +94,7 @@ fn spawn_server(dir: &Path, data_dir: &Path, listen: &str) -> Child {
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen", listen])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -183,8 +187,30 @@ impl Cluster {
         Self::start_in(tempfile::tempdir().expect("tmp"), listen_ip, config)
     }
 
+    /// [`Cluster::start_with`] for a config whose users share one Unix
+    /// account (`gangway server --allow-shared-account`).
+    pub fn start_shared(listen_ip: &str, config: &str) -> Cluster {
+        Self::start_args(
+            tempfile::tempdir().expect("tmp"),
+            listen_ip,
+            config,
+            &["--allow-shared-account"],
+        )
+    }
+
     /// [`Cluster::start_with`] in `dir`, whose `data/` may already hold a store.
     pub fn start_in(dir: tempfile::TempDir, listen_ip: &str, config: &str) -> Cluster {
+        Self::start_args(dir, listen_ip, config, &[])
+    }
+
+    /// [`Cluster::start_in`] with extra `gangway server` flags.
+    pub fn start_args(
+        dir: tempfile::TempDir,
+        listen_ip: &str,
+        config: &str,
+        args: &[&str],
+    ) -> Cluster {
+        let server_args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         // Ranks run as an unprivileged account: let them reach the rank
         // script and the checkpoint root in here.
         let _ = Command::new("chmod")
@@ -200,7 +226,7 @@ impl Cluster {
         let cfg = dir.path().join("server.yaml");
         std::fs::write(&cfg, config).expect("config");
         let listen = format!("{listen_ip}:{}", free_port());
-        let server = spawn_server(dir.path(), &dir.path().join("data"), &listen);
+        let server = spawn_server(dir.path(), &dir.path().join("data"), &listen, &server_args);
         let addr = format!("http://{listen}");
         let c = Cluster {
             dir,
@@ -208,6 +234,7 @@ impl Cluster {
             out,
             script,
             server,
+            server_args,
             agents: BTreeMap::new(),
             teardown: Vec::new(),
         };
@@ -224,7 +251,7 @@ impl Cluster {
         let _ = self.server.kill();
         let _ = self.server.wait();
         let listen = self.addr.trim_start_matches("http://").to_string();
-        self.server = spawn_server(self.dir.path(), data_dir, &listen);
+        self.server = spawn_server(self.dir.path(), data_dir, &listen, &self.server_args);
         wait_for("server up", 20, || {
             ureq::get(&format!("{}/healthz", self.addr)).call().ok()
         });
