@@ -13,71 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ALICE: &str = "alice-token-node-sec";
-const GHOST: &str = "ghost-token-node-sec";
-const ROOTY: &str = "rooty-token-node-sec";
-
-/// A Unix account made for one test and removed when dropped.
-struct Account {
-    name: String,
-    uid: u32,
-}
-
 /// These tests create Unix accounts and drop privileges: they need root.
 const ROOT_WHY: &str = "needs root to create Unix accounts";
 
-impl Account {
-    fn create(tag: &str) -> Account {
-        let name = format!("gw{}{tag}", std::process::id());
-        // Other tests (and worktrees) add accounts at the same time: retry the lock.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let out = Command::new("useradd")
-                .args(["-M", "-U", "-s", "/bin/sh", &name])
-                .output()
-                .expect("useradd");
-            let exists = String::from_utf8_lossy(&out.stderr).contains("already exists");
-            if out.status.success() || exists {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "useradd {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let uid = Command::new("id")
-            .args(["-u", &name])
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .expect("uid of the new account");
-        Account { name, uid }
-    }
-}
-
-impl Drop for Account {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            let ok = Command::new("userdel")
-                .arg(&self.name)
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok
-                || Command::new("id")
-                    .arg(&self.name)
-                    .output()
-                    .is_ok_and(|o| !o.status.success())
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
+const ALICE: &str = "alice-token-node-sec";
+const GHOST: &str = "ghost-token-node-sec";
+const ROOTY: &str = "rooty-token-node-sec";
 
 /// A world-readable directory outside the cluster's: the allowed datasets.
 struct Data {

@@ -693,3 +693,63 @@ pub fn tmp_mounts(extra: &str) -> String {
         tmp.display()
     )
 }
+
+/// A Unix account made for one test and removed when dropped.
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+}
+
+impl Account {
+    /// `gw<pid><tag>`, with a group of its own and no home directory.
+    pub fn create(tag: &str) -> Account {
+        let name = format!("gw{}{tag}", std::process::id());
+        // Other tests (and worktrees) add accounts at the same time: retry the lock.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = Command::new("useradd")
+                .args(["-M", "-U", "-s", "/bin/sh", &name])
+                .output()
+                .expect("useradd");
+            let exists = String::from_utf8_lossy(&out.stderr).contains("already exists");
+            if out.status.success() || exists {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "useradd {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let uid = Command::new("id")
+            .args(["-u", &name])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .expect("uid of the new account");
+        Account { name, uid }
+    }
+}
+
+impl Drop for Account {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let ok = Command::new("userdel")
+                .arg(&self.name)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok
+                || Command::new("id")
+                    .arg(&self.name)
+                    .output()
+                    .is_ok_and(|o| !o.status.success())
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
