@@ -318,6 +318,10 @@ pub enum SpecError {
     /// The name field is empty.
     #[error("name: must not be empty")]
     EmptyName,
+    /// A name or other short field holds a control character (see
+    /// [`crate::text::is_unsafe`]): `name: control character U+001B is not allowed`.
+    #[error("{0}")]
+    ControlCharacter(String),
     /// The queue field is empty.
     #[error("queue: must not be empty")]
     EmptyQueue,
@@ -433,6 +437,40 @@ impl JobSpec {
         u64::from(self.replicas) * u64::from(self.resources.gpus)
     }
 
+    /// Refuses control characters in the fields shown as they are in
+    /// tables and `describe` (names, queue, user, model, image, paths,
+    /// array, dependency, begin, signal). `run.command` and `run.env` may
+    /// hold any text (a shell script has newlines): they are escaped where
+    /// shown.
+    fn check_printable(&self) -> Result<(), SpecError> {
+        let mut fields: Vec<(String, &str)> = vec![
+            ("name".into(), &self.name),
+            ("queue".into(), &self.queue),
+            ("user".into(), &self.user),
+            ("checkpoint.signal".into(), &self.checkpoint.signal),
+        ];
+        for (f, v) in [
+            ("resources.gpu_model", &self.resources.gpu_model),
+            ("run.image", &self.run.image),
+            ("run.workdir", &self.run.workdir),
+            ("checkpoint.dir", &self.checkpoint.dir),
+            ("dependency", &self.dependency),
+            ("array", &self.array),
+        ] {
+            if let Some(v) = v {
+                fields.push((f.into(), v));
+            }
+        }
+        for (i, m) in self.run.mounts.iter().enumerate() {
+            fields.push((format!("run.mounts[{i}].source"), &m.source));
+            fields.push((format!("run.mounts[{i}].target"), &m.target));
+        }
+        for (f, v) in fields {
+            crate::text::check_printable(&f, v).map_err(SpecError::ControlCharacter)?;
+        }
+        Ok(())
+    }
+
     /// Checks that do not need the cluster: counts, ranges, empty fields.
     pub fn validate(&self) -> Result<(), SpecError> {
         const MAX_REPLICAS: u64 = 100_000;
@@ -440,6 +478,7 @@ impl JobSpec {
         if self.name.trim().is_empty() {
             return Err(SpecError::EmptyName);
         }
+        self.check_printable()?;
         if self.queue.trim().is_empty() {
             return Err(SpecError::EmptyQueue);
         }
@@ -674,6 +713,47 @@ mod tests {
             r#"{"name":"a","queue":"q","replicas":1,"resources":{"gpus":1},"time_limit":75}"#;
         let s: JobSpec = serde_json::from_str(json).expect("spec");
         assert_eq!(s.time_limit_seconds(), Some(75));
+    }
+
+    #[test]
+    fn control_characters_in_names_are_refused_naming_the_field() {
+        for (name, code) in [
+            ("evil\x1b]52;c;SGVsbG8=\x07", "001B"),
+            ("a\rb", "000D"),
+            ("a\nb", "000A"),
+            ("a\tb", "0009"),
+            ("a\u{7f}", "007F"),
+            ("a\u{9b}31m", "009B"),
+            ("abc\u{202e}fdp.exe", "202E"),
+            ("a\u{2066}b", "2066"),
+        ] {
+            let s = JobSpec::new(name, "q", 1, 1);
+            assert_eq!(
+                s.validate().map_err(|e| e.to_string()),
+                Err(format!("name: control character U+{code} is not allowed")),
+                "{name:?}"
+            );
+        }
+        let mut s = JobSpec::new("ok", "q\x1b", 1, 1);
+        assert!(s.validate().unwrap_err().to_string().starts_with("queue: control character"));
+        s.queue = "q".into();
+        s.run.image = Some("img\n".into());
+        assert!(s.validate().unwrap_err().to_string().starts_with("run.image: control"));
+        s.run.image = None;
+        s.run.mounts.push(Mount {
+            source: "/d\x1b".into(),
+            target: "/d".into(),
+            read_only: true,
+        });
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("run.mounts[0].source: control"));
+        // A shell script keeps its newlines, and names their Unicode.
+        let mut s = JobSpec::new("résumé-训练", "q", 1, 1);
+        s.run.command = vec!["sh".into(), "-c".into(), "a\nb\tc".into()];
+        s.validate().expect("accepted");
     }
 
     #[test]

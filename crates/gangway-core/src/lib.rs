@@ -13,6 +13,7 @@ pub mod queue;
 pub mod reason;
 pub mod resources;
 pub mod span;
+pub mod text;
 pub mod workflow;
 
 pub use job::{

@@ -622,6 +622,28 @@ impl ServerConfig {
                 "max_body_bytes: must be at least 1024".into(),
             ));
         }
+        let printable = |field: String, v: &str| {
+            gangway_core::text::check_printable(&field, v).map_err(ConfigError::Invalid)
+        };
+        printable("default_unix_user".into(), &c.default_unix_user)?;
+        for (i, u) in c.users.iter().enumerate() {
+            printable(format!("users[{i}].name"), &u.name)?;
+            if let Some(account) = &u.unix_user {
+                printable(format!("users[{i}].unix_user"), account)?;
+            }
+            for q in &u.queues {
+                printable(format!("users[{i}].queues"), q)?;
+            }
+        }
+        for (i, q) in c.queues.iter().enumerate() {
+            printable(format!("queues[{i}].name"), &q.name)?;
+            if let Some(p) = &q.parent {
+                printable(format!("queues[{i}].parent"), p)?;
+            }
+        }
+        for q in c.slo_p95_wait_seconds.keys() {
+            printable("slo_p95_wait_seconds".into(), q)?;
+        }
         for u in &c.users {
             if u.token.len() < 8 {
                 return Err(ConfigError::Invalid(format!(
@@ -777,6 +799,28 @@ mod tests {
         .expect("config");
         assert!(own.shared_accounts().is_empty());
         assert_eq!(shared_account_refusal(&own, "--x"), None);
+    }
+
+    #[test]
+    fn control_characters_in_user_and_queue_names_are_refused() {
+        let base = "admin_token: admin-token-1\nagent_token: agent-token-1\n";
+        for (yaml, want) in [
+            (
+                "users:\n  - { name: \"al\\u001bice\", token: alice-token-1, queues: [q] }\nqueues:\n  - name: q\n",
+                "users[0].name: control character U+001B is not allowed",
+            ),
+            (
+                "users:\n  - { name: alice, token: alice-token-1, queues: [q], unix_user: \"a\\nb\" }\nqueues:\n  - name: q\n",
+                "users[0].unix_user: control character U+000A is not allowed",
+            ),
+            (
+                "queues:\n  - name: \"q\\u202e\"\n",
+                "queues[0].name: control character U+202E is not allowed",
+            ),
+        ] {
+            let e = ServerConfig::from_yaml(&format!("{base}{yaml}")).expect_err(yaml);
+            assert!(e.to_string().contains(want), "{e}");
+        }
     }
 
     #[test]

@@ -127,6 +127,20 @@ pub fn check_node_spec(spec: &NodeSpec) -> Result<(), ControlError> {
             return bad(format!("{f}: at most {MAX_NODE_NAME} bytes"));
         }
     }
+    // Shown in `gangway nodes` and `describe`: no control characters.
+    let shown = spec
+        .labels
+        .iter()
+        .flat_map(|(k, v)| [("labels", k), ("labels", v)])
+        .chain([
+            ("leaf", &spec.leaf),
+            ("spine", &spec.spine),
+            ("address", &spec.address),
+        ])
+        .chain(spec.gpus.iter().map(|g| ("gpus.model", &g.model)));
+    for (f, v) in shown {
+        gangway_core::text::check_printable(f, v).map_err(ControlError::BadNode)?;
+    }
     if spec.gpus.iter().any(|g| g.model.len() > MAX_NODE_NAME) {
         return bad("gpus.model: at most 253 bytes".into());
     }
@@ -202,6 +216,27 @@ mod tests {
             c.cycle(t).expect("cycle");
         }
         assert!(c.nodes.lost.contains("n"));
+    }
+
+    #[test]
+    fn control_characters_in_what_a_node_registers_are_refused() {
+        let ok = NodeSpec::uniform("n", "l", "s", 1, "H100", 80);
+        check_node_spec(&ok).expect("plain");
+        let mut s = ok.clone();
+        s.labels.insert("zone".into(), "a\x1b[2J".into());
+        let e = check_node_spec(&s).expect_err("label").to_string();
+        assert!(e.contains("labels: control character U+001B is not allowed"), "{e}");
+        let mut s = ok.clone();
+        s.leaf = "leaf\n0".into();
+        let e = check_node_spec(&s).expect_err("leaf").to_string();
+        assert!(e.contains("leaf: control character U+000A"), "{e}");
+        let mut s = ok;
+        s.gpus[0].model = "H100\u{202e}".into();
+        let e = check_node_spec(&s).expect_err("model").to_string();
+        assert!(e.contains("gpus.model: control character U+202E"), "{e}");
+        let mut s = NodeSpec::uniform("n\x1b", "l", "s", 1, "H100", 80);
+        s.address.clear();
+        assert!(check_node_spec(&s).is_err());
     }
 
     #[test]
