@@ -957,3 +957,72 @@ fn an_array_counts_each_task_against_the_pending_limit() {
     let (code, v) = s.submit("admin-secret", &array("0-3%0"));
     assert_eq!(code, 422, "{v}");
 }
+
+/// Names that would drive a terminal (ESC, CR, LF, bidi overrides) are
+/// refused at submission, as YAML or JSON, and at an update, naming the
+/// field and the character; nothing is stored.
+#[test]
+fn control_characters_in_names_are_refused_at_submit_and_update() {
+    let s = start();
+    for (name, code) in [
+        ("\"evil\\e]52;c;SGVsbG8=\\a\"", "001B"),
+        ("\"a\\rjob 1: succeeded\"", "000D"),
+        ("\"a\\nb\"", "000A"),
+        ("\"a\\tb\"", "0009"),
+        ("\"txt\\u202Egpj\"", "202E"),
+        ("\"a\\x9Bb\"", "009B"),
+    ] {
+        let (status, v) = s.submit("alice-token", &job(name, "research", 1));
+        assert_eq!(status, 422, "{name}: {v}");
+        assert_eq!(
+            error(&v),
+            format!("name: control character U+{code} is not allowed"),
+            "{name}"
+        );
+    }
+    let (status, v) = s.post(
+        "/v1/jobs",
+        "alice-token",
+        "application/json",
+        &json!({ "name": "x\u{1b}[2J", "queue": "research", "replicas": 1, "resources": { "gpus": 1 } })
+            .to_string(),
+    );
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(error(&v), "name: control character U+001B is not allowed");
+    assert_eq!(s.get("/v1/jobs", "admin-secret").1, json!([]));
+    // A node registering a label that would do the same: refused too.
+    let mut n = node("node-c", 1, "127.0.0.1", 9003);
+    n.labels.insert("zone".into(), "eu\u{1b}]0;owned\u{7}".into());
+    let (status, v) = s.register_as("agent-secret", &n);
+    assert!(
+        (400..500).contains(&status) && error(&v).contains("labels: control character U+001B"),
+        "{status} {v}"
+    );
+    // A held job stays pending: it may be renamed, but not so.
+    s.register_as("agent-secret", &node("node-a", 1, "127.0.0.1", 9001));
+    let (status, v) = s.submit(
+        "alice-token",
+        &format!("{}hold: true\n", job("plain", "research", 1)),
+    );
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_u64().expect("id");
+    for token in ["alice-token", "admin-secret"] {
+        let (status, v) = s.post(
+            &format!("/v1/jobs/{id}/update"),
+            token,
+            "application/json",
+            &json!({ "name": "renamed\r\n\u{1b}[31m" }).to_string(),
+        );
+        assert_eq!(status, 422, "{v}");
+        assert_eq!(error(&v), "name: control character U+000D is not allowed");
+    }
+    let (_, j) = s.get(&format!("/v1/jobs/{id}"), "admin-secret");
+    assert_eq!(j["spec"]["name"], "plain");
+    let (status, v) = s.post(
+        &format!("/v1/jobs/{id}/update"),
+        "alice-token",
+        "application/json",
+        &json!({ "name": "renamed" }).to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+}
