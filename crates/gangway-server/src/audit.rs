@@ -77,7 +77,17 @@ impl AuditLog {
     }
 
     /// Appends an entry; a write failure is logged, never fatal to the call.
-    pub fn record(&self, e: AuditEntry) {
+    /// Its text is escaped first ([`gangway_core::text::printable`]): a
+    /// target or name from a request never reaches a log reader raw.
+    pub fn record(&self, mut e: AuditEntry) {
+        for s in [&mut e.who, &mut e.action, &mut e.result]
+            .into_iter()
+            .chain(e.target.as_mut())
+        {
+            if let std::borrow::Cow::Owned(x) = gangway_core::text::printable(s) {
+                *s = x;
+            }
+        }
         tracing::info!(
             target: "gangway::audit",
             who = %e.who, action = %e.action, target = e.target.as_deref().unwrap_or(""),
@@ -144,6 +154,27 @@ mod tests {
             status: 201,
             result: "ok".into(),
         }
+    }
+
+    #[test]
+    fn entry_text_is_escaped_before_it_is_written() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("audit.log");
+        let log = AuditLog::open(&path).expect("open");
+        let mut e = entry(1);
+        e.target = Some("node n\u{1b}]52;c;SGk=\u{7}\u{9b}\u{202e}".into());
+        log.record(e);
+        let text = std::fs::read(&path).expect("read");
+        assert!(
+            !text.iter().any(|b| *b == 0x1b || *b == 0x07),
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+        let back = log.read(0, 10).expect("read back");
+        assert_eq!(
+            back[0].target.as_deref(),
+            Some("node n\\x1b]52;c;SGk=\\x07\\u{9b}\\u{202e}")
+        );
     }
 
     #[test]

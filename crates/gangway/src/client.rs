@@ -203,7 +203,11 @@ impl Conn {
                     .get("error")
                     .and_then(Value::as_str)
                     .unwrap_or("no details");
-                bail!("server answered {code}: {msg}")
+                // Refusals quote what was sent: escaped, like every table.
+                bail!(
+                    "server answered {code}: {}",
+                    gangway_core::text::printable(msg)
+                )
             }
             Err(e) => Err(e).with_context(|| format!("cannot reach the server at {}", self.addr())),
         }
@@ -272,10 +276,29 @@ impl Conn {
     pub fn print(&self, v: &Value, table: impl FnOnce(&Value) -> String) -> Result<()> {
         match self.output {
             Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
-            Output::Table | Output::Wide => print!("{}", table(v)),
+            Output::Table | Output::Wide => print!("{}", table(&printable_value(v))),
             Output::Csv => bail!("-o csv is available for `gangway history` only"),
         }
         Ok(())
+    }
+}
+
+/// `v` with every string in it (object keys too) escaped by
+/// [`gangway_core::text::printable`]: what tables, `describe` and progress
+/// lines render from, so no name, event message, log tail or reason a user
+/// wrote reaches the terminal raw (an old record may hold a name from before
+/// such names were refused). `-o json` prints the answer as it came.
+pub(crate) fn printable_value(v: &Value) -> Value {
+    use gangway_core::text::printable;
+    match v {
+        Value::String(s) => Value::String(printable(s).into_owned()),
+        Value::Array(a) => Value::Array(a.iter().map(printable_value).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (printable(k).into_owned(), printable_value(v)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 

@@ -232,7 +232,12 @@ fn pilot_text(p: &Value) -> String {
 fn emit(c: &Conn, v: &Value, text: String) -> Result<()> {
     match c.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(v)?),
-        Output::Table | Output::Wide => print!("{text}"),
+        // Built from the answer: each line escaped as a whole.
+        Output::Table | Output::Wide => {
+            for line in text.lines() {
+                println!("{}", gangway_core::text::printable(line));
+            }
+        }
         Output::Csv => bail!("-o csv is available for `gangway history` only"),
     }
     Ok(())

@@ -238,7 +238,11 @@ pub fn run(c: &Conn, a: &QueueArgs) -> Result<()> {
                 let sep = if first { "\n" } else { ",\n" };
                 write!(out, "{sep}{}", serde_json::to_string_pretty(j)?)?;
             } else {
-                write!(out, "{}", row(j, wide, now))?;
+                write!(
+                    out,
+                    "{}",
+                    row(&crate::client::printable_value(j), wide, now)
+                )?;
             }
             first = false;
         }

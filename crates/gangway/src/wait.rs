@@ -100,7 +100,7 @@ pub fn wait(c: &Conn, id: u64, every: Duration) -> Result<()> {
     let mut last = String::new();
     loop {
         let j = c.get(&format!("/v1/jobs/{id}"))?;
-        let line = progress(&j);
+        let line = progress(&crate::client::printable_value(&j));
         if line != last {
             eprintln!("{line}");
             last = line;
@@ -145,6 +145,7 @@ pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
                     .and_then(|e| e.last())
                     .map(|e| crate::client::show(e.get("message")))
                     .unwrap_or_default();
+                let last = gangway_core::text::printable(&last);
                 println!("job {id}: {state} ({last})");
                 let code = exit_code(&job);
                 if code != 0 && outcome.as_ref().is_none_or(|o| o.id > id) {

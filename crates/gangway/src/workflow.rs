@@ -233,22 +233,23 @@ fn table(rows: &[HistoryEntry]) -> String {
         "ID", "NAME", "USER", "QUEUE", "STATE", "START", "END", "NODES", "EXIT", "GPU-HOURS"
     );
     let mut total = 0.0;
+    use gangway_core::text::printable;
     for e in rows {
         total += e.gpu_hours;
-        let name: String = e.name.chars().take(18).collect();
+        let name: String = printable(&e.name).chars().take(18).collect();
         out += &format!(
             "{:<7} {:<18} {:<10} {:<10} {:<10} {:<20} {:<20} {:<16} {:>5} {:>10.2}\n",
             e.id,
             name,
-            e.user,
-            e.queue,
+            printable(&e.user),
+            printable(&e.queue),
             gangway_server::workflow::state_name(e.state),
             when(e.started_at),
             when(e.ended_at),
             if e.nodes.is_empty() {
                 "-".to_string()
             } else {
-                e.nodes.join(",")
+                printable(&e.nodes.join(",")).into_owned()
             },
             e.exit_code.map_or("-".into(), |c| c.to_string()),
             e.gpu_hours

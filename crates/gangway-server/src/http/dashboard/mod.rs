@@ -304,6 +304,76 @@ mod tests {
         assert!(page_csp().contains("script-src 'sha256-"));
     }
 
+    /// The page's `UNSAFE` class, as `gangway_core::text::is_unsafe` has it.
+    fn unsafe_class() -> String {
+        let mut class = String::new();
+        let mut run: Option<(u32, u32)> = None;
+        let flush = |r: (u32, u32), class: &mut String| {
+            class.push_str(&format!("\\u{:04x}", r.0));
+            if r.1 != r.0 {
+                class.push_str(&format!("-\\u{:04x}", r.1));
+            }
+        };
+        for n in 0..=0xffffu32 {
+            let bad = char::from_u32(n).is_some_and(gangway_core::text::is_unsafe);
+            run = match (run, bad) {
+                (Some((a, b)), true) if b + 1 == n => Some((a, n)),
+                (Some(r), true) => {
+                    flush(r, &mut class);
+                    Some((n, n))
+                }
+                (None, true) => Some((n, n)),
+                (Some(r), false) => {
+                    flush(r, &mut class);
+                    None
+                }
+                (None, false) => None,
+            };
+        }
+        if let Some(r) = run {
+            flush(r, &mut class);
+        }
+        class
+    }
+
+    /// The page escapes what it puts into HTML (`esc`) and first shows every
+    /// character the CLI escapes the way the CLI does: the same class of
+    /// characters, and (where node.js is installed to run the page's
+    /// functions) the same text.
+    #[test]
+    fn the_page_escapes_control_characters_as_the_cli_does() {
+        let class = unsafe_class();
+        let decl = format!("const UNSAFE = /[{class}]/g;");
+        assert!(PAGE.contains(&decl), "page.html lacks {decl}");
+        // No user string reaches innerHTML but through esc (spot checks).
+        for must in ["${esc(j.spec.name)}", "${esc(e.message)}", "${esc(j.user)}"] {
+            assert!(PAGE.contains(must), "{must}");
+        }
+        let node = std::path::Path::new("/usr/bin/node");
+        if !node.exists() {
+            return;
+        }
+        let start = PAGE.find("const UNSAFE").expect("UNSAFE");
+        let end = start + PAGE[start..].find("const esc").expect("esc");
+        let end = end + PAGE[end..].find('\n').expect("line");
+        let input = "job\u{1b}]52;c;SGk=\u{7}\r\n<b>&\u{9b}\u{202e}\u{2066}\t\u{7f}x";
+        let script = format!(
+            "{}\nprocess.stdout.write(esc({}));",
+            &PAGE[start..end],
+            serde_json::to_string(input).expect("json")
+        );
+        let out = std::process::Command::new(node)
+            .args(["-e", &script])
+            .output()
+            .expect("node");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let want = gangway_core::text::printable(input)
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    }
+
     #[test]
     fn history_keeps_one_sample_per_period_and_six_hours() {
         let mut h = QueueHistory::default();
