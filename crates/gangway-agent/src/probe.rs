@@ -333,8 +333,10 @@ pub async fn path_warnings(account: &Account, path_var: &str) -> Vec<String> {
             .zip(found)
             .filter_map(|(d, f)| match f {
                 Found::Denied(why) => Some(format!(
-                    "PATH entry {d} cannot be searched by {who}{}; commands there are not found and the shell falls back to later entries",
-                    why.map(|w| format!(": {w}")).unwrap_or_default()
+                    "PATH entry {} cannot be searched by {who}{}; commands there are not found and the shell falls back to later entries",
+                    gangway_core::text::printable(d),
+                    why.map(|w| format!(": {}", gangway_core::text::printable(&w)))
+                        .unwrap_or_default()
                 )),
                 _ => None,
             })
