@@ -705,12 +705,7 @@ fn cannot_start(l: &Launch, e: &std::io::Error) -> String {
         .or_else(|| l.sandbox.base_env.get("PATH"))
         .cloned()
         .unwrap_or_default();
-    crate::probe::cannot_start(
-        &l.sandbox.account,
-        cmd,
-        l.run.workdir.as_deref(),
-        &path_var,
-    )
+    crate::probe::cannot_start(&l.sandbox.account, cmd, l.run.workdir.as_deref(), &path_var)
 }
 
 /// Rendezvous of a container rank on the bridge network, where the node's

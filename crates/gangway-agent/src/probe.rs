@@ -166,14 +166,14 @@ pub fn probe(account: &Account, paths: &[PathBuf]) -> Result<Vec<Found>, ProbeEr
         // SAFETY: see above; the child never returns.
         unsafe {
             libc::close(rfd);
-            if switch {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+            // Groups, gid, then uid; and root must not be taken back.
+            if switch
+                && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
                     || libc::setgid(gid) != 0
                     || libc::setuid(uid) != 0
-                    || (uid != 0 && libc::setuid(0) == 0)
-                {
-                    libc::_exit(2);
-                }
+                    || (uid != 0 && libc::setuid(0) == 0))
+            {
+                libc::_exit(2);
             }
             for i in &asked {
                 if let Some(Some(s)) = prepared.get(*i) {
@@ -318,10 +318,7 @@ pub async fn probe_async(account: Account, paths: Vec<PathBuf>) -> Result<Vec<Fo
 /// Relative entries are skipped; a probe that told nothing gives one
 /// warning saying so.
 pub async fn path_warnings(account: &Account, path_var: &str) -> Vec<String> {
-    let entries: Vec<&str> = path_var
-        .split(':')
-        .filter(|d| d.starts_with('/'))
-        .collect();
+    let entries: Vec<&str> = path_var.split(':').filter(|d| d.starts_with('/')).collect();
     if entries.is_empty() {
         return Vec::new();
     }

@@ -735,10 +735,18 @@ mod tests {
             );
         }
         let mut s = JobSpec::new("ok", "q\x1b", 1, 1);
-        assert!(s.validate().unwrap_err().to_string().starts_with("queue: control character"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("queue: control character"));
         s.queue = "q".into();
         s.run.image = Some("img\n".into());
-        assert!(s.validate().unwrap_err().to_string().starts_with("run.image: control"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("run.image: control"));
         s.run.image = None;
         s.run.mounts.push(Mount {
             source: "/d\x1b".into(),

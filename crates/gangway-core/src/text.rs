@@ -66,7 +66,10 @@ mod tests {
 
     #[test]
     fn every_unsafe_character_is_escaped_and_nothing_else() {
-        assert!(matches!(printable("train-7 ünïcödé 日本"), Cow::Borrowed(_)));
+        assert!(matches!(
+            printable("train-7 ünïcödé 日本"),
+            Cow::Borrowed(_)
+        ));
         assert_eq!(
             printable("a\x1b]52;c;SGVsbG8=\x07b\r\nc\td\x7f"),
             "a\\x1b]52;c;SGVsbG8=\\x07b\\r\\nc\\td\\x7f"

@@ -13,10 +13,7 @@ use gangway_core::{JobSpec, NodePolicy};
 /// `unix_user`, else the user's name; owners that are not configured users
 /// (the admin's jobs) get `default_unix_user`.
 pub fn run_as(cfg: &ServerConfig, owner: &str) -> String {
-    match cfg.users.iter().find(|u| u.name == owner) {
-        Some(u) => u.unix_user.clone().unwrap_or_else(|| u.name.clone()),
-        None => cfg.default_unix_user.clone(),
-    }
+    cfg.account_of(owner)
 }
 
 /// The node policy of a queue (the restricted default for unknown queues,

@@ -539,6 +539,16 @@ impl ServerConfig {
             .unwrap_or(self.limits)
     }
 
+    /// The Unix account the ranks of `owner`'s jobs run as: the user's
+    /// `unix_user`, else the user's name; owners that are not configured
+    /// users (the admin's jobs) get `default_unix_user`.
+    pub fn account_of(&self, owner: &str) -> String {
+        match self.users.iter().find(|u| u.name == owner) {
+            Some(u) => u.unix_user.clone().unwrap_or_else(|| u.name.clone()),
+            None => self.default_unix_user.clone(),
+        }
+    }
+
     /// Unix accounts that several users who may submit (a user with at
     /// least one queue) run as, each with those users' names, sorted. Ranks
     /// of one account are one principal on a node, whatever Gangway user
@@ -547,7 +557,7 @@ impl ServerConfig {
         let mut by_account: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for u in self.users.iter().filter(|u| !u.queues.is_empty()) {
             by_account
-                .entry(crate::admission::run_as(self, &u.name))
+                .entry(self.account_of(&u.name))
                 .or_default()
                 .push(u.name.clone());
         }
@@ -777,7 +787,10 @@ mod tests {
         // dave may submit nowhere: his account runs nothing.
         assert_eq!(
             c.shared_accounts(),
-            vec![("lab".to_string(), vec!["alice".to_string(), "bob".to_string()])]
+            vec![(
+                "lab".to_string(),
+                vec!["alice".to_string(), "bob".to_string()]
+            )]
         );
         let why = shared_account_refusal(&c, "--allow-shared-account").expect("refused");
         for part in [

@@ -225,7 +225,10 @@ mod tests {
         let mut s = ok.clone();
         s.labels.insert("zone".into(), "a\x1b[2J".into());
         let e = check_node_spec(&s).expect_err("label").to_string();
-        assert!(e.contains("labels: control character U+001B is not allowed"), "{e}");
+        assert!(
+            e.contains("labels: control character U+001B is not allowed"),
+            "{e}"
+        );
         let mut s = ok.clone();
         s.leaf = "leaf\n0".into();
         let e = check_node_spec(&s).expect_err("leaf").to_string();

@@ -992,7 +992,8 @@ fn control_characters_in_names_are_refused_at_submit_and_update() {
     assert_eq!(s.get("/v1/jobs", "admin-secret").1, json!([]));
     // A node registering a label that would do the same: refused too.
     let mut n = node("node-c", 1, "127.0.0.1", 9003);
-    n.labels.insert("zone".into(), "eu\u{1b}]0;owned\u{7}".into());
+    n.labels
+        .insert("zone".into(), "eu\u{1b}]0;owned\u{7}".into());
     let (status, v) = s.register_as("agent-secret", &n);
     assert!(
         (400..500).contains(&status) && error(&v).contains("labels: control character U+001B"),

@@ -80,7 +80,9 @@ fn a_stored_name_with_escapes_prints_escaped_in_queue_and_describe() {
     assert_escaped("describe", &describe);
     let text = String::from_utf8_lossy(&describe);
     assert!(
-        text.contains("job 1: train\\x1b[2J\\x1b]52;c;cm0gLXJmIH4=\\x07\\r\\njob 9: succeeded\\u{202e}"),
+        text.contains(
+            "job 1: train\\x1b[2J\\x1b]52;c;cm0gLXJmIH4=\\x07\\r\\njob 9: succeeded\\u{202e}"
+        ),
         "{text}"
     );
     assert!(

@@ -440,7 +440,9 @@ fn check_against(
         if q.name.len() > 253 {
             return bad("queues: a name is longer than 253 bytes".into());
         }
-        for (f, v) in std::iter::once(("name", &q.name)).chain(q.parent.iter().map(|p| ("parent", p))) {
+        for (f, v) in
+            std::iter::once(("name", &q.name)).chain(q.parent.iter().map(|p| ("parent", p)))
+        {
             gangway_core::text::check_printable(&format!("queues[{i}].{f}"), v)
                 .map_err(PolicyError::Invalid)?;
         }
@@ -908,8 +910,14 @@ mod tests {
         p.gates.min_jain = Some(1.5);
         refuse(&p, "gates.min_jain");
         let mut p = base.clone();
-        p.queues.push(gangway_core::QueueSpec::unlimited("b\u{1b}]52;c;eA==\u{7}", Some("lab")));
-        refuse(&p, "queues[2].name: control character U+001B is not allowed");
+        p.queues.push(gangway_core::QueueSpec::unlimited(
+            "b\u{1b}]52;c;eA==\u{7}",
+            Some("lab"),
+        ));
+        refuse(
+            &p,
+            "queues[2].name: control character U+001B is not allowed",
+        );
         let e = Policy::from_yaml("queues: [{ name: x, allowed_priorities: [urgent] }]")
             .expect_err("unknown class");
         assert!(e.to_string().contains("urgent"), "{e}");

@@ -366,7 +366,11 @@ mod tests {
             .args(["-e", &script])
             .output()
             .expect("node");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let want = gangway_core::text::printable(input)
             .replace('&', "&amp;")
             .replace('<', "&lt;")
