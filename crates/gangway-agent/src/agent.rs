@@ -77,8 +77,8 @@ struct Task {
     /// The limit this agent stopped it for, with the value reached.
     limit: Option<String>,
     /// What is wrong with the ranks' setup without stopping them (for the
-    /// job's events).
-    warnings: Vec<String>,
+    /// job's events); filled off the loop once the account has looked.
+    warnings: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Task {
@@ -106,7 +106,7 @@ impl Task {
             quota: 0,
             ckpt_bytes: 0,
             limit: None,
-            warnings: Vec::new(),
+            warnings: Default::default(),
         }
     }
 }
@@ -599,7 +599,7 @@ impl Agent {
             checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
             failure,
             port_busy: t.port_busy,
-            warnings: t.warnings.clone(),
+            warnings: t.warnings.lock().map(|w| w.clone()).unwrap_or_default(),
             ..TaskReport::new(job, attempt, t.view().state())
         }
     }
@@ -1119,10 +1119,7 @@ impl Agent {
             );
         }
         if let Ok(sb) = &sandbox {
-            task.warnings = path_warnings(sb, &a).await;
-            for w in &task.warnings {
-                tracing::warn!("job {} attempt {}: {w}", a.job, a.attempt);
-            }
+            path_warnings(sb, &a, &task.warnings);
         }
         tracing::info!(
             "job {} attempt {}: starting ranks {:?}",
@@ -1241,10 +1238,15 @@ impl Agent {
 }
 
 /// `PATH` entries of a process rank that its account cannot search, as the
-/// account finds them (see [`crate::probe::path_warnings`]).
-async fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String> {
+/// account finds them (see [`crate::probe::path_warnings`]), put in `into`
+/// by a task of their own: the agent's loop never waits for the look.
+fn path_warnings(
+    sb: &crate::sandbox::RankSandbox,
+    a: &Assignment,
+    into: &std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
     if a.run.image.is_some() {
-        return Vec::new();
+        return;
     }
     let path = a
         .run
@@ -1253,7 +1255,16 @@ async fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<
         .or_else(|| sb.base_env.get("PATH"))
         .cloned()
         .unwrap_or_default();
-    crate::probe::path_warnings(&sb.account, &path).await
+    let (account, into, job, attempt) = (sb.account.clone(), into.clone(), a.job, a.attempt);
+    tokio::spawn(async move {
+        let found = crate::probe::path_warnings(&account, &path).await;
+        for w in &found {
+            tracing::warn!("job {job} attempt {attempt}: {w}");
+        }
+        if let Ok(mut w) = into.lock() {
+            *w = found;
+        }
+    });
 }
 
 /// The exit code of a rank whose supervisor is gone without writing one
