@@ -500,6 +500,40 @@ mod tests {
         );
     }
 
+    /// A child that never answers (a step on a hung mount) is given up on
+    /// at the deadline and killed; the caller is not held.
+    #[test]
+    fn a_child_that_does_not_answer_is_killed_at_the_deadline() {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two descriptors.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: the child only sleeps and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            unsafe {
+                libc::sleep(30);
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the parent's write end; the child keeps its own open.
+        unsafe { libc::close(fds[1]) };
+        let t = Instant::now();
+        let mut buf = [0u8; RECORD];
+        let got = read_until(
+            fds[0],
+            &mut buf,
+            Instant::now() + Duration::from_millis(150),
+        );
+        assert_eq!(got, None, "no answer past the deadline");
+        assert_eq!(reap(pid, true), None, "killed, not exited");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        // SAFETY: our read end.
+        unsafe { libc::close(fds[0]) };
+        // Gone: signal 0 finds no such process.
+        assert_ne!(unsafe { libc::kill(pid, 0) }, 0);
+    }
+
     #[test]
     fn paths_beyond_the_bounds_are_not_probed() {
         let me = crate::identity::current_account()
