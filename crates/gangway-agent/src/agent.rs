@@ -1119,7 +1119,7 @@ impl Agent {
             );
         }
         if let Ok(sb) = &sandbox {
-            path_warnings(sb, &a, &task.warnings);
+            path_warnings(sb, &a, &task.warnings).await;
         }
         tracing::info!(
             "job {} attempt {}: starting ranks {:?}",
@@ -1239,8 +1239,11 @@ impl Agent {
 
 /// `PATH` entries of a process rank that its account cannot search, as the
 /// account finds them (see [`crate::probe::path_warnings`]), put in `into`
-/// by a task of their own: the agent's loop never waits for the look.
-fn path_warnings(
+/// by a task of their own. The caller waits [`PATH_LOOK_WAIT`] at most (a
+/// look takes a millisecond: the warnings are then in the task's first
+/// report, even of a rank that ends at once); a slower look (a hung mount on
+/// the user's `PATH`) fills them in at a later sync.
+async fn path_warnings(
     sb: &crate::sandbox::RankSandbox,
     a: &Assignment,
     into: &std::sync::Arc<std::sync::Mutex<Vec<String>>>,
@@ -1256,7 +1259,7 @@ fn path_warnings(
         .cloned()
         .unwrap_or_default();
     let (account, into, job, attempt) = (sb.account.clone(), into.clone(), a.job, a.attempt);
-    tokio::spawn(async move {
+    let mut look = tokio::spawn(async move {
         let found = crate::probe::path_warnings(&account, &path).await;
         for w in &found {
             tracing::warn!("job {job} attempt {attempt}: {w}");
@@ -1265,7 +1268,11 @@ fn path_warnings(
             *w = found;
         }
     });
+    let _ = tokio::time::timeout(PATH_LOOK_WAIT, &mut look).await;
 }
+
+/// How long starting a task waits for its `PATH` warnings.
+const PATH_LOOK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The exit code of a rank whose supervisor is gone without writing one
 /// (SIGKILLed with the agent): nobody can wait for the rank any more, so its
