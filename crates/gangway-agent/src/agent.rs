@@ -72,8 +72,12 @@ struct Task {
     memory_mib: u64,
     /// The job's checkpoint quota on this node in bytes (0: none).
     quota: u64,
-    /// Its checkpoint directory's size at the last measurement.
-    ckpt_bytes: u64,
+    /// Its `TMPDIR` (process ranks), measured with its checkpoint directory.
+    tmp: Option<std::path::PathBuf>,
+    /// Each of its directories' bytes at the last measurement.
+    disk_bytes: BTreeMap<crate::disk::DirKind, u64>,
+    /// It was stopped to relieve the node's disk pressure.
+    pressure_victim: bool,
     /// The limit this agent stopped it for, with the value reached.
     limit: Option<String>,
     /// What is wrong with the ranks' setup without stopping them (for the
@@ -104,7 +108,9 @@ impl Task {
             port_busy: None,
             memory_mib: 0,
             quota: 0,
-            ckpt_bytes: 0,
+            tmp: None,
+            disk_bytes: BTreeMap::new(),
+            pressure_victim: false,
             limit: None,
             warnings: Vec::new(),
         }
@@ -145,8 +151,9 @@ pub struct Agent {
     disk_pressure: Option<String>,
     /// When the disk was last looked at.
     disk_checked: Option<Instant>,
-    /// Room kept back for the agent's own state.
-    reserve: crate::disk::Reserve,
+    /// Measures job directories and free space off the loop (and keeps
+    /// the agent's reserve).
+    meter: crate::disk::Meter<TaskKey>,
     /// The node's health check and the run the server asked for.
     health: crate::health::HealthChecks,
 }
@@ -275,7 +282,7 @@ impl Agent {
             server_index: Default::default(),
             disk_pressure: None,
             disk_checked: None,
-            reserve,
+            meter: crate::disk::Meter::new(reserve),
             health: crate::health::HealthChecks::new(health_check),
         };
         agent.adopt_leftovers().await;
@@ -643,7 +650,10 @@ impl Agent {
             }
             self.drain_exits();
             changed |= self.poll_ranks();
-            changed |= self.watch_disk();
+            while let Ok(r) = self.meter.results.try_recv() {
+                changed |= self.apply_disk(r);
+            }
+            self.watch_disk();
             changed |= self.health.poll();
             self.enforce_grace().await;
             changed |= self.give_up_unkillable();
@@ -703,11 +713,20 @@ impl Agent {
             if self.watching() || self.health.running() {
                 wait = wait.min(POLL);
             }
+            if !self.meter.busy() && self.tasks.values().any(|t| t.view().alive()) {
+                let next = self
+                    .disk_checked
+                    .map_or(Duration::ZERO, |t| DISK_CHECK.saturating_sub(t.elapsed()));
+                wait = wait.min(next);
+            }
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 Some((k, code)) = self.exits_rx.recv() => {
                     self.record_exit(k, code);
                     changed = true;
+                }
+                Some(r) = self.meter.results.recv() => {
+                    changed |= self.apply_disk(r);
                 }
                 _ = stop.changed() => {}
             }
@@ -746,64 +765,116 @@ impl Agent {
         env.into_iter().collect()
     }
 
-    /// Every [`DISK_CHECK`]: measures each job's checkpoint directory
-    /// against its quota and the free space of the state and checkpoint
-    /// filesystems. A job over quota is stopped; under pressure the node says
-    /// so (and takes no new work), the agent gives back its reserve, and the
-    /// job that wrote most since the last look is stopped. Returns whether
-    /// anything changed that the server must hear.
-    fn watch_disk(&mut self) -> bool {
-        if self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
-            return false;
+    /// Every [`DISK_CHECK`] (and never while one runs): hands the meter a
+    /// batch with each running job's checkpoint directory and `TMPDIR` and
+    /// the agent's filesystems; [`Agent::apply_disk`] acts on its report.
+    fn watch_disk(&mut self) {
+        if self.meter.busy() || self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
+            return;
         }
         self.disk_checked = Some(Instant::now());
+        use crate::disk::DirKind;
+        let jobs = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.view().alive() && t.limit.is_none())
+            .map(|(k, t)| {
+                let dirs = [
+                    t.ckpt.clone().map(|d| (DirKind::Checkpoint, d)),
+                    t.tmp.clone().map(|d| (DirKind::Tmpdir, d)),
+                ];
+                (*k, dirs.into_iter().flatten().collect())
+            })
+            .collect();
+        let percent = self.cfg.disk_pressure_percent;
+        self.meter.start(crate::disk::Batch {
+            jobs,
+            roots: vec![self.cfg.state_dir.clone(), self.cfg.checkpoint_root.clone()],
+            percent,
+        });
+    }
+
+    /// Acts on a measurement: a job whose directories together (checkpoint
+    /// directory with its home, and `TMPDIR`) are over its checkpoint quota,
+    /// or could not be measured while it has a quota, is stopped. Under
+    /// pressure the node says so (and takes no new work), and, unless an
+    /// earlier victim is still here, the job writing most to a filesystem
+    /// under pressure is stopped: an unmeasurable one first, then the most
+    /// growth since the last look, then the most bytes there, then the
+    /// lowest job and attempt. Returns whether the server must hear.
+    fn apply_disk(&mut self, r: crate::disk::Report<TaskKey>) -> bool {
+        use crate::disk::Usage;
+        self.meter.done();
         let mut changed = false;
-        let mut top: Option<(TaskKey, u64)> = None;
-        for (k, t) in self.tasks.iter_mut() {
-            let Some(dir) = &t.ckpt else { continue };
+        let pressured = r
+            .pressure
+            .as_ref()
+            .map(|(_, d)| d.clone())
+            .unwrap_or_default();
+        type Rank = (bool, u64, u64, std::cmp::Reverse<TaskKey>);
+        let mut top: Option<Rank> = None;
+        for (k, dirs) in r.jobs {
+            let Some(t) = self.tasks.get_mut(&k) else {
+                continue;
+            };
             if !t.view().alive() || t.limit.is_some() {
                 continue;
             }
-            let used = crate::disk::dir_bytes(dir);
-            let grew = used.saturating_sub(t.ckpt_bytes);
-            t.ckpt_bytes = used;
-            if t.quota > 0 && used > t.quota {
-                let why = crate::disk::quota_text(t.quota, used);
+            let mut parts = Vec::new();
+            let mut failed = None;
+            let (mut grew, mut there, mut writes_there) = (0u64, 0u64, false);
+            for d in &dirs {
+                match &d.usage {
+                    Usage::Measured(b) => {
+                        let before = t.disk_bytes.insert(d.kind, *b).unwrap_or(0);
+                        parts.push((d.kind, *b));
+                        if pressured.contains(&d.dev) {
+                            writes_there = true;
+                            grew = grew.saturating_add(b.saturating_sub(before));
+                            there = there.saturating_add(*b);
+                        }
+                    }
+                    Usage::Failed(e) => {
+                        failed.get_or_insert((d.kind, e.clone()));
+                    }
+                }
+            }
+            let used = parts.iter().fold(0u64, |a, (_, b)| a.saturating_add(*b));
+            let over = match &failed {
+                Some((kind, e)) => (t.quota > 0).then(|| crate::disk::unmeasured_text(*kind, e)),
+                None => (t.quota > 0 && used > t.quota)
+                    .then(|| crate::disk::quota_text(t.quota, &parts)),
+            };
+            if let Some(why) = over {
                 tracing::warn!("job {} attempt {}: {why}; stopping it", k.0, k.1);
                 t.limit = Some(why);
                 t.kill_at = Some(Instant::now());
                 changed = true;
                 continue;
             }
-            if top.is_none_or(|(_, g)| grew > g) {
-                top = Some((*k, grew));
+            if writes_there || failed.is_some() {
+                let rank = (failed.is_some(), grew, there, std::cmp::Reverse(k));
+                if top.as_ref().is_none_or(|t| rank > *t) {
+                    top = Some(rank);
+                }
             }
         }
-        let percent = self.cfg.disk_pressure_percent;
-        let pressure = if percent == 0 {
-            None
-        } else {
-            let mut roots = vec![self.cfg.state_dir.clone(), self.cfg.checkpoint_root.clone()];
-            roots.extend(self.tasks.values().filter_map(|t| t.ckpt.clone()));
-            roots.iter().find_map(|p| crate::disk::pressure(p, percent))
-        };
-        match &pressure {
-            Some(why) => {
-                self.reserve.release();
-                if self.disk_pressure.is_none() {
-                    tracing::error!("node {}: {why}", self.cfg.node);
-                }
-                if let Some((k, _)) = top {
-                    if let Some(t) = self.tasks.get_mut(&k) {
-                        let why =
-                            format!("stopped for the node's disk pressure, writing most ({why})");
-                        tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
-                        t.limit = Some(why);
-                        t.kill_at = Some(Instant::now());
-                    }
+        let pressure = r.pressure.map(|(why, _)| why);
+        if let Some(why) = &pressure {
+            if self.disk_pressure.is_none() {
+                tracing::error!("node {}: {why}", self.cfg.node);
+            }
+            let earlier = self.tasks.values().any(|t| t.pressure_victim);
+            if let (false, Some((_, _, _, std::cmp::Reverse(k)))) = (earlier, top) {
+                if let Some(t) = self.tasks.get_mut(&k) {
+                    let why = format!("stopped for the node's disk pressure, writing most ({why})");
+                    tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
+                    t.limit = Some(why);
+                    t.kill_at = Some(Instant::now());
+                    t.pressure_victim = true;
+                    changed = true;
                 }
             }
-            None => self.reserve.hold(),
         }
         if pressure != self.disk_pressure {
             self.disk_pressure = pressure;
@@ -1087,6 +1158,13 @@ impl Agent {
             return;
         };
         task.ckpt = Some(ckpt.clone());
+        if a.run.image.is_none() {
+            task.tmp = Some(crate::sandbox::tmp_dir(
+                &self.cfg.state_dir,
+                a.job.0,
+                a.attempt,
+            ));
+        }
         // Rank 0 hosts the rendezvous: a port someone else holds would make
         // the gang hang, so the server is told to pick another.
         let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
