@@ -78,6 +78,9 @@ struct Task {
     disk_bytes: BTreeMap<crate::disk::DirKind, u64>,
     /// It was stopped to relieve the node's disk pressure.
     pressure_victim: bool,
+    /// The account whose entries in the node's shared `/tmp` and
+    /// `/dev/shm` are swept after its last such task here (no private ones).
+    sweep_uid: Option<u32>,
     /// The limit this agent stopped it for, with the value reached.
     limit: Option<String>,
     /// What is wrong with the ranks' setup without stopping them (for the
@@ -111,6 +114,7 @@ impl Task {
             tmp: None,
             disk_bytes: BTreeMap::new(),
             pressure_victim: false,
+            sweep_uid: None,
             limit: None,
             warnings: Vec::new(),
         }
@@ -156,6 +160,8 @@ pub struct Agent {
     meter: crate::disk::Meter<TaskKey>,
     /// The node's health check and the run the server asked for.
     health: crate::health::HealthChecks,
+    /// How jobs get their `/tmp` and `/dev/shm` here.
+    scratch: crate::scratch::Mode,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -269,6 +275,14 @@ impl Agent {
         let node = cfg.node.clone();
         let reserve = crate::disk::Reserve::new(&cfg.state_dir);
         let health_check = cfg.health_check.clone();
+        let scratch = crate::scratch::mode(cfg.job_scratch);
+        if scratch == crate::scratch::Mode::Sweep {
+            tracing::warn!(
+                "node {}: no mount namespaces here (not root?): jobs share the node's /tmp and /dev/shm; \
+                 each account's entries there are removed when its last job on the node ends",
+                cfg.node
+            );
+        }
         let mut agent = Agent {
             cfg,
             discovery,
@@ -284,6 +298,7 @@ impl Agent {
             disk_checked: None,
             meter: crate::disk::Meter::new(reserve),
             health: crate::health::HealthChecks::new(health_check),
+            scratch,
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -1004,6 +1019,7 @@ impl Agent {
         let keys: Vec<TaskKey> = self.tasks.keys().copied().collect();
         for k in keys {
             self.kill_and_reap(k).await;
+            crate::scratch::remove(&self.cfg.state_dir, k.0 .0, k.1);
         }
     }
 
@@ -1073,7 +1089,24 @@ impl Agent {
 
     /// Drops a task none of whose processes is left, with its `TMPDIR`.
     fn forget_task(&mut self, k: TaskKey) {
-        self.tasks.remove(&k);
+        let gone = self.tasks.remove(&k);
+        crate::scratch::remove(&self.cfg.state_dir, k.0 .0, k.1);
+        if let Some(uid) = gone.and_then(|t| t.sweep_uid) {
+            if !self.tasks.values().any(|t| t.sweep_uid == Some(uid)) {
+                // The account's last job here: its files in the node's /tmp
+                // and /dev/shm go (off the loop: they are the user's).
+                let _ = std::thread::Builder::new()
+                    .name("gangway-sweep".into())
+                    .spawn(move || {
+                        let n = crate::scratch::sweep_account(uid);
+                        if n > 0 {
+                            tracing::info!(
+                                "removed {n} entries of uid {uid} from /tmp and /dev/shm"
+                            );
+                        }
+                    });
+            }
+        }
         self.executor.forget_node_faults(k.0, k.1);
         crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
     }
@@ -1092,6 +1125,8 @@ impl Agent {
                 crate::sandbox::remove_tmp(&e.path());
             }
         }
+        let keys = self.tasks.keys().map(|k| (k.0 .0, k.1)).collect();
+        crate::scratch::sweep(&self.cfg.state_dir, &keys);
     }
 
     /// A process rank's per-job `HOME` (when its account has none) and
@@ -1114,6 +1149,71 @@ impl Agent {
         })?;
         sb.base_env.extend(env);
         Ok(sb)
+    }
+
+    /// A process rank's private `/tmp` and `/dev/shm` (its `TMPDIR` and a
+    /// tmpfs as large as its ranks' memory limits here together), or, where
+    /// none can be made, its account marked for the sweep of the node's.
+    fn scratch_for(
+        &self,
+        a: &Assignment,
+        sb: &crate::sandbox::RankSandbox,
+        task: &mut Task,
+    ) -> Option<crate::scratch::Scratch> {
+        use crate::scratch::Mode;
+        let sweep = |task: &mut Task| task.sweep_uid = Some(sb.account.uid);
+        match self.scratch {
+            Mode::Shared => None,
+            Mode::Sweep => {
+                sweep(task);
+                None
+            }
+            Mode::Namespace => {
+                let mib = a.ranks.iter().fold(0u64, |sum, r| {
+                    let l = crate::limits::rank_limits(
+                        a.cpu_millis,
+                        a.memory_mib,
+                        &a.rules.policy.limits,
+                        self.node_memory_mib(),
+                        self.discovery.gpus.len() as u32,
+                        r.gpus.len() as u32,
+                    );
+                    sum.saturating_add(l.memory_mib)
+                });
+                let mib = mib.min(self.node_memory_mib().max(1));
+                let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
+                let roots = [
+                    Some(self.cfg.state_dir.as_path()),
+                    Some(self.cfg.checkpoint_root.as_path()),
+                    a.checkpoint_root.as_deref().map(std::path::Path::new),
+                ];
+                let roots: Vec<&std::path::Path> = roots.into_iter().flatten().collect();
+                let keep_tmp = crate::scratch::under_tmp(&roots);
+                if keep_tmp {
+                    sweep(task);
+                }
+                match crate::scratch::prepare(
+                    &self.cfg.state_dir,
+                    a.job.0,
+                    a.attempt,
+                    (!keep_tmp).then_some(tmp.as_path()),
+                    sb.account.uid,
+                    sb.account.gid,
+                    mib.saturating_mul(1 << 20),
+                ) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(
+                            "job {} attempt {}: no private /dev/shm ({e}); the node's /tmp and /dev/shm are swept after it",
+                            a.job,
+                            a.attempt
+                        );
+                        sweep(task);
+                        None
+                    }
+                }
+            }
+        }
     }
 
     async fn start_task(&mut self, a: Assignment) {
@@ -1196,6 +1296,10 @@ impl Agent {
                 self.cfg.node
             );
         }
+        let scratch = match &sandbox {
+            Ok(sb) if a.run.image.is_none() => self.scratch_for(&a, sb, &mut task),
+            _ => None,
+        };
         if let Ok(sb) = &sandbox {
             task.warnings = path_warnings(sb, &a);
             for w in &task.warnings {
@@ -1268,6 +1372,7 @@ impl Agent {
                 grace_seconds: a.grace_seconds,
                 checkpoint_dir: ckpt.clone(),
                 sandbox,
+                scratch: scratch.clone(),
             };
             let handle = self.executor.start(launch, self.exits_tx.clone()).await;
             if let Rank::Process { pid, container } = &handle {

@@ -94,7 +94,7 @@ fn dir_flags() -> rustix::fs::OFlags {
 
 /// Opens directory `name` relative to `at` without following links, with
 /// `O_NOATIME` where permitted (root, or the owner).
-fn open_dir_at<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
+pub(crate) fn open_dir_at<Fd: std::os::fd::AsFd, P: rustix::path::Arg + Copy>(
     at: Fd,
     name: P,
 ) -> rustix::io::Result<std::os::fd::OwnedFd> {
@@ -631,5 +631,45 @@ mod tests {
             .arg(&m)
             .status();
         assert_eq!(r, Usage::Failed(WalkError::OtherFilesystem));
+    }
+
+    #[test]
+    fn measuring_never_blocks_the_caller_and_never_piles_up() {
+        let d = tempfile::tempdir().expect("tmp");
+        for i in 0..30_000 {
+            std::fs::File::create(d.path().join(format!("f{i}"))).expect("create");
+        }
+        let state = tempfile::tempdir().expect("tmp");
+        let batch = || Batch {
+            jobs: vec![(1u32, vec![(DirKind::Tmpdir, d.path().to_path_buf())])],
+            roots: vec![state.path().to_path_buf()],
+            percent: 0,
+        };
+        let t = std::time::Instant::now();
+        let direct = measure(batch());
+        let walk = t.elapsed();
+        let mut m = Meter::new(Reserve::new(state.path()));
+        let t = std::time::Instant::now();
+        assert!(m.start(batch()));
+        let handed_over = t.elapsed();
+        assert!(m.busy());
+        assert!(!m.start(batch()), "one batch at a time");
+        assert!(
+            handed_over * 4 < walk,
+            "start took {handed_over:?}, the walk itself {walk:?}"
+        );
+        let r = m.results.blocking_recv().expect("report");
+        m.done();
+        assert_eq!(r.jobs[0].1, direct.jobs[0].1);
+        assert!(matches!(r.jobs[0].1[0].usage, Usage::Measured(_)));
+        assert!(r.pressure.is_none());
+        assert!(
+            state.path().join(".disk-reserve").exists(),
+            "the reserve is held"
+        );
+        assert!(
+            m.start(batch()),
+            "the next batch starts once the last is done"
+        );
     }
 }

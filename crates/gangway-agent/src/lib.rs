@@ -27,6 +27,7 @@ pub mod mounts;
 pub mod proctrack;
 pub mod reconcile;
 pub mod sandbox;
+pub mod scratch;
 pub mod supervisor;
 pub mod tls;
 
