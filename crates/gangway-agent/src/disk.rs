@@ -37,6 +37,11 @@ pub fn space(path: &Path) -> Option<(u64, u64)> {
 /// a sentence saying so.
 pub fn pressure(path: &Path, percent: u32) -> Option<String> {
     let (free, total) = space(path)?;
+    pressure_of(path, free, total, percent)
+}
+
+/// [`pressure`] of a filesystem with `free` of `total` bytes.
+fn pressure_of(path: &Path, free: u64, total: u64, percent: u32) -> Option<String> {
     if total == 0 {
         return None;
     }
@@ -148,20 +153,25 @@ impl Walk {
 
     /// Measures the tree at `dir` (the directory itself is opened without
     /// following a final link). A missing directory holds nothing.
-    pub fn tree(&mut self, dir: &Path) -> Result<(u64, u64), WalkError> {
+    pub fn tree(&mut self, dir: &Path) -> Result<Tree, WalkError> {
         match open_dir_at(rustix::fs::CWD, dir) {
             Ok(fd) => self.tree_fd(fd),
-            Err(rustix::io::Errno::NOENT) => Ok((0, 0)),
+            Err(rustix::io::Errno::NOENT) => Ok(Tree::default()),
             Err(e) => Err(WalkError::Io(format!("cannot open it: {e}"))),
         }
     }
 
-    /// Measures the tree of an open directory: its bytes and its
-    /// filesystem's device number.
-    pub fn tree_fd(&mut self, root: std::os::fd::OwnedFd) -> Result<(u64, u64), WalkError> {
-        use rustix::fs::{fstat, statat, AtFlags, Dir, FileType};
+    /// Measures the tree of an open directory.
+    pub fn tree_fd(&mut self, root: std::os::fd::OwnedFd) -> Result<Tree, WalkError> {
+        use rustix::fs::{fstat, fstatvfs, statat, AtFlags, Dir, FileType};
         let io = |what: &str, e: rustix::io::Errno| WalkError::Io(format!("{what}: {e}"));
         let st = fstat(&root).map_err(|e| io("cannot look at it", e))?;
+        let space = fstatvfs(&root).ok().map(|v| {
+            (
+                v.f_bavail.saturating_mul(v.f_frsize),
+                v.f_blocks.saturating_mul(v.f_frsize),
+            )
+        });
         #[allow(clippy::unnecessary_cast)]
         let dev = st.st_dev as u64;
         let mut total = self.count(&st);
@@ -220,14 +230,30 @@ impl Walk {
             total = total.saturating_add(self.count(&st));
             stack.push(Dir::new(fd).map_err(|e| io("cannot read a directory in it", e))?);
         }
-        Ok((total, dev))
+        Ok(Tree {
+            bytes: total,
+            dev,
+            space,
+        })
     }
+}
+
+/// What a walk found in one tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tree {
+    /// Bytes used.
+    pub bytes: u64,
+    /// Its filesystem's device number (0 for a missing directory).
+    pub dev: u64,
+    /// Free and total bytes of its filesystem (read through the directory's
+    /// descriptor, never by the user's path).
+    pub space: Option<(u64, u64)>,
 }
 
 /// Bytes used under `dir` (see [`Walk`]).
 pub fn dir_bytes(dir: &Path) -> Usage {
     match Walk::default().tree(dir) {
-        Ok((b, _)) => Usage::Measured(b),
+        Ok(t) => Usage::Measured(t.bytes),
         Err(e) => Usage::Failed(e),
     }
 }
@@ -308,32 +334,42 @@ pub struct Report<K> {
 pub fn measure<K>(b: Batch<K>) -> Report<K> {
     use std::os::unix::fs::MetadataExt;
     let mut jobs = Vec::with_capacity(b.jobs.len());
-    let mut watched: Vec<PathBuf> = b.roots.clone();
+    // (path for the message, device, free, total) of each filesystem seen.
+    let mut seen: Vec<(PathBuf, u64, u64, u64)> = Vec::new();
+    // The agent's own roots by path (root's), before any job's.
+    for p in &b.roots {
+        if let (Some((free, total)), Ok(m)) = (space(p), std::fs::metadata(p)) {
+            seen.push((p.clone(), m.dev(), free, total));
+        }
+    }
     for (k, dirs) in b.jobs {
         let mut walk = Walk::default();
         let mut out = Vec::with_capacity(dirs.len());
         for (kind, dir) in dirs {
             let (usage, dev) = match walk.tree(&dir) {
-                Ok((bytes, dev)) => (Usage::Measured(bytes), dev),
+                Ok(t) => {
+                    if let Some((free, total)) = t.space {
+                        seen.push((dir.clone(), t.dev, free, total));
+                    }
+                    (Usage::Measured(t.bytes), t.dev)
+                }
                 Err(e) => (Usage::Failed(e), 0),
             };
-            watched.push(dir);
             out.push(DirUsage { kind, usage, dev });
         }
         jobs.push((k, out));
     }
     let mut pressure: Option<(String, std::collections::BTreeSet<u64>)> = None;
     if b.percent > 0 {
-        for p in &watched {
-            let Some(why) = self::pressure(p, b.percent) else {
+        for (p, dev, free, total) in &seen {
+            let Some(why) = pressure_of(p, *free, *total, b.percent) else {
                 continue;
             };
-            let dev = std::fs::metadata(p).map(|m| m.dev()).unwrap_or(0);
             match &mut pressure {
                 Some((_, devs)) => {
-                    devs.insert(dev);
+                    devs.insert(*dev);
                 }
-                None => pressure = Some((why, [dev].into())),
+                None => pressure = Some((why, [*dev].into())),
             }
         }
     }
@@ -558,8 +594,8 @@ mod tests {
         let t = tempfile::tempdir().expect("tmp");
         std::fs::hard_link(d.path().join("f"), t.path().join("again")).expect("link");
         let mut w = Walk::default();
-        let a = w.tree(d.path()).expect("walk").0;
-        let b = w.tree(t.path()).expect("walk").0;
+        let a = w.tree(d.path()).expect("walk").bytes;
+        let b = w.tree(t.path()).expect("walk").bytes;
         assert_eq!((a, b), (n, blocks(t.path())));
     }
 
@@ -671,5 +707,22 @@ mod tests {
             m.start(batch()),
             "the next batch starts once the last is done"
         );
+    }
+
+    #[test]
+    fn pressure_names_every_filesystem_under_it_by_device() {
+        let d = tempfile::tempdir().expect("tmp");
+        let dev = std::fs::metadata(d.path()).expect("stat").dev();
+        let b = |percent| Batch {
+            jobs: vec![(1u32, vec![(DirKind::Checkpoint, d.path().to_path_buf())])],
+            roots: Vec::new(),
+            percent,
+        };
+        let r = measure(b(101));
+        let (why, devs) = r.pressure.expect("under 101 % free");
+        assert!(why.starts_with("DiskPressure: "), "{why}");
+        assert_eq!(devs, [dev].into());
+        assert_eq!(r.jobs[0].1[0].dev, dev);
+        assert!(measure(b(0)).pressure.is_none(), "0: never");
     }
 }
