@@ -1092,7 +1092,7 @@ impl Agent {
         let gone = self.tasks.remove(&k);
         crate::scratch::remove(&self.cfg.state_dir, k.0 .0, k.1);
         if let Some(uid) = gone.and_then(|t| t.sweep_uid) {
-            if !self.tasks.values().any(|t| t.sweep_uid == Some(uid)) {
+            if crate::scratch::release_shared(uid) {
                 // The account's last job here: its files in the node's /tmp
                 // and /dev/shm go (off the loop: they are the user's).
                 let _ = std::thread::Builder::new()
@@ -1161,7 +1161,12 @@ impl Agent {
         task: &mut Task,
     ) -> Option<crate::scratch::Scratch> {
         use crate::scratch::Mode;
-        let sweep = |task: &mut Task| task.sweep_uid = Some(sb.account.uid);
+        let sweep = |task: &mut Task| {
+            if task.sweep_uid.is_none() {
+                crate::scratch::hold_shared(sb.account.uid);
+                task.sweep_uid = Some(sb.account.uid);
+            }
+        };
         match self.scratch {
             Mode::Shared => None,
             Mode::Sweep => {

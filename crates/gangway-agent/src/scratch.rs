@@ -265,6 +265,34 @@ pub fn sweep(state_dir: &Path, keep: &BTreeSet<(u64, u32)>) {
     }
 }
 
+/// Accounts with jobs on the node's shared `/tmp` and `/dev/shm`, and how
+/// many, over every agent of this process (`gangway up` runs several on one
+/// machine: one's last job of an account must not sweep under another's).
+static SHARED_USERS: std::sync::Mutex<std::collections::BTreeMap<u32, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Notes a job of `uid` using the node's `/tmp` and `/dev/shm`.
+pub fn hold_shared(uid: u32) {
+    let mut m = SHARED_USERS.lock().unwrap_or_else(|e| e.into_inner());
+    let n = m.entry(uid).or_insert(0);
+    *n = n.saturating_add(1);
+}
+
+/// Notes the end of such a job; whether it was the account's last.
+pub fn release_shared(uid: u32) -> bool {
+    let mut m = SHARED_USERS.lock().unwrap_or_else(|e| e.into_inner());
+    match m.get_mut(&uid) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            false
+        }
+        _ => {
+            m.remove(&uid);
+            true
+        }
+    }
+}
+
 /// Removes the entries `uid` owns at the top of the node's `/tmp` and
 /// `/dev/shm`, each by descriptor (never following a link, never leaving
 /// the tree or its filesystem). Blocking: run it off the agent's loop.
@@ -351,6 +379,14 @@ fn remove_entry<Fd: AsFd>(at: Fd, name: &std::ffi::CStr, depth: usize) -> rustix
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_job_of_an_account_over_all_agents_sweeps() {
+        hold_shared(777_001);
+        hold_shared(777_001);
+        assert!(!release_shared(777_001));
+        assert!(release_shared(777_001));
+    }
 
     #[test]
     fn the_flag_reads_private_or_shared() {
