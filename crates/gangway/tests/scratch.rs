@@ -287,9 +287,82 @@ fn free_percent(p: &Path) -> u32 {
         .unwrap_or(100)
 }
 
+/// A Unix account made for one test and removed when dropped.
+struct Account(String);
+
+impl Account {
+    fn create(tag: &str) -> Account {
+        let name = format!("gw{}{tag}", std::process::id());
+        // Other tests add accounts at the same time: retry the lock.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = std::process::Command::new("useradd")
+                .args(["-M", "-U", "-s", "/bin/sh", &name])
+                .output()
+                .expect("useradd");
+            let exists = String::from_utf8_lossy(&out.stderr).contains("already exists");
+            if out.status.success() || exists {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "useradd {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Account(name)
+    }
+}
+
+impl Drop for Account {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let gone = std::process::Command::new("userdel")
+                .arg(&self.0)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+                || std::process::Command::new("id")
+                    .arg(&self.0)
+                    .output()
+                    .is_ok_and(|o| !o.status.success());
+            if gone {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+const ALICE: &str = "alice-token-scratch";
+const BOB: &str = "bob-token-scratch";
+
+/// Submits as the holder of `token`; the job id.
+fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
+    ureq::post(&format!("{}/v1/jobs", c.addr))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(spec.clone())
+        .expect("submit")
+        .into_json::<Value>()
+        .expect("json")["id"]
+        .as_u64()
+        .expect("id")
+}
+
 #[test]
 fn under_disk_pressure_the_job_filling_tmpdir_is_stopped_not_the_one_checkpointing() {
-    let mut c = Cluster::start_with("127.0.0.1", &server_config(""));
+    if skip_unless_root("needs root to create Unix accounts and mount a tmpfs") {
+        return;
+    }
+    // Alice and Bob, each with a Unix account of their own.
+    let (alice, bob) = (Account::create("pa"), Account::create("pb"));
+    let users = format!(
+        "users:\n  - name: alice\n    token: {ALICE}\n    queues: [default]\n    unix_user: {}\n  - name: bob\n    token: {BOB}\n    queues: [default]\n    unix_user: {}\n",
+        alice.0, bob.0
+    );
+    let mut c = Cluster::start_with("127.0.0.1", &server_config(&users));
     if free_percent(c.dir.path()) < 6 {
         return skip_or_fail(
             "GANGWAY_REQUIRE_MOUNT",
@@ -306,18 +379,22 @@ fn under_disk_pressure_the_job_filling_tmpdir_is_stopped_not_the_one_checkpointi
     };
     c.agent("node-a", 2, &[], &["--disk-pressure-percent", "3"]);
     c.wait_nodes(1);
-    // B checkpoints a megabyte a second (on the host's disk, not under pressure).
-    let b = c.submit(&shell_job(
+    // Bob checkpoints a megabyte a second (on the host's disk, not under pressure).
+    let b = submit_as(&c, BOB, &shell_job(
         "checkpointer",
         "for i in $(seq 60); do head -c 1000000 /dev/zero > $GANGWAY_CHECKPOINT_DIR/part-$i; sleep 1; done",
     ));
     c.wait_job(b, "B running", 30, |j| state(j) == "running");
     std::thread::sleep(Duration::from_secs(2));
-    // A fills the state filesystem through TMPDIR, then waits.
-    let a = c.submit(&shell_job(
-        "tmp-filler",
-        "head -c 60000000 /dev/zero > $TMPDIR/fill; sleep 60",
-    ));
+    // Alice fills the state filesystem through TMPDIR, then waits.
+    let a = submit_as(
+        &c,
+        ALICE,
+        &shell_job(
+            "tmp-filler",
+            "head -c 60000000 /dev/zero > $TMPDIR/fill; sleep 60",
+        ),
+    );
     let j = c.wait_end(a, "A stopped", 60);
     assert_eq!(state(&j), "failed", "{j:#}");
     assert!(
