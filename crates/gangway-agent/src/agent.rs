@@ -78,6 +78,8 @@ struct Task {
     disk_bytes: BTreeMap<crate::disk::DirKind, u64>,
     /// It was stopped to relieve the node's disk pressure.
     pressure_victim: bool,
+    /// A walk of its directories hung: it is no longer measured.
+    unmeasurable: bool,
     /// The account whose entries in the node's shared `/tmp` and
     /// `/dev/shm` are swept after its last such task here (no private ones).
     sweep_uid: Option<u32>,
@@ -114,6 +116,7 @@ impl Task {
             tmp: None,
             disk_bytes: BTreeMap::new(),
             pressure_victim: false,
+            unmeasurable: false,
             sweep_uid: None,
             limit: None,
             warnings: Vec::new(),
@@ -138,6 +141,12 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// How often checkpoint directories and free space are measured.
 const DISK_CHECK: Duration = Duration::from_secs(1);
+
+/// How long one measurement batch may run before the directory it is
+/// walking is given up as unmeasurable (a filesystem that never answers,
+/// such as a user's FUSE mount; the entry cap's million entries take
+/// seconds on a local disk).
+const MEASURE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// A running agent.
 pub struct Agent {
@@ -784,6 +793,23 @@ impl Agent {
     /// batch with each running job's checkpoint directory and `TMPDIR` and
     /// the agent's filesystems; [`Agent::apply_disk`] acts on its report.
     fn watch_disk(&mut self) {
+        if let Some(at) = self.meter.stuck(MEASURE_TIMEOUT) {
+            // A directory whose walk hangs (a filesystem that never answers)
+            // fails closed; it is never measured again, so the others are.
+            let e = crate::disk::WalkError::TooSlow(MEASURE_TIMEOUT.as_secs());
+            match at.and_then(|(k, kind)| self.tasks.get_mut(&k).map(|t| (k, kind, t))) {
+                Some((k, kind, t)) => {
+                    let why = crate::disk::unmeasured_text(kind, &e);
+                    tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
+                    t.unmeasurable = true;
+                    if t.quota > 0 && t.limit.is_none() && t.view().alive() {
+                        t.limit = Some(why);
+                        t.kill_at = Some(Instant::now());
+                    }
+                }
+                None => tracing::warn!("node {}: free space could not be read: {e}", self.cfg.node),
+            }
+        }
         if self.meter.busy() || self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
             return;
         }
@@ -792,7 +818,7 @@ impl Agent {
         let jobs = self
             .tasks
             .iter()
-            .filter(|(_, t)| t.view().alive() && t.limit.is_none())
+            .filter(|(_, t)| t.view().alive() && t.limit.is_none() && !t.unmeasurable)
             .map(|(k, t)| {
                 let dirs = [
                     t.ckpt.clone().map(|d| (DirKind::Checkpoint, d)),
@@ -819,7 +845,9 @@ impl Agent {
     /// lowest job and attempt. Returns whether the server must hear.
     fn apply_disk(&mut self, r: crate::disk::Report<TaskKey>) -> bool {
         use crate::disk::Usage;
-        self.meter.done();
+        if !self.meter.take(&r) {
+            return false;
+        }
         let mut changed = false;
         let pressured = r
             .pressure
@@ -869,6 +897,16 @@ impl Agent {
             }
             if writes_there || failed.is_some() {
                 let rank = (failed.is_some(), grew, there, std::cmp::Reverse(k));
+                if top.as_ref().is_none_or(|t| rank > *t) {
+                    top = Some(rank);
+                }
+            }
+        }
+        // Jobs whose walk hung are never measured again: under pressure they
+        // come first (fail closed).
+        for (k, t) in &self.tasks {
+            if t.unmeasurable && t.view().alive() && t.limit.is_none() {
+                let rank = (true, u64::MAX, u64::MAX, std::cmp::Reverse(*k));
                 if top.as_ref().is_none_or(|t| rank > *t) {
                     top = Some(rank);
                 }

@@ -78,6 +78,9 @@ pub enum WalkError {
     /// A directory could not be opened, read or looked at.
     #[error("{0}")]
     Io(String),
+    /// The walk did not end in time (a filesystem that hangs it).
+    #[error("its measurement took longer than {0} s")]
+    TooSlow(u64),
 }
 
 /// What a measurement found.
@@ -321,6 +324,8 @@ pub struct Batch<K> {
 
 /// What a batch found.
 pub struct Report<K> {
+    /// Which batch of its meter this is.
+    pub generation: u64,
     /// Each job's directories.
     pub jobs: Vec<(K, Vec<DirUsage>)>,
     /// The first pressure found, with the device numbers of every
@@ -331,8 +336,21 @@ pub struct Report<K> {
 /// Measures a batch (blocking: run it off the agent's loop). Each job's
 /// directories share one walk, so a file linked into two of them counts
 /// once and the entry cap covers them all.
-pub fn measure<K>(b: Batch<K>) -> Report<K> {
+pub fn measure<K: Clone>(b: Batch<K>) -> Report<K> {
+    measure_noting(b, None)
+}
+
+/// [`measure`], noting in `current` which job's directory is being walked.
+fn measure_noting<K: Clone>(
+    b: Batch<K>,
+    current: Option<&std::sync::Mutex<Option<(K, DirKind)>>>,
+) -> Report<K> {
     use std::os::unix::fs::MetadataExt;
+    let note = |what: Option<(K, DirKind)>| {
+        if let Some(c) = current {
+            *c.lock().unwrap_or_else(|e| e.into_inner()) = what;
+        }
+    };
     let mut jobs = Vec::with_capacity(b.jobs.len());
     // (path for the message, device, free, total) of each filesystem seen.
     let mut seen: Vec<(PathBuf, u64, u64, u64)> = Vec::new();
@@ -346,6 +364,7 @@ pub fn measure<K>(b: Batch<K>) -> Report<K> {
         let mut walk = Walk::default();
         let mut out = Vec::with_capacity(dirs.len());
         for (kind, dir) in dirs {
+            note(Some((k.clone(), kind)));
             let (usage, dev) = match walk.tree(&dir) {
                 Ok(t) => {
                     if let Some((free, total)) = t.space {
@@ -359,6 +378,7 @@ pub fn measure<K>(b: Batch<K>) -> Report<K> {
         }
         jobs.push((k, out));
     }
+    note(None);
     let mut pressure: Option<(String, std::collections::BTreeSet<u64>)> = None;
     if b.percent > 0 {
         for (p, dev, free, total) in &seen {
@@ -373,7 +393,11 @@ pub fn measure<K>(b: Batch<K>) -> Report<K> {
             }
         }
     }
-    Report { jobs, pressure }
+    Report {
+        generation: 0,
+        jobs,
+        pressure,
+    }
 }
 
 /// Runs measurement batches on a thread of their own, one at a time, so a
@@ -384,11 +408,16 @@ pub struct Meter<K> {
     tx: tokio::sync::mpsc::UnboundedSender<Report<K>>,
     /// Reports of finished batches.
     pub results: tokio::sync::mpsc::UnboundedReceiver<Report<K>>,
-    busy: bool,
+    /// When the running batch started.
+    since: Option<std::time::Instant>,
+    /// The running batch's number (a report of an abandoned one is stale).
+    generation: u64,
+    /// The job directory the running batch is walking.
+    current: std::sync::Arc<std::sync::Mutex<Option<(K, DirKind)>>>,
     reserve: std::sync::Arc<Reserve>,
 }
 
-impl<K: Send + 'static> Meter<K> {
+impl<K: Clone + Send + 'static> Meter<K> {
     /// A meter keeping the agent's `reserve` (held or released with each
     /// batch's pressure).
     pub fn new(reserve: Reserve) -> Self {
@@ -396,28 +425,34 @@ impl<K: Send + 'static> Meter<K> {
         Meter {
             tx,
             results,
-            busy: false,
+            since: None,
+            generation: 0,
+            current: Default::default(),
             reserve: std::sync::Arc::new(reserve),
         }
     }
 
     /// Whether a batch is being measured.
     pub fn busy(&self) -> bool {
-        self.busy
+        self.since.is_some()
     }
 
     /// Starts measuring `b` unless a batch is still running; returns
     /// whether it started.
     pub fn start(&mut self, b: Batch<K>) -> bool {
-        if self.busy {
+        if self.busy() {
             return false;
         }
+        self.generation = self.generation.wrapping_add(1);
+        let generation = self.generation;
         let tx = self.tx.clone();
         let reserve = self.reserve.clone();
+        let current = self.current.clone();
         let spawned = std::thread::Builder::new()
             .name("gangway-disk".into())
             .spawn(move || {
-                let r = measure(b);
+                let mut r = measure_noting(b, Some(&current));
+                r.generation = generation;
                 if r.pressure.is_some() {
                     reserve.release();
                 } else {
@@ -427,7 +462,7 @@ impl<K: Send + 'static> Meter<K> {
             });
         match spawned {
             Ok(_) => {
-                self.busy = true;
+                self.since = Some(std::time::Instant::now());
                 true
             }
             Err(e) => {
@@ -437,9 +472,30 @@ impl<K: Send + 'static> Meter<K> {
         }
     }
 
-    /// Marks the running batch as finished (its report was taken).
-    pub fn done(&mut self) {
-        self.busy = false;
+    /// Takes `r` as the running batch's report: false for a stale one (of
+    /// a batch given up by [`Meter::stuck`]), which must be ignored.
+    pub fn take(&mut self, r: &Report<K>) -> bool {
+        if self.since.is_none() || r.generation != self.generation {
+            return false;
+        }
+        self.since = None;
+        true
+    }
+
+    /// Gives up a batch running longer than `limit` (its thread is left to
+    /// end by itself; its report will be stale) so the next can start; the
+    /// job directory it was stuck in, if it was in one.
+    pub fn stuck(&mut self, limit: std::time::Duration) -> Option<Option<(K, DirKind)>> {
+        if self.since.is_none_or(|t| t.elapsed() <= limit) {
+            return None;
+        }
+        self.since = None;
+        let at = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        Some(at)
     }
 }
 
@@ -695,7 +751,7 @@ mod tests {
             "start took {handed_over:?}, the walk itself {walk:?}"
         );
         let r = m.results.blocking_recv().expect("report");
-        m.done();
+        assert!(m.take(&r));
         assert_eq!(r.jobs[0].1, direct.jobs[0].1);
         assert!(matches!(r.jobs[0].1[0].usage, Usage::Measured(_)));
         assert!(r.pressure.is_none());
@@ -724,5 +780,29 @@ mod tests {
         assert_eq!(devs, [dev].into());
         assert_eq!(r.jobs[0].1[0].dev, dev);
         assert!(measure(b(0)).pressure.is_none(), "0: never");
+    }
+
+    #[test]
+    fn a_batch_that_hangs_is_given_up_and_its_late_report_ignored() {
+        let d = tempfile::tempdir().expect("tmp");
+        for i in 0..5_000 {
+            std::fs::File::create(d.path().join(format!("f{i}"))).expect("create");
+        }
+        let state = tempfile::tempdir().expect("tmp");
+        let batch = || Batch {
+            jobs: vec![(1u32, vec![(DirKind::Tmpdir, d.path().to_path_buf())])],
+            roots: Vec::new(),
+            percent: 0,
+        };
+        let mut m = Meter::new(Reserve::new(state.path()));
+        assert!(m.start(batch()));
+        assert_eq!(m.stuck(std::time::Duration::from_secs(3600)), None);
+        assert!(m.stuck(std::time::Duration::ZERO).is_some(), "given up");
+        assert!(!m.busy());
+        let late = m.results.blocking_recv().expect("report");
+        assert!(!m.take(&late), "the given-up batch's report is stale");
+        assert!(m.start(batch()));
+        let next = m.results.blocking_recv().expect("report");
+        assert!(m.take(&next));
     }
 }
