@@ -72,8 +72,17 @@ struct Task {
     memory_mib: u64,
     /// The job's checkpoint quota on this node in bytes (0: none).
     quota: u64,
-    /// Its checkpoint directory's size at the last measurement.
-    ckpt_bytes: u64,
+    /// Its `TMPDIR` (process ranks), measured with its checkpoint directory.
+    tmp: Option<std::path::PathBuf>,
+    /// Each of its directories' bytes at the last measurement.
+    disk_bytes: BTreeMap<crate::disk::DirKind, u64>,
+    /// It was stopped to relieve the node's disk pressure.
+    pressure_victim: bool,
+    /// A walk of its directories hung: it is no longer measured.
+    unmeasurable: bool,
+    /// The account whose entries in the node's shared `/tmp` and
+    /// `/dev/shm` are swept after its last such task here (no private ones).
+    sweep_uid: Option<u32>,
     /// The limit this agent stopped it for, with the value reached.
     limit: Option<String>,
     /// What is wrong with the ranks' setup without stopping them (for the
@@ -104,7 +113,11 @@ impl Task {
             port_busy: None,
             memory_mib: 0,
             quota: 0,
-            ckpt_bytes: 0,
+            tmp: None,
+            disk_bytes: BTreeMap::new(),
+            pressure_victim: false,
+            unmeasurable: false,
+            sweep_uid: None,
             limit: None,
             warnings: Default::default(),
         }
@@ -129,6 +142,12 @@ const POLL: Duration = Duration::from_millis(100);
 /// How often checkpoint directories and free space are measured.
 const DISK_CHECK: Duration = Duration::from_secs(1);
 
+/// How long one measurement batch may run before the directory it is
+/// walking is given up as unmeasurable (a filesystem that never answers,
+/// such as a user's FUSE mount; the entry cap's million entries take
+/// seconds on a local disk).
+const MEASURE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// A running agent.
 pub struct Agent {
     cfg: AgentConfig,
@@ -145,10 +164,13 @@ pub struct Agent {
     disk_pressure: Option<String>,
     /// When the disk was last looked at.
     disk_checked: Option<Instant>,
-    /// Room kept back for the agent's own state.
-    reserve: crate::disk::Reserve,
+    /// Measures job directories and free space off the loop (and keeps
+    /// the agent's reserve).
+    meter: crate::disk::Meter<TaskKey>,
     /// The node's health check and the run the server asked for.
     health: crate::health::HealthChecks,
+    /// How jobs get their `/tmp` and `/dev/shm` here.
+    scratch: crate::scratch::Mode,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -262,6 +284,14 @@ impl Agent {
         let node = cfg.node.clone();
         let reserve = crate::disk::Reserve::new(&cfg.state_dir);
         let health_check = cfg.health_check.clone();
+        let scratch = crate::scratch::mode(cfg.job_scratch);
+        if scratch == crate::scratch::Mode::Sweep {
+            tracing::warn!(
+                "node {}: no mount namespaces here (not root?): jobs share the node's /tmp and /dev/shm; \
+                 each account's entries there are removed when its last job on the node ends",
+                cfg.node
+            );
+        }
         let mut agent = Agent {
             cfg,
             discovery,
@@ -275,8 +305,9 @@ impl Agent {
             server_index: Default::default(),
             disk_pressure: None,
             disk_checked: None,
-            reserve,
+            meter: crate::disk::Meter::new(reserve),
             health: crate::health::HealthChecks::new(health_check),
+            scratch,
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -643,7 +674,10 @@ impl Agent {
             }
             self.drain_exits();
             changed |= self.poll_ranks();
-            changed |= self.watch_disk();
+            while let Ok(r) = self.meter.results.try_recv() {
+                changed |= self.apply_disk(r);
+            }
+            self.watch_disk();
             changed |= self.health.poll();
             self.enforce_grace().await;
             changed |= self.give_up_unkillable();
@@ -703,11 +737,20 @@ impl Agent {
             if self.watching() || self.health.running() {
                 wait = wait.min(POLL);
             }
+            if !self.meter.busy() && self.tasks.values().any(|t| t.view().alive()) {
+                let next = self
+                    .disk_checked
+                    .map_or(Duration::ZERO, |t| DISK_CHECK.saturating_sub(t.elapsed()));
+                wait = wait.min(next);
+            }
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 Some((k, code)) = self.exits_rx.recv() => {
                     self.record_exit(k, code);
                     changed = true;
+                }
+                Some(r) = self.meter.results.recv() => {
+                    changed |= self.apply_disk(r);
                 }
                 _ = stop.changed() => {}
             }
@@ -746,64 +789,145 @@ impl Agent {
         env.into_iter().collect()
     }
 
-    /// Every [`DISK_CHECK`]: measures each job's checkpoint directory
-    /// against its quota and the free space of the state and checkpoint
-    /// filesystems. A job over quota is stopped; under pressure the node says
-    /// so (and takes no new work), the agent gives back its reserve, and the
-    /// job that wrote most since the last look is stopped. Returns whether
-    /// anything changed that the server must hear.
-    fn watch_disk(&mut self) -> bool {
-        if self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
-            return false;
+    /// Every [`DISK_CHECK`] (and never while one runs): hands the meter a
+    /// batch with each running job's checkpoint directory and `TMPDIR` and
+    /// the agent's filesystems; [`Agent::apply_disk`] acts on its report.
+    fn watch_disk(&mut self) {
+        if let Some(at) = self.meter.stuck(MEASURE_TIMEOUT) {
+            // A directory whose walk hangs (a filesystem that never answers)
+            // fails closed; it is never measured again, so the others are.
+            let e = crate::disk::WalkError::TooSlow(MEASURE_TIMEOUT.as_secs());
+            match at.and_then(|(k, kind)| self.tasks.get_mut(&k).map(|t| (k, kind, t))) {
+                Some((k, kind, t)) => {
+                    let why = crate::disk::unmeasured_text(kind, &e);
+                    tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
+                    t.unmeasurable = true;
+                    if t.quota > 0 && t.limit.is_none() && t.view().alive() {
+                        t.limit = Some(why);
+                        t.kill_at = Some(Instant::now());
+                    }
+                }
+                None => tracing::warn!("node {}: free space could not be read: {e}", self.cfg.node),
+            }
+        }
+        if self.meter.busy() || self.disk_checked.is_some_and(|t| t.elapsed() < DISK_CHECK) {
+            return;
         }
         self.disk_checked = Some(Instant::now());
+        use crate::disk::DirKind;
+        let jobs = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.view().alive() && t.limit.is_none() && !t.unmeasurable)
+            .map(|(k, t)| {
+                let dirs = [
+                    t.ckpt.clone().map(|d| (DirKind::Checkpoint, d)),
+                    t.tmp.clone().map(|d| (DirKind::Tmpdir, d)),
+                ];
+                (*k, dirs.into_iter().flatten().collect())
+            })
+            .collect();
+        let percent = self.cfg.disk_pressure_percent;
+        self.meter.start(crate::disk::Batch {
+            jobs,
+            roots: vec![self.cfg.state_dir.clone(), self.cfg.checkpoint_root.clone()],
+            percent,
+        });
+    }
+
+    /// Acts on a measurement: a job whose directories together (checkpoint
+    /// directory with its home, and `TMPDIR`) are over its checkpoint quota,
+    /// or could not be measured while it has a quota, is stopped. Under
+    /// pressure the node says so (and takes no new work), and, unless an
+    /// earlier victim is still here, the job writing most to a filesystem
+    /// under pressure is stopped: an unmeasurable one first, then the most
+    /// growth since the last look, then the most bytes there, then the
+    /// lowest job and attempt. Returns whether the server must hear.
+    fn apply_disk(&mut self, r: crate::disk::Report<TaskKey>) -> bool {
+        use crate::disk::Usage;
+        if !self.meter.take(&r) {
+            return false;
+        }
         let mut changed = false;
-        let mut top: Option<(TaskKey, u64)> = None;
-        for (k, t) in self.tasks.iter_mut() {
-            let Some(dir) = &t.ckpt else { continue };
+        let pressured = r
+            .pressure
+            .as_ref()
+            .map(|(_, d)| d.clone())
+            .unwrap_or_default();
+        type Rank = (bool, u64, u64, std::cmp::Reverse<TaskKey>);
+        let mut top: Option<Rank> = None;
+        for (k, dirs) in r.jobs {
+            let Some(t) = self.tasks.get_mut(&k) else {
+                continue;
+            };
             if !t.view().alive() || t.limit.is_some() {
                 continue;
             }
-            let used = crate::disk::dir_bytes(dir);
-            let grew = used.saturating_sub(t.ckpt_bytes);
-            t.ckpt_bytes = used;
-            if t.quota > 0 && used > t.quota {
-                let why = crate::disk::quota_text(t.quota, used);
+            let mut parts = Vec::new();
+            let mut failed = None;
+            let (mut grew, mut there, mut writes_there) = (0u64, 0u64, false);
+            for d in &dirs {
+                match &d.usage {
+                    Usage::Measured(b) => {
+                        let before = t.disk_bytes.insert(d.kind, *b).unwrap_or(0);
+                        parts.push((d.kind, *b));
+                        if pressured.contains(&d.dev) {
+                            writes_there = true;
+                            grew = grew.saturating_add(b.saturating_sub(before));
+                            there = there.saturating_add(*b);
+                        }
+                    }
+                    Usage::Failed(e) => {
+                        failed.get_or_insert((d.kind, e.clone()));
+                    }
+                }
+            }
+            let used = parts.iter().fold(0u64, |a, (_, b)| a.saturating_add(*b));
+            let over = match &failed {
+                Some((kind, e)) => (t.quota > 0).then(|| crate::disk::unmeasured_text(*kind, e)),
+                None => (t.quota > 0 && used > t.quota)
+                    .then(|| crate::disk::quota_text(t.quota, &parts)),
+            };
+            if let Some(why) = over {
                 tracing::warn!("job {} attempt {}: {why}; stopping it", k.0, k.1);
                 t.limit = Some(why);
                 t.kill_at = Some(Instant::now());
                 changed = true;
                 continue;
             }
-            if top.is_none_or(|(_, g)| grew > g) {
-                top = Some((*k, grew));
+            if writes_there || failed.is_some() {
+                let rank = (failed.is_some(), grew, there, std::cmp::Reverse(k));
+                if top.as_ref().is_none_or(|t| rank > *t) {
+                    top = Some(rank);
+                }
             }
         }
-        let percent = self.cfg.disk_pressure_percent;
-        let pressure = if percent == 0 {
-            None
-        } else {
-            let mut roots = vec![self.cfg.state_dir.clone(), self.cfg.checkpoint_root.clone()];
-            roots.extend(self.tasks.values().filter_map(|t| t.ckpt.clone()));
-            roots.iter().find_map(|p| crate::disk::pressure(p, percent))
-        };
-        match &pressure {
-            Some(why) => {
-                self.reserve.release();
-                if self.disk_pressure.is_none() {
-                    tracing::error!("node {}: {why}", self.cfg.node);
-                }
-                if let Some((k, _)) = top {
-                    if let Some(t) = self.tasks.get_mut(&k) {
-                        let why =
-                            format!("stopped for the node's disk pressure, writing most ({why})");
-                        tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
-                        t.limit = Some(why);
-                        t.kill_at = Some(Instant::now());
-                    }
+        // Jobs whose walk hung are never measured again: under pressure they
+        // come first (fail closed).
+        for (k, t) in &self.tasks {
+            if t.unmeasurable && t.view().alive() && t.limit.is_none() {
+                let rank = (true, u64::MAX, u64::MAX, std::cmp::Reverse(*k));
+                if top.as_ref().is_none_or(|t| rank > *t) {
+                    top = Some(rank);
                 }
             }
-            None => self.reserve.hold(),
+        }
+        let pressure = r.pressure.map(|(why, _)| why);
+        if let Some(why) = &pressure {
+            if self.disk_pressure.is_none() {
+                tracing::error!("node {}: {why}", self.cfg.node);
+            }
+            let earlier = self.tasks.values().any(|t| t.pressure_victim);
+            if let (false, Some((_, _, _, std::cmp::Reverse(k)))) = (earlier, top) {
+                if let Some(t) = self.tasks.get_mut(&k) {
+                    let why = format!("stopped for the node's disk pressure, writing most ({why})");
+                    tracing::warn!("job {} attempt {}: {why}", k.0, k.1);
+                    t.limit = Some(why);
+                    t.kill_at = Some(Instant::now());
+                    t.pressure_victim = true;
+                    changed = true;
+                }
+            }
         }
         if pressure != self.disk_pressure {
             self.disk_pressure = pressure;
@@ -933,6 +1057,7 @@ impl Agent {
         let keys: Vec<TaskKey> = self.tasks.keys().copied().collect();
         for k in keys {
             self.kill_and_reap(k).await;
+            crate::scratch::remove(&self.cfg.state_dir, k.0 .0, k.1);
         }
     }
 
@@ -1002,7 +1127,24 @@ impl Agent {
 
     /// Drops a task none of whose processes is left, with its `TMPDIR`.
     fn forget_task(&mut self, k: TaskKey) {
-        self.tasks.remove(&k);
+        let gone = self.tasks.remove(&k);
+        crate::scratch::remove(&self.cfg.state_dir, k.0 .0, k.1);
+        if let Some(uid) = gone.and_then(|t| t.sweep_uid) {
+            if crate::scratch::release_shared(uid) {
+                // The account's last job here: its files in the node's /tmp
+                // and /dev/shm go (off the loop: they are the user's).
+                let _ = std::thread::Builder::new()
+                    .name("gangway-sweep".into())
+                    .spawn(move || {
+                        let n = crate::scratch::sweep_account(uid);
+                        if n > 0 {
+                            tracing::info!(
+                                "removed {n} entries of uid {uid} from /tmp and /dev/shm"
+                            );
+                        }
+                    });
+            }
+        }
         self.executor.forget_node_faults(k.0, k.1);
         crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
     }
@@ -1021,6 +1163,8 @@ impl Agent {
                 crate::sandbox::remove_tmp(&e.path());
             }
         }
+        let keys = self.tasks.keys().map(|k| (k.0 .0, k.1)).collect();
+        crate::scratch::sweep(&self.cfg.state_dir, &keys);
     }
 
     /// A process rank's per-job `HOME` (when its account has none) and
@@ -1043,6 +1187,76 @@ impl Agent {
         })?;
         sb.base_env.extend(env);
         Ok(sb)
+    }
+
+    /// A process rank's private `/tmp` and `/dev/shm` (its `TMPDIR` and a
+    /// tmpfs as large as its ranks' memory limits here together), or, where
+    /// none can be made, its account marked for the sweep of the node's.
+    fn scratch_for(
+        &self,
+        a: &Assignment,
+        sb: &crate::sandbox::RankSandbox,
+        task: &mut Task,
+    ) -> Option<crate::scratch::Scratch> {
+        use crate::scratch::Mode;
+        let sweep = |task: &mut Task| {
+            if task.sweep_uid.is_none() {
+                crate::scratch::hold_shared(sb.account.uid);
+                task.sweep_uid = Some(sb.account.uid);
+            }
+        };
+        match self.scratch {
+            Mode::Shared => None,
+            Mode::Sweep => {
+                sweep(task);
+                None
+            }
+            Mode::Namespace => {
+                let mib = a.ranks.iter().fold(0u64, |sum, r| {
+                    let l = crate::limits::rank_limits(
+                        a.cpu_millis,
+                        a.memory_mib,
+                        &a.rules.policy.limits,
+                        self.node_memory_mib(),
+                        self.discovery.gpus.len() as u32,
+                        r.gpus.len() as u32,
+                    );
+                    sum.saturating_add(l.memory_mib)
+                });
+                let mib = mib.min(self.node_memory_mib().max(1));
+                let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
+                let roots = [
+                    Some(self.cfg.state_dir.as_path()),
+                    Some(self.cfg.checkpoint_root.as_path()),
+                    a.checkpoint_root.as_deref().map(std::path::Path::new),
+                ];
+                let roots: Vec<&std::path::Path> = roots.into_iter().flatten().collect();
+                let keep_tmp = crate::scratch::under_tmp(&roots);
+                if keep_tmp {
+                    sweep(task);
+                }
+                match crate::scratch::prepare(
+                    &self.cfg.state_dir,
+                    a.job.0,
+                    a.attempt,
+                    (!keep_tmp).then_some(tmp.as_path()),
+                    sb.account.uid,
+                    sb.account.gid,
+                    mib.saturating_mul(1 << 20),
+                ) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(
+                            "job {} attempt {}: no private /dev/shm ({e}); the node's /tmp and /dev/shm are swept after it",
+                            a.job,
+                            a.attempt
+                        );
+                        sweep(task);
+                        None
+                    }
+                }
+            }
+        }
     }
 
     async fn start_task(&mut self, a: Assignment) {
@@ -1087,6 +1301,13 @@ impl Agent {
             return;
         };
         task.ckpt = Some(ckpt.clone());
+        if a.run.image.is_none() {
+            task.tmp = Some(crate::sandbox::tmp_dir(
+                &self.cfg.state_dir,
+                a.job.0,
+                a.attempt,
+            ));
+        }
         // Rank 0 hosts the rendezvous: a port someone else holds would make
         // the gang hang, so the server is told to pick another.
         let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
@@ -1118,6 +1339,10 @@ impl Agent {
                 self.cfg.node
             );
         }
+        let scratch = match &sandbox {
+            Ok(sb) if a.run.image.is_none() => self.scratch_for(&a, sb, &mut task),
+            _ => None,
+        };
         if let Ok(sb) = &sandbox {
             path_warnings(sb, &a, &task.warnings).await;
         }
@@ -1187,6 +1412,7 @@ impl Agent {
                 grace_seconds: a.grace_seconds,
                 checkpoint_dir: ckpt.clone(),
                 sandbox,
+                scratch: scratch.clone(),
             };
             let handle = self.executor.start(launch, self.exits_tx.clone()).await;
             if let Rank::Process { pid, container } = &handle {

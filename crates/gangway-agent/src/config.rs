@@ -99,6 +99,9 @@ pub struct AgentConfig {
     /// The node's own health check (`--health-check`), run when the server
     /// asks, to return an auto-cordoned node to service.
     pub health_check: Option<crate::health::HealthCheckConfig>,
+    /// Each job's `/tmp` and `/dev/shm`: private (the default) or the
+    /// node's (`--job-scratch`, see [`crate::scratch`]).
+    pub job_scratch: crate::scratch::JobScratch,
 }
 
 /// How long processes may survive SIGKILL before "kill task failed" (as
@@ -144,6 +147,7 @@ impl AgentConfig {
             disk_pressure_percent: crate::disk::DEFAULT_PRESSURE_PERCENT,
             kill_timeout: DEFAULT_KILL_TIMEOUT,
             health_check: None,
+            job_scratch: crate::scratch::JobScratch::Private,
         }
     }
 }

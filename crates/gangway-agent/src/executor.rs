@@ -56,6 +56,8 @@ pub struct Launch {
     pub sandbox: crate::sandbox::RankSandbox,
     /// Where the rank's supervisor writes its exit code.
     pub exit_file: PathBuf,
+    /// Its private `/tmp` and `/dev/shm` (process ranks), bound before it runs.
+    pub scratch: Option<crate::scratch::Scratch>,
     /// The job's checkpoint signal (kept with the rank for re-adoption).
     pub signal: i32,
     /// Its grace period in seconds (likewise).
@@ -642,13 +644,18 @@ impl Executor {
         cmd.envs(crate::sandbox::job_env(&l.env, l.sandbox.loader_env));
         cmd.env(RANK_ID_VAR, &container.name);
         // SAFETY: both hooks only make async-signal-safe calls (open, write,
-        // fork, waitpid, _exit); the paths were built before the fork. They
-        // run first, as root: joining the cgroup and the supervisor's exit
-        // file need it; the identity hook below then drops to the account.
+        // fork, waitpid, _exit, unshare, mount); the paths were built before
+        // the fork. They run first, as root: joining the cgroup, the private
+        // /tmp and /dev/shm and the supervisor's exit file need it; the
+        // identity hook below then drops to the account.
         let pin = crate::binding::CpuSet::new(&l.binding.cpus);
+        let scratch = l.scratch.clone();
         unsafe {
             cmd.pre_exec(move || {
                 join.join()?;
+                if let Some(s) = &scratch {
+                    s.enter()?;
+                }
                 if let Some(p) = &pin {
                     p.apply()?;
                 }

@@ -28,6 +28,7 @@ pub mod probe;
 pub mod proctrack;
 pub mod reconcile;
 pub mod sandbox;
+pub mod scratch;
 pub mod supervisor;
 pub mod tls;
 

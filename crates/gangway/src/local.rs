@@ -165,6 +165,12 @@ pub struct AgentArgs {
     /// server cordons for) and lets the job end.
     #[arg(long, default_value_t = gangway_agent::config::DEFAULT_KILL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub kill_timeout_seconds: u64,
+    /// Each job's /tmp and /dev/shm: `private` (its own, by a mount
+    /// namespace; where none can be made, the account's entries in the
+    /// node's are removed after its last job here) or `shared` (the node's,
+    /// shared by every job and never swept).
+    #[arg(long, default_value = "private")]
+    pub job_scratch: gangway_agent::scratch::JobScratch,
     #[command(flatten)]
     pub health: HealthCheckArgs,
 }
@@ -307,6 +313,7 @@ impl AgentArgs {
             leave_ranks_on_exit: self.leave_ranks_on_exit,
             disk_pressure_percent: self.disk_pressure_percent,
             kill_timeout: Duration::from_secs(self.kill_timeout_seconds),
+            job_scratch: self.job_scratch,
             health_check: self.health.config()?,
             pass_env: self.pass_env.clone(),
             tls: self.tls.apply()?,
@@ -413,6 +420,10 @@ pub struct UpArgs {
     /// a node reports DiskPressure and takes no new work (0: never).
     #[arg(long, default_value_t = gangway_agent::disk::DEFAULT_PRESSURE_PERCENT)]
     pub disk_pressure_percent: u32,
+    /// Each job's /tmp and /dev/shm: `private` (its own) or `shared` (the
+    /// machine's), as `gangway agent --job-scratch`.
+    #[arg(long, default_value = "private")]
+    pub job_scratch: gangway_agent::scratch::JobScratch,
     #[command(flatten)]
     pub health: HealthCheckArgs,
 }
@@ -661,6 +672,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
             c.checkpoint_root = checkpoint_root.clone();
             c.sync_interval = Duration::from_millis(a.sync_ms);
             c.disk_pressure_percent = a.disk_pressure_percent;
+            c.job_scratch = a.job_scratch;
             c.health_check = health_check.clone();
             c.cpu_millis = 16_000 * u64::from(a.gpus_per_node.max(1));
             // The host's real memory, shared by the nodes it plays: each

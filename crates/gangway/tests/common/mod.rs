@@ -293,6 +293,11 @@ impl Cluster {
         if !extra.contains(&"--disk-pressure-percent") {
             argv.extend(["--disk-pressure-percent".to_string(), "0".to_string()]);
         }
+        // Rank scripts and results live in this test's directory under
+        // /tmp: only tests of per-job scratch give ranks their own /tmp.
+        if !extra.contains(&"--job-scratch") {
+            argv.extend(["--job-scratch".to_string(), "shared".to_string()]);
+        }
         if !extra.contains(&"--memory-mib") {
             argv.extend(["--memory-mib".to_string(), "262144".to_string()]);
         }
