@@ -26,6 +26,7 @@ pub mod machine;
 pub mod mounts;
 pub mod proctrack;
 pub mod reconcile;
+pub mod safefs;
 pub mod sandbox;
 pub mod supervisor;
 pub mod tls;
