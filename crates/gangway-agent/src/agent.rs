@@ -64,6 +64,10 @@ struct Task {
     kill_at: Option<Instant>,
     /// The job's checkpoint directory (the handshake's `LATEST` is read there).
     ckpt: Option<std::path::PathBuf>,
+    /// The same under its root, as root reaches it (by descriptor).
+    ckpt_at: Option<crate::checkpoint::CkptDir>,
+    /// Its last good `LATEST`, read off the loop.
+    latest: crate::checkpoint::LatestCache,
     /// The first rank here that exited non-zero.
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
@@ -100,6 +104,8 @@ impl Task {
             stop_sent,
             kill_at: None,
             ckpt: None,
+            ckpt_at: None,
+            latest: Default::default(),
             first_failure: None,
             port_busy: None,
             memory_mib: 0,
@@ -125,6 +131,13 @@ fn state_tag(dir: &std::path::Path) -> String {
 
 /// How long a stopping rank's processes get between two looks.
 const POLL: Duration = Duration::from_millis(100);
+
+/// How long a sync waits for the tasks' `LATEST` reads (on their own
+/// threads) before reporting the last good values.
+const LATEST_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a lost supervisor's rank waits for its job's `LATEST`.
+const FINAL_WAIT: Duration = Duration::from_millis(500);
 
 /// How often checkpoint directories and free space are measured.
 const DISK_CHECK: Duration = Duration::from_secs(1);
@@ -329,6 +342,7 @@ impl Agent {
                 .or_insert_with(|| Task::new(false));
             if t.ckpt.is_none() {
                 t.ckpt = r.checkpoint_dir.clone();
+                t.ckpt_at = r.checkpoint(&self.cfg.checkpoint_root);
             }
             t.ranks.insert(
                 k.rank,
@@ -518,7 +532,7 @@ impl Agent {
         let mut changed = false;
         let mut finished = Vec::new();
         for ((job, attempt), t) in &mut self.tasks {
-            let (ckpt, stop_sent) = (t.ckpt.as_deref(), t.stop_sent);
+            let (ckpt, stop_sent) = (t.ckpt_at.as_ref(), t.stop_sent);
             for (rank, r) in &mut t.ranks {
                 if r.done.is_some() || !matches!(r.handle, Rank::Process { .. }) {
                     continue;
@@ -534,8 +548,12 @@ impl Agent {
                 let code = match crate::supervisor::read_exit(&r.exit_file).or(r.main_exit) {
                     Some(code) => code,
                     None => {
-                        let (code, unknown) =
-                            lost_supervisor_exit(&self.cfg.state_dir, k, ckpt, stop_sent);
+                        let (code, unknown) = lost_supervisor_exit(
+                            &self.cfg.state_dir,
+                            k,
+                            ckpt.map(|d| (d, &t.latest)),
+                            stop_sent,
+                        );
                         r.unknown_exit = unknown;
                         code
                     }
@@ -596,7 +614,7 @@ impl Agent {
             Some(f)
         });
         TaskReport {
-            checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
+            checkpoint: t.latest.value().map(|l| l.report),
             failure,
             port_busy: t.port_busy,
             warnings: t.warnings.clone(),
@@ -611,6 +629,21 @@ impl Agent {
     }
 
     async fn sync(&self) -> Result<SyncResponse, SyncError> {
+        // Each task's `LATEST` is read on a thread of its own (one at a time
+        // per task); what has not come back in time is reported as before.
+        let reading: Vec<&crate::checkpoint::LatestCache> = self
+            .tasks
+            .values()
+            .filter_map(|t| {
+                let dir = t.ckpt_at.as_ref()?;
+                t.latest.start(dir);
+                Some(&t.latest)
+            })
+            .collect();
+        let until = Instant::now() + LATEST_WAIT;
+        while reading.iter().any(|c| c.busy()) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let req = SyncRequest {
             disk_pressure: self.disk_pressure.clone(),
             health_check: self.health.configured(),
@@ -659,12 +692,22 @@ impl Agent {
                         if failing_since.take().is_some() {
                             tracing::info!("node {}: server reachable again", self.cfg.node);
                         }
-                        for c in &resp.cleanup {
-                            crate::checkpoint::remove_dir(
-                                &self.cfg.checkpoint_root,
-                                c.root.as_deref(),
-                                &c.subdir,
-                            );
+                        for c in resp.cleanup {
+                            // A tree of any size is removed off the loop.
+                            let root = self.cfg.checkpoint_root.clone();
+                            let subdir = c.subdir.clone();
+                            let spawned = std::thread::Builder::new()
+                                .name("gangway-cleanup".into())
+                                .spawn(move || {
+                                    crate::checkpoint::remove_dir(
+                                        &root,
+                                        c.root.as_deref(),
+                                        &c.subdir,
+                                    )
+                                });
+                            if let Err(e) = spawned {
+                                tracing::warn!("cannot remove checkpoints {subdir}: {e}");
+                            }
                         }
                         let env = self.health_env();
                         self.health.want(resp.health_check, &env);
@@ -1004,7 +1047,14 @@ impl Agent {
     fn forget_task(&mut self, k: TaskKey) {
         self.tasks.remove(&k);
         self.executor.forget_node_faults(k.0, k.1);
-        crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
+        // A rank's tree of any size is removed off the loop.
+        let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1);
+        let spawned = std::thread::Builder::new()
+            .name("gangway-tmp".into())
+            .spawn(move || crate::sandbox::remove_tmp(&tmp));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot remove a TMPDIR: {e}");
+        }
     }
 
     /// Removes the `TMPDIR`s of tasks this agent does not know (left by an
@@ -1016,9 +1066,15 @@ impl Agent {
             .keys()
             .map(|k| crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1))
             .collect();
-        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            if !keep.contains(&e.path()) {
-                crate::sandbox::remove_tmp(&e.path());
+        // Listed by descriptor (the directory must be root's); each entry is
+        // removed without following anything in it.
+        let names = crate::safefs::open_base(&root)
+            .and_then(|fd| crate::safefs::list(&fd))
+            .unwrap_or_default();
+        for name in names {
+            let path = root.join(&name);
+            if !keep.contains(&path) {
+                crate::sandbox::remove_tmp(&path);
             }
         }
     }
@@ -1029,7 +1085,7 @@ impl Agent {
         &self,
         mut sb: crate::sandbox::RankSandbox,
         a: &Assignment,
-        ckpt: &std::path::Path,
+        ckpt: &crate::checkpoint::CkptDir,
     ) -> Result<crate::sandbox::RankSandbox, crate::sandbox::SandboxError> {
         if a.run.image.is_some() {
             return Ok(sb);
@@ -1054,7 +1110,10 @@ impl Agent {
             return;
         }
         let ckpt = if a.checkpoint_subdir.is_empty() {
-            Some(self.cfg.checkpoint_root.join(format!("job-{}", a.job)))
+            Some(crate::checkpoint::CkptDir {
+                base: self.cfg.checkpoint_root.clone(),
+                rel: format!("job-{}", a.job).into(),
+            })
         } else {
             crate::checkpoint::checkpoint_dir(
                 &self.cfg.checkpoint_root,
@@ -1086,7 +1145,8 @@ impl Agent {
             self.tasks.insert(key, task);
             return;
         };
-        task.ckpt = Some(ckpt.clone());
+        task.ckpt = Some(ckpt.path());
+        task.ckpt_at = Some(ckpt.clone());
         // Rank 0 hosts the rendezvous: a port someone else holds would make
         // the gang hang, so the server is told to pick another.
         let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
@@ -1103,10 +1163,14 @@ impl Agent {
         }
         // The server's record of the last checkpoint; for a job resubmitted
         // with the same checkpoint.dir, what the directory announces.
-        let resume_from = a
-            .resume_from
-            .clone()
-            .or_else(|| crate::checkpoint::read_latest(&ckpt).map(|c| c.path));
+        let resume_from = match a.resume_from.clone() {
+            Some(r) => Some(r),
+            None => task
+                .latest
+                .refresh(&ckpt, LATEST_WAIT)
+                .await
+                .map(|l| l.report.path),
+        };
         let logs = self.cfg.state_dir.join("logs");
         let sandbox =
             crate::sandbox::prepare(&self.cfg, &a).and_then(|sb| self.with_job_dirs(sb, &a, &ckpt));
@@ -1135,7 +1199,7 @@ impl Agent {
             node_env(
                 &mut env,
                 &self.cfg.node,
-                &ckpt.display().to_string(),
+                &ckpt.path().display().to_string(),
                 resume_from.as_deref(),
             );
             let rk = RankKey {
@@ -1273,15 +1337,19 @@ fn path_warnings(sb: &crate::sandbox::RankSandbox, a: &Assignment) -> Vec<String
 /// true`) written after this rank started and before any stop was asked.
 /// Otherwise it fails as "exit code unknown: supervisor lost" (code 255).
 /// Returns the code and whether it was unknown; the rank's log says which.
+/// `LATEST` is read through the task's cache (on a thread, waited for at
+/// most [`FINAL_WAIT`]).
 fn lost_supervisor_exit(
     state_dir: &std::path::Path,
     k: RankKey,
-    ckpt: Option<&std::path::Path>,
+    ckpt: Option<(&crate::checkpoint::CkptDir, &crate::checkpoint::LatestCache)>,
     stop_sent: bool,
 ) -> (i32, bool) {
     let started = crate::leftovers::recorded_ms(state_dir, k).unwrap_or(u64::MAX);
     let done = ckpt
-        .and_then(crate::checkpoint::read_final)
+        .and_then(|(dir, cache)| {
+            crate::checkpoint::final_of(cache.refresh_blocking(dir, FINAL_WAIT).as_ref())
+        })
         .filter(|(_, at)| *at >= started && !stop_sent);
     let log = log_path(&state_dir.join("logs"), k.job.0, k.attempt, k.rank);
     let (code, note) = match done {

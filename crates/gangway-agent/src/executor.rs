@@ -51,7 +51,7 @@ pub struct Launch {
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     /// The job's checkpoint directory (mounted read-write into containers).
-    pub checkpoint_dir: PathBuf,
+    pub checkpoint_dir: crate::checkpoint::CkptDir,
     /// Its account, base environment and checked mounts.
     pub sandbox: crate::sandbox::RankSandbox,
     /// Where the rank's supervisor writes its exit code.
@@ -106,11 +106,7 @@ pub enum ExecutorError {
 
 /// Appends a `[gangway]` line to a rank's log.
 pub(crate) fn note(log: &Path, msg: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-    {
+    if let Ok(mut f) = crate::logs::open_append(log) {
         let _ = writeln!(f, "[gangway] {msg}");
     }
 }
@@ -233,10 +229,6 @@ impl Executor {
 
     /// Starts a rank; its exit (or failure to start) is sent on `exits`.
     pub async fn start(&self, l: Launch, exits: ExitSender) -> Rank {
-        if let Some(parent) = l.log.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        let _ = std::fs::create_dir_all(&l.checkpoint_dir);
         if let Err(e) = crate::sandbox::prepare_files(&l.sandbox.account, &l.log, &l.checkpoint_dir)
         {
             note(
@@ -330,7 +322,7 @@ impl Executor {
         if !sb.host_network {
             exposed_ports = bridge_rendezvous(&d, &self.node, k, &mut env).await;
         }
-        let mut host = crate::sandbox::host_config(sb, &l.checkpoint_dir);
+        let mut host = crate::sandbox::host_config(sb, &l.checkpoint_dir.path());
         if let Some(ports) = &exposed_ports {
             // Other nodes reach rank 0's rendezvous at this node's address.
             host.port_bindings = Some(
@@ -570,11 +562,7 @@ async fn copy_logs(
 impl Executor {
     fn start_process(&self, l: Launch, exits: ExitSender) -> Rank {
         let k = l.key;
-        let log = match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&l.log)
-        {
+        let log = match crate::logs::open_append(&l.log) {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!("rank log {}: {e}", l.log.display());

@@ -525,15 +525,13 @@ fn remove_entry(
     // Entries are listed, then removed, until none is left (a listing that
     // changes under its reader may skip some).
     loop {
-        let mut names = Vec::new();
-        let d = rustix::fs::Dir::read_from(&fd).map_err(|e| FsError::io(shown.display(), e))?;
-        for e in d {
-            let e = e.map_err(|e| FsError::io(shown.display(), e))?;
-            let n = e.file_name().to_bytes();
-            if n != b"." && n != b".." {
-                names.push(std::ffi::OsString::from(OsStr::from_bytes(n)));
-            }
-        }
+        let names = list(&fd).map_err(|e| match e {
+            FsError::Io { source, .. } => FsError::Io {
+                path: shown.display().to_string(),
+                source,
+            },
+            e => e,
+        })?;
         if names.is_empty() {
             break;
         }
@@ -545,6 +543,20 @@ fn remove_entry(
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
         Err(e) => Err(FsError::io(shown.display(), e)),
     }
+}
+
+/// The names in the directory `fd` (without `.` and `..`).
+pub fn list(fd: &OwnedFd) -> Result<Vec<std::ffi::OsString>, FsError> {
+    let d = rustix::fs::Dir::read_from(fd).map_err(|e| FsError::io(".", e))?;
+    let mut out = Vec::new();
+    for e in d {
+        let e = e.map_err(|e| FsError::io(".", e))?;
+        let n = e.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            out.push(std::ffi::OsString::from(OsStr::from_bytes(n)));
+        }
+    }
+    Ok(out)
 }
 
 /// Splits `path` into its parent (relative to `base`, possibly empty) and
