@@ -444,6 +444,18 @@ impl<S: Store> Control<S> {
         };
         let field =
             |msg: String| ControlError::Workflow(crate::control_error::WorkflowError::Field(msg));
+        let subdir = gangway_core::agent::checkpoint_subdir(user, JobId(0), Some(dir));
+        if let Some((other, at, inside)) = self.jobs.nested_checkpoint_dir(&subdir) {
+            let user_part = subdir.len() - dir.len();
+            let theirs = at.get(user_part..).unwrap_or(at);
+            return Err(field(if inside {
+                format!("checkpoint.dir: {dir:?} is inside job {other}'s checkpoint directory ({theirs:?})")
+            } else {
+                format!(
+                    "checkpoint.dir: {dir:?} holds job {other}'s checkpoint directory ({theirs:?})"
+                )
+            }));
+        }
         if let Some((first, _)) = dir.split_once('/') {
             let n = first.strip_prefix("job-").unwrap_or("");
             if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
@@ -452,19 +464,7 @@ impl<S: Store> Control<S> {
                 )));
             }
         }
-        let subdir = gangway_core::agent::checkpoint_subdir(user, JobId(0), Some(dir));
-        let Some((other, at, inside)) = self.jobs.nested_checkpoint_dir(&subdir) else {
-            return Ok(());
-        };
-        let user_part = subdir.len() - dir.len();
-        let theirs = at.get(user_part..).unwrap_or(at);
-        Err(field(if inside {
-            format!(
-                "checkpoint.dir: {dir:?} is inside job {other}'s checkpoint directory ({theirs:?})"
-            )
-        } else {
-            format!("checkpoint.dir: {dir:?} holds job {other}'s checkpoint directory ({theirs:?})")
-        }))
+        Ok(())
     }
 
     /// [`Control::submit_batch`] with the new jobs committed as deferred
