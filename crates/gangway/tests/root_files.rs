@@ -258,6 +258,12 @@ sleep 60"#,
     wait_for("the link", 30, || {
         c.out.join("linked").exists().then_some(())
     });
+    // Newer than the rank's own handshake, so the server would take it.
+    std::fs::File::options()
+        .write(true)
+        .open(decoy.path.join("secret"))
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+        .expect("touch");
     let worst = watch_heartbeats(&c, 3);
     eprintln!("longest time between heartbeats seen: {worst:?}");
     // ... the linked one never: describe shows the last good checkpoint.
