@@ -134,7 +134,9 @@ fn parse_latest(dir: &Path, bytes: &[u8], st: &rustix::fs::Stat) -> Option<Lates
         dir.join(path)
     };
     let secs = u64::try_from(st.st_mtime).unwrap_or(0);
-    let nanos = u64::try_from(st.st_mtime_nsec).unwrap_or(0);
+    // 0..1e9, of a type that differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let nanos = st.st_mtime_nsec as u64;
     let written_ms = secs.saturating_mul(1000).saturating_add(nanos / 1_000_000);
     Some(Latest {
         report: CheckpointReport {
@@ -431,34 +433,35 @@ mod tests {
             r#"{"step": 9, "path": "root-only"}"#,
         )
         .expect("secret");
-        let cases: Vec<(&str, Box<dyn Fn(&Path)>)> = vec![
-            (
-                "link",
-                Box::new(|p: &Path| {
-                    std::os::unix::fs::symlink(d.path().join("secret"), p).expect("ln")
-                }),
-            ),
-            (
-                "fifo",
-                Box::new(|p: &Path| {
-                    rustix::fs::mknodat(
-                        rustix::fs::CWD,
-                        p,
-                        rustix::fs::FileType::Fifo,
-                        rustix::fs::Mode::from_raw_mode(0o666),
-                        0,
-                    )
-                    .expect("mkfifo")
-                }),
-            ),
-            (
-                "hard link",
-                Box::new(|p: &Path| std::fs::hard_link(d.path().join("secret"), p).expect("ln")),
-            ),
-        ];
-        for (what, plant) in cases {
+        let secret = d.path().join("secret");
+        let plant = |what: &str, p: &Path| match what {
+            "link" => std::os::unix::fs::symlink(&secret, p).expect("ln"),
+            "fifo" => rustix::fs::mknodat(
+                rustix::fs::CWD,
+                p,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o666),
+                0,
+            )
+            .expect("mkfifo"),
+            // /dev/null's numbers, made here (root only).
+            "device" => rustix::fs::mknodat(
+                rustix::fs::CWD,
+                p,
+                rustix::fs::FileType::CharacterDevice,
+                rustix::fs::Mode::from_raw_mode(0o666),
+                rustix::fs::makedev(1, 3),
+            )
+            .expect("mknod"),
+            _ => std::fs::hard_link(&secret, p).expect("ln"),
+        };
+        let mut kinds = vec!["link", "fifo", "hard link"];
+        if rustix::process::geteuid().is_root() {
+            kinds.push("device");
+        }
+        for what in kinds {
             let _ = std::fs::remove_file(dir.join(LATEST));
-            plant(&dir.join(LATEST));
+            plant(what, &dir.join(LATEST));
             let t = std::time::Instant::now();
             let e = read_latest(&c).expect_err(what);
             assert!(t.elapsed() < Duration::from_secs(1), "{what}: never blocks");
