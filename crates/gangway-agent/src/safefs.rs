@@ -99,8 +99,12 @@ fn open_child(
 ) -> rustix::io::Result<OwnedFd> {
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
     if !NO_OPENAT2.load(Ordering::Relaxed) {
-        let resolve =
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        // No mount point either: a user may mount (FUSE) on a directory of
+        // theirs, and a filesystem of the user's can stall whoever enters it.
+        let resolve = ResolveFlags::BENEATH
+            | ResolveFlags::NO_SYMLINKS
+            | ResolveFlags::NO_MAGICLINKS
+            | ResolveFlags::NO_XDEV;
         match rustix::fs::openat2(dir, name, flags, mode, resolve) {
             Err(rustix::io::Errno::NOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
             Err(rustix::io::Errno::AGAIN) => {
@@ -110,7 +114,13 @@ fn open_child(
             other => return other,
         }
     }
-    rustix::fs::openat(dir, name, flags, mode)
+    let fd = rustix::fs::openat(dir, name, flags, mode)?;
+    // Without openat2, a mount point is told by its device.
+    let (here, there) = (rustix::fs::fstat(dir)?, rustix::fs::fstat(&fd)?);
+    if here.st_dev != there.st_dev {
+        return Err(rustix::io::Errno::XDEV);
+    }
+    Ok(fd)
 }
 
 fn dir_flags() -> OFlags {
@@ -227,7 +237,10 @@ fn root_child(
 /// something other than a directory, told apart by a look at it.
 fn refuse_link(dir: BorrowedFd<'_>, name: &OsStr, shown: &Path, e: rustix::io::Errno) -> FsError {
     match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV | rustix::io::Errno::NOTDIR => {
+        rustix::io::Errno::XDEV => {
+            FsError::refused(shown.display(), "a mount point (only the base may be one)")
+        }
+        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
             let kind = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
                 .map_or(FileType::Unknown, |st| FileType::from_raw_mode(st.st_mode));
             FsError::refused(
@@ -590,6 +603,7 @@ pub fn open_parent(base: &OwnedFd, parent: &Path, create: Option<u32>) -> Result
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::process::Command;
 
     fn is_root() -> bool {
         root_uid() == 0
@@ -757,6 +771,61 @@ mod tests {
         }
         assert_eq!(f.decoy_state(), before, "the decoy is untouched");
         assert!(!f.decoy().join("x").exists() && !f.decoy().join("sub").exists());
+    }
+
+    /// The walk's refusals hold with and without openat2 (the fallback is
+    /// forced here for this test's calls; other tests meanwhile use it too,
+    /// which is as correct).
+    #[test]
+    fn the_per_component_fallback_refuses_links_and_mount_points_too() {
+        let f = Fixture::new();
+        let before = f.decoy_state();
+        let base = f.fd();
+        std::os::unix::fs::symlink(f.decoy(), f.base().join("top")).expect("ln");
+        let mnt = f.base().join("mnt");
+        std::fs::create_dir(&mnt).expect("mnt");
+        let mounted = is_root()
+            && Command::new("mount")
+                .args(["-t", "tmpfs", "none"])
+                .arg(&mnt)
+                .status()
+                .is_ok_and(|s| s.success());
+        for fallback in [false, true] {
+            NO_OPENAT2.store(fallback, Ordering::Relaxed);
+            for rel in ["top", "top/x"] {
+                let e = open_dir(
+                    base.as_fd(),
+                    Path::new(rel),
+                    Some(0o711),
+                    Last::Root { mode: 0o711 },
+                )
+                .expect_err(rel);
+                assert!(
+                    e.to_string().contains("symbolic link"),
+                    "{fallback} {rel}: {e}"
+                );
+            }
+            if mounted {
+                for rel in ["mnt", "mnt/x"] {
+                    let e = open_dir(
+                        base.as_fd(),
+                        Path::new(rel),
+                        Some(0o711),
+                        Last::Root { mode: 0o711 },
+                    )
+                    .expect_err(rel);
+                    assert!(
+                        e.to_string().contains("mount point"),
+                        "{fallback} {rel}: {e}"
+                    );
+                }
+            }
+        }
+        NO_OPENAT2.store(false, Ordering::Relaxed);
+        if mounted {
+            let _ = Command::new("umount").arg(&mnt).status();
+        }
+        assert_eq!(f.decoy_state(), before);
     }
 
     #[test]
