@@ -231,6 +231,10 @@ impl Agent {
         std::fs::create_dir_all(&cfg.state_dir)?;
         std::fs::create_dir_all(&cfg.checkpoint_root)?;
         crate::sandbox::protect_state_dir(&cfg.state_dir)?;
+        // Jobs under it would all be refused: say so at once.
+        if let Err(e) = crate::safefs::open_base(&cfg.checkpoint_root) {
+            tracing::error!("checkpoint root: {e}; jobs using it will be refused");
+        }
         let discovery = discover(&cfg.inventory)?;
         let track = crate::proctrack::detect(cfg.proctrack, &cfg.cgroup_parent)?;
         let executor = Executor::new(

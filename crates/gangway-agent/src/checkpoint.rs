@@ -164,7 +164,8 @@ pub fn final_of(latest: Option<&Latest>) -> Option<(u64, u64)> {
 /// The last good `LATEST` of one task, read off the agent's loop: a read
 /// runs on a thread of its own, at most one at a time per task (a read stuck
 /// on a dead mount does not pile up threads), and its result is kept for the
-/// reports. A refused `LATEST` is said once in the agent's log per reason.
+/// reports. A refused `LATEST` is said once in the agent's log per reason,
+/// at most once a minute per task.
 #[derive(Clone, Default)]
 pub struct LatestCache {
     inner: Arc<Mutex<CacheState>>,
@@ -174,8 +175,12 @@ pub struct LatestCache {
 struct CacheState {
     value: Option<Latest>,
     busy: bool,
-    said: Option<String>,
+    /// The refusal last said in the agent's log, and when.
+    said: Option<(String, std::time::Instant)>,
 }
+
+/// Least time between two log lines about one task's refused `LATEST`.
+const SAY_EVERY: Duration = Duration::from_secs(60);
 
 impl LatestCache {
     fn state(&self) -> std::sync::MutexGuard<'_, CacheState> {
@@ -209,15 +214,17 @@ impl LatestCache {
                 let r = read_latest(&dir);
                 let mut s = me.state();
                 match r {
-                    Ok(Some(l)) => {
-                        s.value = Some(l);
-                        s.said = None;
-                    }
+                    Ok(Some(l)) => s.value = Some(l),
                     Ok(None) => {}
                     Err(why) => {
-                        if s.said.as_deref() != Some(why.as_str()) {
+                        // Once per reason, and at most once a minute.
+                        let say = s
+                            .said
+                            .as_ref()
+                            .is_none_or(|(said, at)| *said != why && at.elapsed() >= SAY_EVERY);
+                        if say {
                             tracing::warn!("checkpoint handshake ignored: {why}");
-                            s.said = Some(why);
+                            s.said = Some((why, std::time::Instant::now()));
                         }
                     }
                 }
