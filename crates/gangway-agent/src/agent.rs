@@ -136,7 +136,8 @@ const POLL: Duration = Duration::from_millis(100);
 /// threads) before reporting the last good values.
 const LATEST_WAIT: Duration = Duration::from_millis(200);
 
-/// How long a lost supervisor's rank waits for its job's `LATEST`.
+/// How long a lost supervisor's rank waits for its job's `LATEST`, and a
+/// job for the removal of its directory (then it starts at a later sync).
 const FINAL_WAIT: Duration = Duration::from_millis(500);
 
 /// How often checkpoint directories and free space are measured.
@@ -162,6 +163,9 @@ pub struct Agent {
     reserve: crate::disk::Reserve,
     /// The node's health check and the run the server asked for.
     health: crate::health::HealthChecks,
+    /// Checkpoint directories being removed (off the loop): a job that
+    /// names one waits until it is gone.
+    removing: Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -294,6 +298,7 @@ impl Agent {
             disk_checked: None,
             reserve,
             health: crate::health::HealthChecks::new(health_check),
+            removing: Default::default(),
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -697,21 +702,7 @@ impl Agent {
                             tracing::info!("node {}: server reachable again", self.cfg.node);
                         }
                         for c in resp.cleanup {
-                            // A tree of any size is removed off the loop.
-                            let root = self.cfg.checkpoint_root.clone();
-                            let subdir = c.subdir.clone();
-                            let spawned = std::thread::Builder::new()
-                                .name("gangway-cleanup".into())
-                                .spawn(move || {
-                                    crate::checkpoint::remove_dir(
-                                        &root,
-                                        c.root.as_deref(),
-                                        &c.subdir,
-                                    )
-                                });
-                            if let Err(e) = spawned {
-                                tracing::warn!("cannot remove checkpoints {subdir}: {e}");
-                            }
+                            self.remove_checkpoints(c);
                         }
                         let env = self.health_env();
                         self.health.want(resp.health_check, &env);
@@ -1047,6 +1038,37 @@ impl Agent {
         acted
     }
 
+    /// Removes a succeeded job's checkpoint directory on a thread of its own
+    /// (a tree of any size); until it is gone, no job starts in it.
+    fn remove_checkpoints(&self, c: gangway_core::agent::CheckpointCleanup) {
+        let root = self.cfg.checkpoint_root.clone();
+        let Some(path) = crate::checkpoint::checkpoint_dir(&root, c.root.as_deref(), &c.subdir)
+            .map(|d| d.path())
+        else {
+            tracing::warn!("refusing to remove checkpoint directory {:?}", c.subdir);
+            return;
+        };
+        let set = self.removing.clone();
+        if let Ok(mut s) = set.lock() {
+            s.insert(path.clone());
+        }
+        let (done, at) = (set.clone(), path.clone());
+        let spawned = std::thread::Builder::new()
+            .name("gangway-cleanup".into())
+            .spawn(move || {
+                crate::checkpoint::remove_dir(&root, c.root.as_deref(), &c.subdir);
+                if let Ok(mut s) = done.lock() {
+                    s.remove(&at);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot remove checkpoints {}: {e}", path.display());
+            if let Ok(mut s) = set.lock() {
+                s.remove(&path);
+            }
+        }
+    }
+
     /// Drops a task none of whose processes is left, with its `TMPDIR`.
     fn forget_task(&mut self, k: TaskKey) {
         self.tasks.remove(&k);
@@ -1149,6 +1171,21 @@ impl Agent {
             self.tasks.insert(key, task);
             return;
         };
+        let removing = || self.removing.lock().is_ok_and(|s| s.contains(&ckpt.path()));
+        let until = Instant::now() + FINAL_WAIT;
+        while removing() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if removing() {
+            // Started at a later sync, once the directory is gone.
+            tracing::info!(
+                "job {} attempt {}: waiting for the removal of {}",
+                a.job,
+                a.attempt,
+                ckpt.path().display()
+            );
+            return;
+        }
         task.ckpt = Some(ckpt.path());
         task.ckpt_at = Some(ckpt.clone());
         // Rank 0 hosts the rendezvous: a port someone else holds would make
