@@ -341,6 +341,7 @@ impl<S: Store> Control<S> {
         // First occurrence in this batch of each new key.
         let mut first_of: HashMap<&str, usize> = HashMap::new();
         let mut same_as: Vec<(usize, usize)> = Vec::new();
+        let mut batch_dirs: Vec<String> = Vec::new();
         for (i, job) in batch.iter().enumerate() {
             if let Some(key) = job.key.as_deref() {
                 match self.store.get(&idem_key(key)) {
@@ -369,10 +370,35 @@ impl<S: Store> Control<S> {
                 results.push(Some(Err(e)));
                 continue;
             }
+            // The batch's own named directories are not indexed yet.
+            let named = job
+                .spec
+                .checkpoint
+                .dir
+                .as_deref()
+                .map(|d| gangway_core::agent::checkpoint_subdir(&job.user, JobId(0), Some(d)));
+            if let Some(mine) = &named {
+                let nested = |a: &str, b: &str| {
+                    a.len() > b.len() && a.starts_with(b) && a.as_bytes()[b.len()] == b'/'
+                };
+                if batch_dirs
+                    .iter()
+                    .any(|d: &String| nested(mine, d) || nested(d, mine))
+                {
+                    results.push(Some(Err(ControlError::Workflow(
+                        crate::control_error::WorkflowError::Field(format!(
+                            "checkpoint.dir: {:?} is inside or holds the checkpoint directory of another job of this submission",
+                            job.spec.checkpoint.dir.as_deref().unwrap_or_default()
+                        )),
+                    ))));
+                    continue;
+                }
+            }
             match self.cluster.validate(&job.spec) {
                 Ok(_) => {
                     results.push(None);
                     valid.push(i);
+                    batch_dirs.extend(named);
                 }
                 Err(e) => results.push(Some(Err(e.into()))),
             }

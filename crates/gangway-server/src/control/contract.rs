@@ -756,6 +756,17 @@ mod tests {
             .expect("bob's own");
         c.submit("alice", named(Some("job-x/y")), 13)
             .expect("not a job id");
+        // Within one submission too.
+        let r = c.submit_batch(
+            vec![
+                crate::control::NewJob::new("alice", named(Some("b"))),
+                crate::control::NewJob::new("alice", named(Some("b/c"))),
+            ],
+            14,
+        );
+        assert!(r[0].is_ok(), "{:?}", r[0]);
+        let e = r[1].as_ref().expect_err("nested in the batch").to_string();
+        assert!(e.contains("another job of this submission"), "{e}");
     }
 
     #[test]
