@@ -272,7 +272,7 @@ pub fn port_free(port: u16) -> bool {
 /// lines are cut at 500 characters).
 pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
     const WINDOW: u64 = 16 * 1024;
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let Ok(mut f) = crate::logs::open_read(path) else {
         return Vec::new();
     };
     let len = f.metadata().map_or(0, |m| m.len());

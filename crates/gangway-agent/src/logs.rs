@@ -65,6 +65,20 @@ pub fn open_append(log: &std::path::Path) -> Result<std::fs::File, FsError> {
     safefs::create_file(std::os::fd::AsFd::as_fd(&dir), &name, 0o600, Create::Append)
 }
 
+/// Opens a log file for reading without following a link or waiting on a
+/// FIFO (the logs' directories are root's; this holds even if one were not).
+pub fn open_read(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
 /// Path of a rank's log file.
 pub fn log_path(dir: &std::path::Path, job: u64, attempt: u32, rank: u32) -> PathBuf {
     dir.join(format!("job-{job}"))
@@ -179,7 +193,8 @@ pub fn dropped_path(log: &std::path::Path) -> PathBuf {
 
 /// Bytes of `log` rotated away for good.
 pub fn dropped_bytes(log: &std::path::Path) -> u64 {
-    std::fs::read_to_string(dropped_path(log))
+    open_read(&dropped_path(log))
+        .and_then(|f| std::io::read_to_string(f.take(64)))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
@@ -226,7 +241,7 @@ pub fn read_rotated(
         let end = base + len;
         if start < end && (buf.len() as u64) < max {
             let from = start.max(base) - base;
-            let mut f = std::fs::File::open(&path)?;
+            let mut f = open_read(&path)?;
             f.seek(SeekFrom::Start(from))?;
             f.take(max - buf.len() as u64).read_to_end(&mut buf)?;
         }
