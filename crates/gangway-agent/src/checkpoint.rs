@@ -211,6 +211,8 @@ impl LatestCache {
         let spawned = std::thread::Builder::new()
             .name("gangway-latest".into())
             .spawn(move || {
+                #[cfg(test)]
+                let _held = tests::STALL.lock();
                 let r = read_latest(&dir);
                 let mut s = me.state();
                 match r {
@@ -369,6 +371,38 @@ fn remove(dir: &CkptDir) -> Result<(), FsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Held by a test to stand for a read stuck on a dead mount.
+    pub(super) static STALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn a_stuck_read_is_never_joined_by_another_and_the_last_value_stands() {
+        let (_d, c) = root_with_job();
+        write_latest(&c.path(), r#"{"step": 1, "path": "a"}"#);
+        let cache = LatestCache::default();
+        assert_eq!(
+            cache
+                .refresh_blocking(&c, Duration::from_secs(5))
+                .map(|l| l.report.step),
+            Some(1)
+        );
+        write_latest(&c.path(), r#"{"step": 2, "path": "b"}"#);
+        let stall = STALL.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(cache.start(&c), "a read starts");
+        for _ in 0..5 {
+            assert!(!cache.start(&c), "no second read while one is stuck");
+        }
+        let t = std::time::Instant::now();
+        let v = cache.refresh_blocking(&c, Duration::from_millis(100));
+        assert!(t.elapsed() < Duration::from_secs(1), "the wait is bounded");
+        assert_eq!(v.map(|l| l.report.step), Some(1), "the last good value");
+        drop(stall);
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while cache.busy() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(cache.value().map(|l| l.report.step), Some(2));
+    }
 
     fn write_latest(dir: &Path, text: &str) {
         let tmp = dir.join("LATEST.tmp");
