@@ -1107,7 +1107,7 @@ impl Agent {
 
     /// A process rank's per-job `HOME` (when its account has none) and
     /// `TMPDIR`, made and added to its base environment.
-    fn with_job_dirs(
+    async fn with_job_dirs(
         &self,
         mut sb: crate::sandbox::RankSandbox,
         a: &Assignment,
@@ -1117,12 +1117,13 @@ impl Agent {
             return Ok(sb);
         }
         let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
-        let env = crate::sandbox::job_dirs(&sb.account, ckpt, &tmp).map_err(|e| {
-            crate::sandbox::SandboxError::JobDirs {
+        let (account, dir) = (sb.account.clone(), ckpt.clone());
+        let env = crate::sandbox::off_loop(move || crate::sandbox::job_dirs(&account, &dir, &tmp))
+            .await
+            .map_err(|e| crate::sandbox::SandboxError::JobDirs {
                 account: sb.account.name.clone(),
                 msg: e.to_string(),
-            }
-        })?;
+            })?;
         sb.base_env.extend(env);
         Ok(sb)
     }
@@ -1213,8 +1214,10 @@ impl Agent {
                 .map(|l| l.report.path),
         };
         let logs = self.cfg.state_dir.join("logs");
-        let sandbox =
-            crate::sandbox::prepare(&self.cfg, &a).and_then(|sb| self.with_job_dirs(sb, &a, &ckpt));
+        let sandbox = match crate::sandbox::prepare(&self.cfg, &a) {
+            Ok(sb) => self.with_job_dirs(sb, &a, &ckpt).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = &sandbox {
             tracing::warn!(
                 "job {} attempt {}: refused on node {}: {e}",

@@ -229,8 +229,15 @@ impl Executor {
 
     /// Starts a rank; its exit (or failure to start) is sent on `exits`.
     pub async fn start(&self, l: Launch, exits: ExitSender) -> Rank {
-        if let Err(e) = crate::sandbox::prepare_files(&l.sandbox.account, &l.log, &l.checkpoint_dir)
-        {
+        let (account, log, dir) = (
+            l.sandbox.account.clone(),
+            l.log.clone(),
+            l.checkpoint_dir.clone(),
+        );
+        let prepared =
+            crate::sandbox::off_loop(move || crate::sandbox::prepare_files(&account, &log, &dir))
+                .await;
+        if let Err(e) = prepared {
             note(
                 &l.log,
                 &format!(

@@ -255,6 +255,29 @@ pub fn prepare_files(
     Ok(())
 }
 
+/// Longest wait for a job's directories to be made (a filesystem that does
+/// not answer, such as a dead NFS mount, fails the rank instead of holding
+/// the agent's loop).
+pub const DIRS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `f` (file work on a job's directories) on a blocking thread and
+/// waits at most [`DIRS_WAIT`] for it.
+pub async fn off_loop<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    match tokio::time::timeout(DIRS_WAIT, tokio::task::spawn_blocking(f)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the filesystem did not answer within {} s",
+                DIRS_WAIT.as_secs()
+            ),
+        )),
+    }
+}
+
 /// The agent's own directories: the state directory may be traversed (a
 /// checkpoint root inside it must be reachable by ranks) but not listed; its
 /// logs directory is the agent's alone (ranks write their logs through the
