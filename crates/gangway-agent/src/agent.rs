@@ -64,6 +64,10 @@ struct Task {
     kill_at: Option<Instant>,
     /// The job's checkpoint directory (the handshake's `LATEST` is read there).
     ckpt: Option<std::path::PathBuf>,
+    /// The same under its root, as root reaches it (by descriptor).
+    ckpt_at: Option<crate::checkpoint::CkptDir>,
+    /// Its last good `LATEST`, read off the loop.
+    latest: crate::checkpoint::LatestCache,
     /// The first rank here that exited non-zero.
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
@@ -109,6 +113,8 @@ impl Task {
             stop_sent,
             kill_at: None,
             ckpt: None,
+            ckpt_at: None,
+            latest: Default::default(),
             first_failure: None,
             port_busy: None,
             memory_mib: 0,
@@ -138,6 +144,14 @@ fn state_tag(dir: &std::path::Path) -> String {
 
 /// How long a stopping rank's processes get between two looks.
 const POLL: Duration = Duration::from_millis(100);
+
+/// How long a sync waits for the tasks' `LATEST` reads (on their own
+/// threads) before reporting the last good values.
+const LATEST_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a lost supervisor's rank waits for its job's `LATEST`, and a
+/// job for the removal of its directory (then it starts at a later sync).
+const FINAL_WAIT: Duration = Duration::from_millis(500);
 
 /// How often checkpoint directories and free space are measured.
 const DISK_CHECK: Duration = Duration::from_secs(1);
@@ -171,6 +185,9 @@ pub struct Agent {
     health: crate::health::HealthChecks,
     /// How jobs get their `/tmp` and `/dev/shm` here.
     scratch: crate::scratch::Mode,
+    /// Checkpoint directories being removed (off the loop): a job that
+    /// names one waits until it is gone.
+    removing: Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -240,6 +257,10 @@ impl Agent {
         std::fs::create_dir_all(&cfg.state_dir)?;
         std::fs::create_dir_all(&cfg.checkpoint_root)?;
         crate::sandbox::protect_state_dir(&cfg.state_dir)?;
+        // Jobs under it would all be refused: say so at once.
+        if let Err(e) = crate::safefs::open_base(&cfg.checkpoint_root) {
+            tracing::error!("checkpoint root: {e}; jobs using it will be refused");
+        }
         let discovery = discover(&cfg.inventory)?;
         let track = crate::proctrack::detect(cfg.proctrack, &cfg.cgroup_parent)?;
         let executor = Executor::new(
@@ -308,6 +329,7 @@ impl Agent {
             meter: crate::disk::Meter::new(reserve),
             health: crate::health::HealthChecks::new(health_check),
             scratch,
+            removing: Default::default(),
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -360,6 +382,7 @@ impl Agent {
                 .or_insert_with(|| Task::new(false));
             if t.ckpt.is_none() {
                 t.ckpt = r.checkpoint_dir.clone();
+                t.ckpt_at = r.checkpoint(&self.cfg.checkpoint_root);
             }
             t.ranks.insert(
                 k.rank,
@@ -549,7 +572,7 @@ impl Agent {
         let mut changed = false;
         let mut finished = Vec::new();
         for ((job, attempt), t) in &mut self.tasks {
-            let (ckpt, stop_sent) = (t.ckpt.as_deref(), t.stop_sent);
+            let (ckpt, stop_sent) = (t.ckpt_at.as_ref(), t.stop_sent);
             for (rank, r) in &mut t.ranks {
                 if r.done.is_some() || !matches!(r.handle, Rank::Process { .. }) {
                     continue;
@@ -565,8 +588,12 @@ impl Agent {
                 let code = match crate::supervisor::read_exit(&r.exit_file).or(r.main_exit) {
                     Some(code) => code,
                     None => {
-                        let (code, unknown) =
-                            lost_supervisor_exit(&self.cfg.state_dir, k, ckpt, stop_sent);
+                        let (code, unknown) = lost_supervisor_exit(
+                            &self.cfg.state_dir,
+                            k,
+                            ckpt.map(|d| (d, &t.latest)),
+                            stop_sent,
+                        );
                         r.unknown_exit = unknown;
                         code
                     }
@@ -627,7 +654,7 @@ impl Agent {
             Some(f)
         });
         TaskReport {
-            checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
+            checkpoint: t.latest.value().map(|l| l.report),
             failure,
             port_busy: t.port_busy,
             warnings: t.warnings.lock().map(|w| w.clone()).unwrap_or_default(),
@@ -642,6 +669,21 @@ impl Agent {
     }
 
     async fn sync(&self) -> Result<SyncResponse, SyncError> {
+        // Each task's `LATEST` is read on a thread of its own (one at a time
+        // per task); what has not come back in time is reported as before.
+        let reading: Vec<&crate::checkpoint::LatestCache> = self
+            .tasks
+            .values()
+            .filter_map(|t| {
+                let dir = t.ckpt_at.as_ref()?;
+                t.latest.start(dir);
+                Some(&t.latest)
+            })
+            .collect();
+        let until = Instant::now() + LATEST_WAIT;
+        while reading.iter().any(|c| c.busy()) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let req = SyncRequest {
             disk_pressure: self.disk_pressure.clone(),
             health_check: self.health.configured(),
@@ -693,12 +735,8 @@ impl Agent {
                         if failing_since.take().is_some() {
                             tracing::info!("node {}: server reachable again", self.cfg.node);
                         }
-                        for c in &resp.cleanup {
-                            crate::checkpoint::remove_dir(
-                                &self.cfg.checkpoint_root,
-                                c.root.as_deref(),
-                                &c.subdir,
-                            );
+                        for c in resp.cleanup {
+                            self.remove_checkpoints(c);
                         }
                         let env = self.health_env();
                         self.health.want(resp.health_check, &env);
@@ -1125,6 +1163,37 @@ impl Agent {
         acted
     }
 
+    /// Removes a succeeded job's checkpoint directory on a thread of its own
+    /// (a tree of any size); until it is gone, no job starts in it.
+    fn remove_checkpoints(&self, c: gangway_core::agent::CheckpointCleanup) {
+        let root = self.cfg.checkpoint_root.clone();
+        let Some(path) = crate::checkpoint::checkpoint_dir(&root, c.root.as_deref(), &c.subdir)
+            .map(|d| d.path())
+        else {
+            tracing::warn!("refusing to remove checkpoint directory {:?}", c.subdir);
+            return;
+        };
+        let set = self.removing.clone();
+        if let Ok(mut s) = set.lock() {
+            s.insert(path.clone());
+        }
+        let (done, at) = (set.clone(), path.clone());
+        let spawned = std::thread::Builder::new()
+            .name("gangway-cleanup".into())
+            .spawn(move || {
+                crate::checkpoint::remove_dir(&root, c.root.as_deref(), &c.subdir);
+                if let Ok(mut s) = done.lock() {
+                    s.remove(&at);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot remove checkpoints {}: {e}", path.display());
+            if let Ok(mut s) = set.lock() {
+                s.remove(&path);
+            }
+        }
+    }
+
     /// Drops a task none of whose processes is left, with its `TMPDIR`.
     fn forget_task(&mut self, k: TaskKey) {
         let gone = self.tasks.remove(&k);
@@ -1146,7 +1215,14 @@ impl Agent {
             }
         }
         self.executor.forget_node_faults(k.0, k.1);
-        crate::sandbox::remove_tmp(&crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1));
+        // A rank's tree of any size is removed off the loop.
+        let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1);
+        let spawned = std::thread::Builder::new()
+            .name("gangway-tmp".into())
+            .spawn(move || crate::sandbox::remove_tmp(&tmp));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot remove a TMPDIR: {e}");
+        }
     }
 
     /// Removes the `TMPDIR`s of tasks this agent does not know (left by an
@@ -1158,9 +1234,15 @@ impl Agent {
             .keys()
             .map(|k| crate::sandbox::tmp_dir(&self.cfg.state_dir, k.0 .0, k.1))
             .collect();
-        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            if !keep.contains(&e.path()) {
-                crate::sandbox::remove_tmp(&e.path());
+        // Listed by descriptor (the directory must be root's); each entry is
+        // removed without following anything in it.
+        let names = crate::safefs::open_base(&root)
+            .and_then(|fd| crate::safefs::list(&fd))
+            .unwrap_or_default();
+        for name in names {
+            let path = root.join(&name);
+            if !keep.contains(&path) {
+                crate::sandbox::remove_tmp(&path);
             }
         }
         let keys = self.tasks.keys().map(|k| (k.0 .0, k.1)).collect();
@@ -1169,22 +1251,23 @@ impl Agent {
 
     /// A process rank's per-job `HOME` (when its account has none) and
     /// `TMPDIR`, made and added to its base environment.
-    fn with_job_dirs(
+    async fn with_job_dirs(
         &self,
         mut sb: crate::sandbox::RankSandbox,
         a: &Assignment,
-        ckpt: &std::path::Path,
+        ckpt: &crate::checkpoint::CkptDir,
     ) -> Result<crate::sandbox::RankSandbox, crate::sandbox::SandboxError> {
         if a.run.image.is_some() {
             return Ok(sb);
         }
         let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
-        let env = crate::sandbox::job_dirs(&sb.account, ckpt, &tmp).map_err(|e| {
-            crate::sandbox::SandboxError::JobDirs {
+        let (account, dir) = (sb.account.clone(), ckpt.clone());
+        let env = crate::sandbox::off_loop(move || crate::sandbox::job_dirs(&account, &dir, &tmp))
+            .await
+            .map_err(|e| crate::sandbox::SandboxError::JobDirs {
                 account: sb.account.name.clone(),
                 msg: e.to_string(),
-            }
-        })?;
+            })?;
         sb.base_env.extend(env);
         Ok(sb)
     }
@@ -1268,7 +1351,10 @@ impl Agent {
             return;
         }
         let ckpt = if a.checkpoint_subdir.is_empty() {
-            Some(self.cfg.checkpoint_root.join(format!("job-{}", a.job)))
+            Some(crate::checkpoint::CkptDir {
+                base: self.cfg.checkpoint_root.clone(),
+                rel: format!("job-{}", a.job).into(),
+            })
         } else {
             crate::checkpoint::checkpoint_dir(
                 &self.cfg.checkpoint_root,
@@ -1300,7 +1386,23 @@ impl Agent {
             self.tasks.insert(key, task);
             return;
         };
-        task.ckpt = Some(ckpt.clone());
+        let removing = || self.removing.lock().is_ok_and(|s| s.contains(&ckpt.path()));
+        let until = Instant::now() + FINAL_WAIT;
+        while removing() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if removing() {
+            // Started at a later sync, once the directory is gone.
+            tracing::info!(
+                "job {} attempt {}: waiting for the removal of {}",
+                a.job,
+                a.attempt,
+                ckpt.path().display()
+            );
+            return;
+        }
+        task.ckpt = Some(ckpt.path());
+        task.ckpt_at = Some(ckpt.clone());
         if a.run.image.is_none() {
             task.tmp = Some(crate::sandbox::tmp_dir(
                 &self.cfg.state_dir,
@@ -1324,13 +1426,19 @@ impl Agent {
         }
         // The server's record of the last checkpoint; for a job resubmitted
         // with the same checkpoint.dir, what the directory announces.
-        let resume_from = a
-            .resume_from
-            .clone()
-            .or_else(|| crate::checkpoint::read_latest(&ckpt).map(|c| c.path));
+        let resume_from = match a.resume_from.clone() {
+            Some(r) => Some(r),
+            None => task
+                .latest
+                .refresh(&ckpt, LATEST_WAIT)
+                .await
+                .map(|l| l.report.path),
+        };
         let logs = self.cfg.state_dir.join("logs");
-        let sandbox =
-            crate::sandbox::prepare(&self.cfg, &a).and_then(|sb| self.with_job_dirs(sb, &a, &ckpt));
+        let sandbox = match crate::sandbox::prepare(&self.cfg, &a) {
+            Ok(sb) => self.with_job_dirs(sb, &a, &ckpt).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = &sandbox {
             tracing::warn!(
                 "job {} attempt {}: refused on node {}: {e}",
@@ -1357,7 +1465,7 @@ impl Agent {
             node_env(
                 &mut env,
                 &self.cfg.node,
-                &ckpt.display().to_string(),
+                &ckpt.path().display().to_string(),
                 resume_from.as_deref(),
             );
             let rk = RankKey {
@@ -1507,15 +1615,19 @@ const PATH_LOOK_WAIT: std::time::Duration = std::time::Duration::from_millis(200
 /// true`) written after this rank started and before any stop was asked.
 /// Otherwise it fails as "exit code unknown: supervisor lost" (code 255).
 /// Returns the code and whether it was unknown; the rank's log says which.
+/// `LATEST` is read through the task's cache (on a thread, waited for at
+/// most [`FINAL_WAIT`]).
 fn lost_supervisor_exit(
     state_dir: &std::path::Path,
     k: RankKey,
-    ckpt: Option<&std::path::Path>,
+    ckpt: Option<(&crate::checkpoint::CkptDir, &crate::checkpoint::LatestCache)>,
     stop_sent: bool,
 ) -> (i32, bool) {
     let started = crate::leftovers::recorded_ms(state_dir, k).unwrap_or(u64::MAX);
     let done = ckpt
-        .and_then(crate::checkpoint::read_final)
+        .and_then(|(dir, cache)| {
+            crate::checkpoint::final_of(cache.refresh_blocking(dir, FINAL_WAIT).as_ref())
+        })
         .filter(|(_, at)| *at >= started && !stop_sent);
     let log = log_path(&state_dir.join("logs"), k.job.0, k.attempt, k.rank);
     let (code, note) = match done {

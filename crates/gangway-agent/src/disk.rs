@@ -164,6 +164,29 @@ impl Walk {
         }
     }
 
+    /// Measures a job's directory `dir`, opened by descriptor beneath its
+    /// parent: the parent must be root's and writable by no one else (the
+    /// levels the agent made above every job directory), and the directory
+    /// itself is reached without following a link. A missing one holds nothing.
+    pub fn job_dir(&mut self, dir: &Path) -> Result<Tree, WalkError> {
+        let refused = |e: crate::safefs::FsError| WalkError::Io(format!("cannot open it: {e}"));
+        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+            return Err(WalkError::Io("not a directory's path".into()));
+        };
+        let base = match crate::safefs::open_base(parent) {
+            Ok(b) => b,
+            Err(e) if e.not_found() => return Ok(Tree::default()),
+            Err(e) => return Err(refused(e)),
+        };
+        let last = crate::safefs::Last::Any;
+        match crate::safefs::open_dir(std::os::fd::AsFd::as_fd(&base), Path::new(name), None, last)
+        {
+            Ok(fd) => self.tree_fd(fd),
+            Err(e) if e.not_found() => Ok(Tree::default()),
+            Err(e) => Err(refused(e)),
+        }
+    }
+
     /// Measures the tree of an open directory.
     pub fn tree_fd(&mut self, root: std::os::fd::OwnedFd) -> Result<Tree, WalkError> {
         use rustix::fs::{fstat, fstatvfs, statat, AtFlags, Dir, FileType};
@@ -365,7 +388,7 @@ fn measure_noting<K: Clone>(
         let mut out = Vec::with_capacity(dirs.len());
         for (kind, dir) in dirs {
             note(Some((k.clone(), kind)));
-            let (usage, dev) = match walk.tree(&dir) {
+            let (usage, dev) = match walk.job_dir(&dir) {
                 Ok(t) => {
                     if let Some((free, total)) = t.space {
                         seen.push((dir.clone(), t.dev, free, total));
@@ -727,13 +750,16 @@ mod tests {
 
     #[test]
     fn measuring_never_blocks_the_caller_and_never_piles_up() {
-        let d = tempfile::tempdir().expect("tmp");
+        // A job's directory lies under a root-owned level, as on a node.
+        let level = tempfile::tempdir().expect("tmp");
+        let d = level.path().join("job");
+        std::fs::create_dir(&d).expect("job dir");
         for i in 0..30_000 {
-            std::fs::File::create(d.path().join(format!("f{i}"))).expect("create");
+            std::fs::File::create(d.join(format!("f{i}"))).expect("create");
         }
         let state = tempfile::tempdir().expect("tmp");
         let batch = || Batch {
-            jobs: vec![(1u32, vec![(DirKind::Tmpdir, d.path().to_path_buf())])],
+            jobs: vec![(1u32, vec![(DirKind::Tmpdir, d.clone())])],
             roots: vec![state.path().to_path_buf()],
             percent: 0,
         };
@@ -767,10 +793,12 @@ mod tests {
 
     #[test]
     fn pressure_names_every_filesystem_under_it_by_device() {
-        let d = tempfile::tempdir().expect("tmp");
-        let dev = std::fs::metadata(d.path()).expect("stat").dev();
+        let level = tempfile::tempdir().expect("tmp");
+        let d = level.path().join("job");
+        std::fs::create_dir(&d).expect("job dir");
+        let dev = std::fs::metadata(&d).expect("stat").dev();
         let b = |percent| Batch {
-            jobs: vec![(1u32, vec![(DirKind::Checkpoint, d.path().to_path_buf())])],
+            jobs: vec![(1u32, vec![(DirKind::Checkpoint, d.clone())])],
             roots: Vec::new(),
             percent,
         };
@@ -804,5 +832,40 @@ mod tests {
         assert!(m.start(batch()));
         let next = m.results.blocking_recv().expect("report");
         assert!(m.take(&next));
+    }
+
+    #[test]
+    fn a_job_directory_is_opened_beneath_a_root_level_and_never_through_a_link() {
+        let d = tempfile::tempdir().expect("tmp");
+        let level = d.path().join("user");
+        std::fs::create_dir(&level).expect("level");
+        std::fs::create_dir(level.join("job")).expect("job");
+        std::fs::write(level.join("job/x"), vec![1u8; 100_000]).expect("write");
+        let decoy = d.path().join("decoy");
+        std::fs::create_dir(&decoy).expect("decoy");
+        std::fs::write(decoy.join("big"), vec![1u8; 300_000]).expect("write");
+        std::os::unix::fs::symlink(&decoy, level.join("link")).expect("link");
+        let n = Walk::default()
+            .job_dir(&level.join("job"))
+            .expect("walk")
+            .bytes;
+        assert!((100_000..200_000).contains(&n), "{n}");
+        assert!(
+            Walk::default().job_dir(&level.join("link")).is_err(),
+            "a link as the job's directory is refused, not followed"
+        );
+        assert_eq!(
+            Walk::default()
+                .job_dir(&level.join("none"))
+                .expect("walk")
+                .bytes,
+            0
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&level, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert!(
+            Walk::default().job_dir(&level.join("job")).is_err(),
+            "a level others can write is not trusted"
+        );
     }
 }

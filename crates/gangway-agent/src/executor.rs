@@ -51,7 +51,7 @@ pub struct Launch {
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     /// The job's checkpoint directory (mounted read-write into containers).
-    pub checkpoint_dir: PathBuf,
+    pub checkpoint_dir: crate::checkpoint::CkptDir,
     /// Its account, base environment and checked mounts.
     pub sandbox: crate::sandbox::RankSandbox,
     /// Where the rank's supervisor writes its exit code.
@@ -108,11 +108,7 @@ pub enum ExecutorError {
 
 /// Appends a `[gangway]` line to a rank's log.
 pub(crate) fn note(log: &Path, msg: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-    {
+    if let Ok(mut f) = crate::logs::open_append(log) {
         let _ = writeln!(f, "[gangway] {msg}");
     }
 }
@@ -235,12 +231,15 @@ impl Executor {
 
     /// Starts a rank; its exit (or failure to start) is sent on `exits`.
     pub async fn start(&self, l: Launch, exits: ExitSender) -> Rank {
-        if let Some(parent) = l.log.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        let _ = std::fs::create_dir_all(&l.checkpoint_dir);
-        if let Err(e) = crate::sandbox::prepare_files(&l.sandbox.account, &l.log, &l.checkpoint_dir)
-        {
+        let (account, log, dir) = (
+            l.sandbox.account.clone(),
+            l.log.clone(),
+            l.checkpoint_dir.clone(),
+        );
+        let prepared =
+            crate::sandbox::off_loop(move || crate::sandbox::prepare_files(&account, &log, &dir))
+                .await;
+        if let Err(e) = prepared {
             note(
                 &l.log,
                 &format!(
@@ -332,7 +331,7 @@ impl Executor {
         if !sb.host_network {
             exposed_ports = bridge_rendezvous(&d, &self.node, k, &mut env).await;
         }
-        let mut host = crate::sandbox::host_config(sb, &l.checkpoint_dir);
+        let mut host = crate::sandbox::host_config(sb, &l.checkpoint_dir.path());
         if let Some(ports) = &exposed_ports {
             // Other nodes reach rank 0's rendezvous at this node's address.
             host.port_bindings = Some(
@@ -572,11 +571,7 @@ async fn copy_logs(
 impl Executor {
     fn start_process(&self, l: Launch, exits: ExitSender) -> Rank {
         let k = l.key;
-        let log = match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&l.log)
-        {
+        let log = match crate::logs::open_append(&l.log) {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!("rank log {}: {e}", l.log.display());

@@ -46,6 +46,9 @@ pub struct RankRecord {
     /// job finished when the rank's exit code is lost).
     #[serde(default)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// The checkpoint root it lies under (reached from there by descriptor).
+    #[serde(default)]
+    pub checkpoint_base: Option<PathBuf>,
 }
 
 impl RankRecord {
@@ -56,6 +59,14 @@ impl RankRecord {
             attempt: self.attempt,
             rank: self.rank,
         }
+    }
+
+    /// Its checkpoint directory under its root (`fallback` for records
+    /// written before the root was kept).
+    pub fn checkpoint(&self, fallback: &Path) -> Option<crate::checkpoint::CkptDir> {
+        let path = self.checkpoint_dir.as_deref()?;
+        let base = self.checkpoint_base.as_deref().unwrap_or(fallback);
+        crate::checkpoint::CkptDir::under(base, path)
     }
 
     /// Whether the recorded supervisor is still the same live process.
@@ -72,7 +83,7 @@ pub fn record(
     container: &Container,
     signal: i32,
     grace_seconds: u64,
-    checkpoint_dir: &Path,
+    checkpoint_dir: &crate::checkpoint::CkptDir,
 ) {
     let _ = std::fs::create_dir_all(dir(state_dir));
     let rec = RankRecord {
@@ -84,12 +95,27 @@ pub fn record(
         container: container.clone(),
         signal,
         grace_seconds,
-        checkpoint_dir: Some(checkpoint_dir.to_path_buf()),
+        checkpoint_dir: Some(checkpoint_dir.path()),
+        checkpoint_base: Some(checkpoint_dir.base.clone()),
     };
     let path = file(state_dir, k);
     let tmp = path.with_extension("tmp");
     let text = serde_json::to_vec(&rec).unwrap_or_default();
-    if let Err(e) = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)) {
+    // The directory is root's; links are still never followed.
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?
+            .write_all(&text)?;
+        std::fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
         tracing::warn!("cannot record rank {k:?}: {e}");
     }
 }
@@ -110,6 +136,19 @@ pub fn forget(state_dir: &Path, k: RankKey) {
     let _ = std::fs::remove_file(exit_file(state_dir, k));
 }
 
+fn read_nofollow(p: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut b = Vec::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(p)?
+        .take(1 << 20)
+        .read_to_end(&mut b)?;
+    Ok(b)
+}
+
 /// Every rank recorded by an earlier run of the agent.
 pub fn recorded(state_dir: &Path) -> Vec<RankRecord> {
     let mut out = Vec::new();
@@ -122,7 +161,7 @@ pub fn recorded(state_dir: &Path) -> Vec<RankRecord> {
         if name.contains('.') {
             continue;
         }
-        match std::fs::read(e.path())
+        match read_nofollow(&e.path())
             .ok()
             .and_then(|b| serde_json::from_slice::<RankRecord>(&b).ok())
         {
@@ -164,11 +203,16 @@ mod tests {
             &c,
             15,
             30,
-            Path::new("/ckpt"),
+            &crate::checkpoint::CkptDir {
+                base: "/ckpt".into(),
+                rel: "u/job-3".into(),
+            },
         );
         let found = recorded(dir.path());
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].key(), k);
+        let c = found[0].checkpoint(Path::new("/elsewhere")).expect("ckpt");
+        assert_eq!((c.base, c.rel), ("/ckpt".into(), "u/job-3".into()));
         assert!(found[0].supervisor_alive());
         let _ = child.kill();
         let _ = child.wait();

@@ -27,6 +27,7 @@ pub mod mounts;
 pub mod probe;
 pub mod proctrack;
 pub mod reconcile;
+pub mod safefs;
 pub mod sandbox;
 pub mod scratch;
 pub mod supervisor;

@@ -123,7 +123,8 @@ impl LogPump {
 
     /// Opens the current file (truncated after a rotation).
     unsafe fn open(&self, truncate: bool) -> i32 {
-        let mut flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+        let mut flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW;
         if truncate {
             flags |= libc::O_TRUNC;
         }

@@ -1,5 +1,6 @@
 //! The agent's small HTTP server: rank logs for the server to relay.
 
+use crate::safefs::{self, Create, FsError, Last};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::routing::get;
@@ -20,6 +21,62 @@ pub struct LogServer {
     /// The node's log key (the server's, sent at registration); only its
     /// bearer may read.
     pub token: Arc<RwLock<String>>,
+}
+
+/// The logs directory, the rank's directory under it and the file's name of
+/// a path [`log_path`] built.
+fn log_parts(log: &std::path::Path) -> Option<(&std::path::Path, PathBuf, &std::ffi::OsStr)> {
+    let name = log.file_name()?;
+    let attempt = log.parent()?;
+    let job = attempt.parent()?;
+    let base = job.parent()?;
+    Some((
+        base,
+        PathBuf::from(job.file_name()?).join(attempt.file_name()?),
+        name,
+    ))
+}
+
+/// Opens the directory of a rank's log by descriptor from the agent's logs
+/// directory (root's, 0700): made root's with mode 0700 when missing; a link
+/// or another owner's directory on the way is refused. Returns it with the
+/// log's file name.
+pub fn open_log_dir(
+    log: &std::path::Path,
+) -> Result<(std::os::fd::OwnedFd, std::ffi::OsString), FsError> {
+    let (base, rel, name) = log_parts(log).ok_or_else(|| FsError::Refused {
+        path: log.display().to_string(),
+        why: "not a rank log's path".into(),
+    })?;
+    let base = safefs::open_base(base)?;
+    let dir = safefs::open_dir(
+        std::os::fd::AsFd::as_fd(&base),
+        &rel,
+        Some(0o700),
+        Last::Root { mode: 0o700 },
+    )?;
+    Ok((dir, name.to_os_string()))
+}
+
+/// Opens a rank's log for appending (made root's, 0600, when missing), by
+/// descriptor and never through a link.
+pub fn open_append(log: &std::path::Path) -> Result<std::fs::File, FsError> {
+    let (dir, name) = open_log_dir(log)?;
+    safefs::create_file(std::os::fd::AsFd::as_fd(&dir), &name, 0o600, Create::Append)
+}
+
+/// Opens a log file for reading without following a link or waiting on a
+/// FIFO (the logs' directories are root's; this holds even if one were not).
+pub fn open_read(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
 }
 
 /// Path of a rank's log file.
@@ -136,7 +193,8 @@ pub fn dropped_path(log: &std::path::Path) -> PathBuf {
 
 /// Bytes of `log` rotated away for good.
 pub fn dropped_bytes(log: &std::path::Path) -> u64 {
-    std::fs::read_to_string(dropped_path(log))
+    open_read(&dropped_path(log))
+        .and_then(|f| std::io::read_to_string(f.take(64)))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
@@ -183,7 +241,7 @@ pub fn read_rotated(
         let end = base + len;
         if start < end && (buf.len() as u64) < max {
             let from = start.max(base) - base;
-            let mut f = std::fs::File::open(&path)?;
+            let mut f = open_read(&path)?;
             f.seek(SeekFrom::Start(from))?;
             f.take(max - buf.len() as u64).read_to_end(&mut buf)?;
         }
@@ -195,22 +253,42 @@ pub fn read_rotated(
 
 /// A log file rotated as it is written (Docker ranks, whose output the
 /// agent copies; process ranks have the same rotation in their log pump).
+/// Its directory is held open: every file is created, renamed and replaced
+/// relative to it, never through a link.
 pub struct RotatingLog {
+    dir: std::os::fd::OwnedFd,
+    name: std::ffi::OsString,
     path: PathBuf,
     rotation: Rotation,
     file: std::fs::File,
     size: u64,
 }
 
+fn io_err(e: FsError) -> std::io::Error {
+    match e {
+        FsError::Io { source, .. } => source,
+        e => std::io::Error::other(e.to_string()),
+    }
+}
+
 impl RotatingLog {
-    /// Opens (appending to) `path`.
+    /// Opens (appending to) `path`, in a directory that must be root's.
     pub fn open(path: &std::path::Path, rotation: Rotation) -> std::io::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        let parent = path
+            .parent()
+            .ok_or_else(|| std::io::Error::other("a log path without a directory"))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| std::io::Error::other("a log path without a name"))?
+            .to_os_string();
+        let dir = safefs::open_base(parent).map_err(io_err)?;
+        let file =
+            safefs::create_file(std::os::fd::AsFd::as_fd(&dir), &name, 0o600, Create::Append)
+                .map_err(io_err)?;
         let size = file.metadata()?.len();
         Ok(RotatingLog {
+            dir,
+            name,
             path: path.to_path_buf(),
             rotation,
             file,
@@ -218,28 +296,54 @@ impl RotatingLog {
         })
     }
 
+    /// The name of the `n`th older file (0: the current one).
+    fn nth(&self, n: u32) -> std::ffi::OsString {
+        let mut s = self.name.clone();
+        if n > 0 {
+            s.push(format!(".{n}"));
+        }
+        s
+    }
+
     fn rotate(&mut self) -> std::io::Result<()> {
+        use std::os::fd::AsFd;
         let last = self.rotation.max_files.saturating_sub(1);
         let gone = if last == 0 {
             self.size
         } else {
-            std::fs::metadata(rotated_path(&self.path, last)).map_or(0, |m| m.len())
+            rustix::fs::statat(
+                self.dir.as_fd(),
+                self.nth(last).as_os_str(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_or(0, |st| u64::try_from(st.st_size).unwrap_or(0))
         };
         if gone > 0 {
             let total = dropped_bytes(&self.path) + gone;
-            std::fs::write(dropped_path(&self.path), format!("{total}\n"))?;
+            let mut dropped = self.name.clone();
+            dropped.push(".dropped");
+            let mut f = safefs::create_file(self.dir.as_fd(), &dropped, 0o600, Create::Truncate)
+                .map_err(io_err)?;
+            std::io::Write::write_all(&mut f, format!("{total}\n").as_bytes())?;
         }
         for n in (1..last).rev() {
-            let _ = std::fs::rename(rotated_path(&self.path, n), rotated_path(&self.path, n + 1));
+            let _ = rustix::fs::renameat(
+                self.dir.as_fd(),
+                self.nth(n).as_os_str(),
+                self.dir.as_fd(),
+                self.nth(n + 1).as_os_str(),
+            );
         }
         if last > 0 {
-            std::fs::rename(&self.path, rotated_path(&self.path, 1))?;
+            rustix::fs::renameat(
+                self.dir.as_fd(),
+                self.nth(0).as_os_str(),
+                self.dir.as_fd(),
+                self.nth(1).as_os_str(),
+            )?;
         }
-        self.file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&self.path)?;
+        self.file = safefs::create_file(self.dir.as_fd(), &self.name, 0o600, Create::Truncate)
+            .map_err(io_err)?;
         self.size = 0;
         Ok(())
     }

@@ -7,6 +7,7 @@
 //! own log file and checkpoint directory, and for containers the checked mounts
 //! ([`crate::mounts`]) and a hardened Docker host configuration.
 
+use crate::checkpoint::CkptDir;
 use crate::config::AgentConfig;
 use crate::identity::{Account, IdentityError};
 use crate::mounts::MountError;
@@ -140,78 +141,141 @@ pub fn tmp_dir(state_dir: &Path, job: u64, attempt: u32) -> std::path::PathBuf {
     state_dir.join("tmp").join(format!("job-{job}-{attempt}"))
 }
 
-/// Makes `dir` a directory of `account` with mode 0700. Its parent may be
-/// the user's (the checkpoint directory): a symlink or file planted there is
-/// refused, and the owner and mode are set through a descriptor opened
-/// without following links.
-fn own_dir(account: &Account, dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+/// The error a job's directory made for root gives, as I/O.
+fn io(e: crate::safefs::FsError) -> std::io::Error {
+    match e {
+        crate::safefs::FsError::Io { path, source } => {
+            std::io::Error::new(source.kind(), format!("{path}: {source}"))
+        }
+        e => std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
     }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-        .open(dir)?;
-    std::os::unix::fs::fchown(&f, Some(account.uid), Some(account.gid))?;
-    f.set_permissions(std::fs::Permissions::from_mode(0o700))?;
-    Ok(())
+}
+
+/// Opens (making it when missing) a job attempt's `TMPDIR`,
+/// `<state_dir>/tmp/job-ID-ATTEMPT`, by descriptor from the state directory:
+/// `tmp/` root's with mode 0711, the attempt's directory the account's 0700.
+fn open_tmp(account: &Account, tmp: &Path) -> Result<std::os::fd::OwnedFd, crate::safefs::FsError> {
+    use crate::safefs::{open_base, open_dir, FsError, Last};
+    let bad = || FsError::Refused {
+        path: tmp.display().to_string(),
+        why: "not a TMPDIR path".into(),
+    };
+    let name = tmp.file_name().ok_or_else(bad)?;
+    let tmp_root = tmp.parent().ok_or_else(bad)?;
+    let state_dir = tmp_root.parent().ok_or_else(bad)?;
+    let base = open_base(state_dir)?;
+    let rel = Path::new(tmp_root.file_name().ok_or_else(bad)?).join(name);
+    open_dir(
+        std::os::fd::AsFd::as_fd(&base),
+        &rel,
+        Some(0o711),
+        Last::Own {
+            uid: account.uid,
+            gid: account.gid,
+            mode: 0o700,
+        },
+    )
 }
 
 /// Creates a job attempt's `HOME` (unless the account has one: then that)
 /// and `TMPDIR` for its account; returns both variables for the base
-/// environment.
+/// environment. Both are made by descriptor ([`crate::safefs`]): the
+/// checkpoint directory is reached through root's levels only, and a link,
+/// file or another account's directory planted as `.home` is refused.
 pub fn job_dirs(
     account: &Account,
-    checkpoint_dir: &Path,
+    checkpoint_dir: &CkptDir,
     tmp: &Path,
 ) -> std::io::Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
     if !has_home(account) {
-        std::fs::create_dir_all(checkpoint_dir)?;
-        let home = checkpoint_dir.join(JOB_HOME);
-        own_dir(account, &home)?;
+        let dir = checkpoint_dir
+            .open(Some((account.uid, account.gid)))
+            .map_err(io)?;
+        crate::safefs::own_dir(
+            std::os::fd::AsFd::as_fd(&dir),
+            std::ffi::OsStr::new(JOB_HOME),
+            account.uid,
+            account.gid,
+            0o700,
+        )
+        .map_err(io)?;
+        let home = checkpoint_dir.path().join(JOB_HOME);
         env.insert("HOME".into(), home.display().to_string());
     }
-    if let Some(parent) = tmp.parent() {
-        std::fs::create_dir_all(parent)?;
-        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))?;
-    }
-    own_dir(account, tmp)?;
+    open_tmp(account, tmp).map_err(io)?;
     env.insert("TMPDIR".into(), tmp.display().to_string());
     Ok(env)
 }
 
-/// Removes a job attempt's `TMPDIR` (absent is fine).
+/// Removes a job attempt's `TMPDIR` (absent is fine), by descriptor from the
+/// state directory and without ever leaving the tree (a rank's links in it
+/// are removed, never followed).
 pub fn remove_tmp(tmp: &Path) {
-    match std::fs::remove_dir_all(tmp) {
+    use crate::safefs::{open_base, open_dir, remove_tree, FsError, Last};
+    let r = (|| -> Result<(), FsError> {
+        let bad = || FsError::Refused {
+            path: tmp.display().to_string(),
+            why: "not a TMPDIR path".into(),
+        };
+        let name = tmp.file_name().ok_or_else(bad)?;
+        let tmp_root = tmp.parent().ok_or_else(bad)?;
+        let state_dir = tmp_root.parent().ok_or_else(bad)?;
+        let base = open_base(state_dir)?;
+        let root = open_dir(
+            std::os::fd::AsFd::as_fd(&base),
+            Path::new(tmp_root.file_name().ok_or_else(bad)?),
+            None,
+            Last::Root { mode: 0o711 },
+        )?;
+        remove_tree(std::os::fd::AsFd::as_fd(&root), name)
+    })();
+    match r {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) if e.not_found() => {}
         Err(e) => tracing::warn!("cannot remove {}: {e}", tmp.display()),
     }
 }
 
 /// Creates the rank's log file (mode 0600) and checkpoint directory (0700),
 /// both owned by its account, so it can write them and other accounts
-/// cannot read them.
-pub fn prepare_files(account: &Account, log: &Path, checkpoint_dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(parent) = log.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(log)?;
-    std::fs::set_permissions(log, std::fs::Permissions::from_mode(0o600))?;
-    std::os::unix::fs::chown(log, Some(account.uid), Some(account.gid))?;
-    std::fs::create_dir_all(checkpoint_dir)?;
-    std::fs::set_permissions(checkpoint_dir, std::fs::Permissions::from_mode(0o700))?;
-    std::os::unix::fs::chown(checkpoint_dir, Some(account.uid), Some(account.gid))?;
+/// cannot read them. The log is made by descriptor in the agent's root-only
+/// logs directory and given to the account through that descriptor; the
+/// checkpoint directory is reached through root's levels only.
+pub fn prepare_files(
+    account: &Account,
+    log: &Path,
+    checkpoint_dir: &CkptDir,
+) -> std::io::Result<()> {
+    let f = crate::logs::open_append(log).map_err(io)?;
+    crate::safefs::own(&f, account.uid, account.gid, 0o600)?;
+    checkpoint_dir
+        .open(Some((account.uid, account.gid)))
+        .map_err(io)?;
     Ok(())
+}
+
+/// Longest wait for a job's directories to be made (a filesystem that does
+/// not answer, such as a dead NFS mount, fails the rank instead of holding
+/// the agent's loop).
+pub const DIRS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `f` (file work on a job's directories) on a blocking thread and
+/// waits at most [`DIRS_WAIT`] for it.
+pub async fn off_loop<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    match tokio::time::timeout(DIRS_WAIT, tokio::task::spawn_blocking(f)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(std::io::Error::other(e.to_string())),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the filesystem did not answer within {} s",
+                DIRS_WAIT.as_secs()
+            ),
+        )),
+    }
 }
 
 /// The agent's own directories: the state directory may be traversed (a
@@ -265,16 +329,12 @@ pub const REFUSED_EXIT: i32 = 126;
 /// `gangway logs`, naming the account or mount and the node). The caller then
 /// announces the rank's exit with [`REFUSED_EXIT`], so the job's restart policy applies.
 pub fn refuse(log: &Path, why: &SandboxError) {
-    if let Some(parent) = log.parent() {
-        let _ = std::fs::create_dir_all(parent);
-    }
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-    {
-        use std::io::Write;
-        let _ = writeln!(f, "[gangway] refused: {why}");
+    match crate::logs::open_append(log) {
+        Ok(mut f) => {
+            use std::io::Write;
+            let _ = writeln!(f, "[gangway] refused: {why}");
+        }
+        Err(e) => tracing::warn!("cannot write the refusal to {}: {e}", log.display()),
     }
 }
 

@@ -341,6 +341,7 @@ impl<S: Store> Control<S> {
         // First occurrence in this batch of each new key.
         let mut first_of: HashMap<&str, usize> = HashMap::new();
         let mut same_as: Vec<(usize, usize)> = Vec::new();
+        let mut batch_dirs: Vec<String> = Vec::new();
         for (i, job) in batch.iter().enumerate() {
             if let Some(key) = job.key.as_deref() {
                 match self.store.get(&idem_key(key)) {
@@ -365,10 +366,39 @@ impl<S: Store> Control<S> {
                 results.push(Some(Err(e)));
                 continue;
             }
+            if let Err(e) = self.checkpoint_dir_apart(&job.user, &job.spec) {
+                results.push(Some(Err(e)));
+                continue;
+            }
+            // The batch's own named directories are not indexed yet.
+            let named = job
+                .spec
+                .checkpoint
+                .dir
+                .as_deref()
+                .map(|d| gangway_core::agent::checkpoint_subdir(&job.user, JobId(0), Some(d)));
+            if let Some(mine) = &named {
+                let nested = |a: &str, b: &str| {
+                    a.len() > b.len() && a.starts_with(b) && a.as_bytes()[b.len()] == b'/'
+                };
+                if batch_dirs
+                    .iter()
+                    .any(|d: &String| nested(mine, d) || nested(d, mine))
+                {
+                    results.push(Some(Err(ControlError::Workflow(
+                        crate::control_error::WorkflowError::Field(format!(
+                            "checkpoint.dir: {:?} is inside or holds the checkpoint directory of another job of this submission",
+                            job.spec.checkpoint.dir.as_deref().unwrap_or_default()
+                        )),
+                    ))));
+                    continue;
+                }
+            }
             match self.cluster.validate(&job.spec) {
                 Ok(_) => {
                     results.push(None);
                     valid.push(i);
+                    batch_dirs.extend(named);
                 }
                 Err(e) => results.push(Some(Err(e.into()))),
             }
@@ -425,6 +455,42 @@ impl<S: Store> Control<S> {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(ControlError::Conflict(JOB_SEQ.into()))))
             .collect()
+    }
+
+    /// A named `checkpoint.dir` must not lie inside another job's checkpoint
+    /// directory of the same user, nor hold one, whatever that job's state
+    /// (an ended job's directory may be kept, with what its ranks left in
+    /// it: a link there would lead the agent elsewhere). `job-<n>` as the
+    /// first part of a longer name is every job `<n>`'s default directory,
+    /// taken or not. The same directory as another job's stays allowed (a
+    /// resubmission resumes from it).
+    fn checkpoint_dir_apart(&self, user: &str, spec: &JobSpec) -> Result<(), ControlError> {
+        let Some(dir) = spec.checkpoint.dir.as_deref() else {
+            return Ok(());
+        };
+        let field =
+            |msg: String| ControlError::Workflow(crate::control_error::WorkflowError::Field(msg));
+        let subdir = gangway_core::agent::checkpoint_subdir(user, JobId(0), Some(dir));
+        if let Some((other, at, inside)) = self.jobs.nested_checkpoint_dir(&subdir) {
+            let user_part = subdir.len() - dir.len();
+            let theirs = at.get(user_part..).unwrap_or(at);
+            return Err(field(if inside {
+                format!("checkpoint.dir: {dir:?} is inside job {other}'s checkpoint directory ({theirs:?})")
+            } else {
+                format!(
+                    "checkpoint.dir: {dir:?} holds job {other}'s checkpoint directory ({theirs:?})"
+                )
+            }));
+        }
+        if let Some((first, _)) = dir.split_once('/') {
+            let n = first.strip_prefix("job-").unwrap_or("");
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(field(format!(
+                    "checkpoint.dir: {dir:?} is inside {first:?}, the default checkpoint directory of job {n}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// [`Control::submit_batch`] with the new jobs committed as deferred

@@ -368,6 +368,10 @@ pub struct JobTable {
     /// Live (non-terminal) jobs by checkpoint subdirectory under the root,
     /// with how many use it.
     live_dirs: std::collections::HashMap<String, u32>,
+    /// Every job's checkpoint subdirectory, whatever its state (an ended
+    /// job's directory may be kept), with the jobs that name it: what the
+    /// nesting rule of submissions reads.
+    all_dirs: BTreeMap<String, BTreeSet<JobId>>,
     /// Rendezvous ports held by jobs on GPUs (scheduled, running,
     /// preempting), by their rank-0 node, with how many hold each.
     live_ports: std::collections::HashMap<String, BTreeMap<u16, u32>>,
@@ -485,6 +489,25 @@ impl JobTable {
         self.live_dirs.get(subdir).is_some_and(|n| *n > 0)
     }
 
+    /// A job whose checkpoint directory (a subdirectory under the root, as
+    /// [`gangway_core::agent::checkpoint_subdir`] builds it) holds `subdir`
+    /// strictly inside it (`true`) or lies strictly inside `subdir`
+    /// (`false`), with that directory; whatever the job's state.
+    pub fn nested_checkpoint_dir(&self, subdir: &str) -> Option<(JobId, &str, bool)> {
+        for (i, _) in subdir.match_indices('/') {
+            if let Some((d, ids)) = self.all_dirs.get_key_value(&subdir[..i]) {
+                if let Some(id) = ids.first() {
+                    return Some((*id, d.as_str(), true));
+                }
+            }
+        }
+        let below = format!("{subdir}/");
+        self.all_dirs
+            .range(below.clone()..)
+            .take_while(|(d, _)| d.starts_with(&below))
+            .find_map(|(d, ids)| ids.first().map(|id| (*id, d.as_str(), false)))
+    }
+
     /// The rendezvous ports held by jobs on GPUs whose rank 0 is on `node`.
     pub fn ports_on(&self, node: &str) -> impl Iterator<Item = u16> + '_ {
         self.live_ports
@@ -541,6 +564,28 @@ impl JobTable {
         if is && !was {
             if let Some(n) = new {
                 self.deadlines.insert(n.id);
+            }
+        }
+        let all = |r: &JobRecord| {
+            let d = gangway_core::agent::checkpoint_subdir(
+                &r.user,
+                r.id,
+                r.spec.checkpoint.dir.as_deref(),
+            );
+            (d, r.id)
+        };
+        let (was_at, is_at) = (old.map(all), new.map(all));
+        if was_at != is_at {
+            if let Some((d, id)) = was_at {
+                if let Some(ids) = self.all_dirs.get_mut(&d) {
+                    ids.remove(&id);
+                    if ids.is_empty() {
+                        self.all_dirs.remove(&d);
+                    }
+                }
+            }
+            if let Some((d, id)) = is_at {
+                self.all_dirs.entry(d).or_default().insert(id);
             }
         }
         let live = |r: &&JobRecord| !r.state.is_terminal();

@@ -175,7 +175,7 @@ impl SmallFs {
                 "-t",
                 "tmpfs",
                 "-o",
-                &format!("size={mib}m,mode=0777"),
+                &format!("size={mib}m,mode=0755"),
                 "tmpfs",
             ])
             .arg(&dir)

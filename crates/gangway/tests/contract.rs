@@ -605,7 +605,11 @@ print(p1)
         String::from_utf8_lossy(&out.stderr)
     );
     // What the helper wrote is what the agent reads.
-    let c = gangway_agent::checkpoint::read_latest(&ck).expect("LATEST");
+    let dir = gangway_agent::checkpoint::CkptDir::under(d.path(), &ck).expect("under");
+    let c = gangway_agent::checkpoint::read_latest(&dir)
+        .expect("not refused")
+        .expect("LATEST")
+        .report;
     assert_eq!(c.step, 20);
     assert_eq!(c.path, ck.join("best").display().to_string());
 }

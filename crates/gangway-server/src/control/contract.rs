@@ -713,6 +713,63 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_dir_inside_or_holding_another_jobs_is_refused_at_submit() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let named = |dir: Option<&str>| {
+            let mut spec = JobSpec::new("j", "q", 1, 1);
+            spec.checkpoint.dir = dir.map(String::from);
+            spec
+        };
+        let first = c.submit("alice", named(None), 10).expect("default dir");
+        let run = c
+            .submit("alice", named(Some("exp/run")), 10)
+            .expect("named");
+        // Ended jobs' directories count too: they may be kept.
+        c.cancel(run, "alice", 11).expect("cancel");
+        let refuse = |c: &mut Control<_>, dir: &str| {
+            c.submit("alice", named(Some(dir)), 12)
+                .expect_err(dir)
+                .to_string()
+        };
+        let e = refuse(&mut c, &format!("job-{first}/link"));
+        assert_eq!(
+            e,
+            format!("checkpoint.dir: \"job-{first}/link\" is inside job {first}'s checkpoint directory (\"job-{first}\")")
+        );
+        let e = refuse(&mut c, "job-999/link2/sub");
+        assert!(e.contains("default checkpoint directory of job 999"), "{e}");
+        let e = refuse(&mut c, "exp/run/link");
+        assert_eq!(
+            e,
+            format!("checkpoint.dir: \"exp/run/link\" is inside job {run}'s checkpoint directory (\"exp/run\")")
+        );
+        let e = refuse(&mut c, "exp");
+        assert!(e.contains(&format!("holds job {run}'s")), "{e}");
+        // The same directory (a resubmission), a sibling and another
+        // user's namespace are fine.
+        c.submit("alice", named(Some("exp/run")), 13)
+            .expect("same dir");
+        c.submit("alice", named(Some("exp/run2")), 13)
+            .expect("sibling");
+        c.submit("bob", named(Some("exp/run/link")), 13)
+            .expect("bob's own");
+        c.submit("alice", named(Some("job-x/y")), 13)
+            .expect("not a job id");
+        // Within one submission too.
+        let r = c.submit_batch(
+            vec![
+                crate::control::NewJob::new("alice", named(Some("b"))),
+                crate::control::NewJob::new("alice", named(Some("b/c"))),
+            ],
+            14,
+        );
+        assert!(r[0].is_ok(), "{:?}", r[0]);
+        let e = r[1].as_ref().expect_err("nested in the batch").to_string();
+        assert!(e.contains("another job of this submission"), "{e}");
+    }
+
+    #[test]
     fn cleanup_skips_a_directory_a_live_job_uses() {
         let d = tempfile::tempdir().expect("tmp");
         let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
