@@ -68,6 +68,10 @@ struct Task {
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
     port_busy: Option<u16>,
+    /// Who holds it, when that could be told.
+    port_holder: Option<String>,
+    /// The job's owner (empty for a task adopted after a restart).
+    user: String,
     /// Each rank's memory limit in MiB (named when the kernel OOM-kills one).
     memory_mib: u64,
     /// The job's checkpoint quota on this node in bytes (0: none).
@@ -102,6 +106,8 @@ impl Task {
             ckpt: None,
             first_failure: None,
             port_busy: None,
+            port_holder: None,
+            user: String::new(),
             memory_mib: 0,
             quota: 0,
             ckpt_bytes: 0,
@@ -149,6 +155,9 @@ pub struct Agent {
     reserve: crate::disk::Reserve,
     /// The node's health check and the run the server asked for.
     health: crate::health::HealthChecks,
+    /// Rank rulesets that keep ranks out of the rendezvous range (one
+    /// per range seen; rank 0's, with its own port, are built per start).
+    bind_rules: crate::rendezvous::BindRules,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -277,6 +286,7 @@ impl Agent {
             disk_checked: None,
             reserve,
             health: crate::health::HealthChecks::new(health_check),
+            bind_rules: crate::rendezvous::BindRules::default(),
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -599,6 +609,7 @@ impl Agent {
             checkpoint: t.ckpt.as_deref().and_then(crate::checkpoint::read_latest),
             failure,
             port_busy: t.port_busy,
+            port_holder: t.port_holder.clone(),
             warnings: t.warnings.clone(),
             ..TaskReport::new(job, attempt, t.view().state())
         }
@@ -1048,6 +1059,7 @@ impl Agent {
     async fn start_task(&mut self, a: Assignment) {
         let key = (a.job, a.attempt);
         let mut task = Task::new(a.stop);
+        task.user = a.user.clone();
         if a.stop {
             // Preempted before it started here: nothing to checkpoint.
             self.tasks.insert(key, task);
@@ -1091,16 +1103,30 @@ impl Agent {
         // the gang hang, so the server is told to pick another.
         let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
         if hosts_rendezvous && !crate::checkpoint::port_free(a.master_port) {
+            let holder = self.port_holder(a.master_port).await;
             tracing::warn!(
-                "job {} attempt {}: rendezvous port {} is in use; asking for another",
+                "job {} attempt {}: rendezvous port {} is in use{}; asking for another",
                 a.job,
                 a.attempt,
-                a.master_port
+                a.master_port,
+                holder
+                    .as_deref()
+                    .map(|h| format!(" (held by {h})"))
+                    .unwrap_or_default()
             );
             task.port_busy = Some(a.master_port);
+            task.port_holder = holder;
             self.tasks.insert(key, task);
             return;
         }
+        // Process ranks may bind no rendezvous port but rank 0's own.
+        let (base_rules, own_rules) = match (&a.run.image, a.rendezvous_ports) {
+            (None, Some(range)) => {
+                let own = hosts_rendezvous.then_some(a.master_port);
+                self.bind_rules.for_job(range, own).await
+            }
+            _ => (None, None),
+        };
         // The server's record of the last checkpoint; for a job resubmitted
         // with the same checkpoint.dir, what the directory announces.
         let resume_from = a
@@ -1176,7 +1202,13 @@ impl Agent {
             task.memory_mib = limits.memory_mib;
             task.quota = a.rules.policy.limits.checkpoint_quota_bytes.unwrap_or(0);
             let binding = self.bind_rank(&r.gpus, a.cpu_millis, &mut env);
+            let bind_rules = if r.rank == 0 {
+                own_rules.clone()
+            } else {
+                base_rules.clone()
+            };
             let launch = Launch {
+                bind_rules,
                 binding,
                 key: rk,
                 exit_file: exit_file.clone(),
@@ -1216,6 +1248,28 @@ impl Agent {
             );
         }
         self.tasks.insert(key, task);
+    }
+
+    /// Who holds `port` on this node, named as the server's event says it
+    /// (a rank of this agent's, or a process and its uid), looked up off
+    /// the async loop; `None` when it cannot be told in time.
+    async fn port_holder(&self, port: u16) -> Option<String> {
+        let ranks: Vec<crate::rendezvous::RankOf> = self
+            .tasks
+            .iter()
+            .flat_map(|((job, _), t)| {
+                t.ranks.iter().filter_map(move |(rank, r)| match &r.handle {
+                    Rank::Process { container, .. } => Some(crate::rendezvous::RankOf {
+                        job: *job,
+                        user: t.user.clone(),
+                        rank: *rank,
+                        container: container.clone(),
+                    }),
+                    _ => None,
+                })
+            })
+            .collect();
+        crate::rendezvous::name_holder(port, ranks, self.executor.track().clone()).await
     }
 
     /// The rank's device names, CPU pinning and nearest NICs (docs/JOB_ENV.md).
