@@ -221,11 +221,7 @@ mod tests {
                     (&addr as *const libc::sockaddr_in).cast(),
                     std::mem::size_of::<libc::sockaddr_in>() as u32,
                 );
-                let code = if r == 0 {
-                    0
-                } else {
-                    *libc::__errno_location()
-                };
+                let code = if r == 0 { 0 } else { *libc::__errno_location() };
                 libc::_exit(code);
             }
             let mut status = 0;

@@ -224,9 +224,8 @@ pub fn describe(h: &Holder, ranks: &[RankOf], track: &SharedTrack) -> String {
 /// [`holder`] and [`describe`] on a blocking thread, given up after a
 /// couple of seconds.
 pub async fn name_holder(port: u16, ranks: Vec<RankOf>, track: SharedTrack) -> Option<String> {
-    let work = tokio::task::spawn_blocking(move || {
-        holder(port).map(|h| describe(&h, &ranks, &track))
-    });
+    let work =
+        tokio::task::spawn_blocking(move || holder(port).map(|h| describe(&h, &ranks, &track)));
     match tokio::time::timeout(HOLDER_TIMEOUT, work).await {
         Ok(Ok(named)) => named,
         _ => None,
@@ -258,10 +257,7 @@ mod tests {
                 uid: 1001
             }]
         );
-        assert_eq!(
-            listeners(TCP, 8080),
-            vec![Listener { inode: 99, uid: 0 }]
-        );
+        assert_eq!(listeners(TCP, 8080), vec![Listener { inode: 99, uid: 0 }]);
         assert!(listeners(TCP, 29_401).is_empty());
         assert_eq!(
             listeners(TCP6, 29_400),

@@ -612,17 +612,33 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             }
         }
         out += "  events:\n";
-        for e in j
-            .get("events")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        let events = j.get("events").and_then(Value::as_array);
+        for (i, e) in events.into_iter().flatten().enumerate() {
             let when = e
                 .get("at")
                 .and_then(Value::as_u64)
                 .map_or_else(|| "-".into(), |t| crate::human::both(t, now));
-            out += &format!("    {when} {:<11} {}\n", s(e, "kind"), s(e, "message"));
+            // Repeats folded into one event: how many, and the last one's time.
+            let folded = match (
+                e.get("count").and_then(Value::as_u64),
+                e.get("last_at").and_then(Value::as_u64),
+            ) {
+                (Some(n), Some(last)) if n > 1 => {
+                    format!(" (×{n}, last at {})", crate::human::both(last, now))
+                }
+                _ => String::new(),
+            };
+            out += &format!(
+                "    {when} {:<11} {}{folded}\n",
+                s(e, "kind"),
+                s(e, "message")
+            );
+            let dropped = j.get("events_dropped").and_then(Value::as_u64).unwrap_or(0);
+            if i + 1 == gangway_server::records::EVENTS_KEPT_FIRST && dropped > 0 {
+                out += &format!(
+                    "    ... {dropped} events dropped (a job keeps its first and newest) ...\n"
+                );
+            }
         }
         out
     })

@@ -12,9 +12,7 @@
 use super::contract::checkpoint_subdir_of;
 use super::{Control, SHORT_GRACE_SECONDS};
 use crate::records::JobRecord;
-use gangway_core::agent::{
-    Assignment, CheckpointCleanup, PortRange, RankAssignment, SyncResponse,
-};
+use gangway_core::agent::{Assignment, CheckpointCleanup, PortRange, RankAssignment, SyncResponse};
 use gangway_core::{signal_number, JobState};
 use gangway_store::Store;
 use std::sync::Arc;
