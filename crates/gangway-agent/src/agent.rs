@@ -266,6 +266,16 @@ impl Agent {
             cfg.executor,
             executor.track().kind()
         );
+        match crate::landlock::support() {
+            Ok(abi) => tracing::info!(
+                "agent {}: Landlock ABI {abi}: process ranks may bind no rendezvous port but their job's own",
+                cfg.node
+            ),
+            Err(why) => tracing::warn!(
+                "agent {}: {why}; process ranks are not kept off rendezvous ports, a port another process holds is only detected when rank 0 starts",
+                cfg.node
+            ),
+        }
         let (exits_tx, exits_rx) = unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
         let node = cfg.node.clone();
