@@ -155,9 +155,11 @@ pub struct Agent {
     reserve: crate::disk::Reserve,
     /// The node's health check and the run the server asked for.
     health: crate::health::HealthChecks,
-    /// Rank rulesets that keep ranks out of the rendezvous range (one
-    /// per range seen; rank 0's, with its own port, are built per start).
-    bind_rules: crate::rendezvous::BindRules,
+    /// What starts need from the rendezvous side, made off the loop: the
+    /// rank rulesets that keep ranks off the rendezvous range (one per
+    /// range seen; rank 0's, with its own port, per start) and the names
+    /// of busy ports' holders.
+    rendezvous: crate::rendezvous::Prepared,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -296,7 +298,7 @@ impl Agent {
             disk_checked: None,
             reserve,
             health: crate::health::HealthChecks::new(health_check),
-            bind_rules: crate::rendezvous::BindRules::default(),
+            rendezvous: crate::rendezvous::Prepared::default(),
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -666,6 +668,8 @@ impl Agent {
             changed |= self.poll_ranks();
             changed |= self.watch_disk();
             changed |= self.health.poll();
+            // A start put off for its rendezvous side may go ahead.
+            changed |= self.rendezvous.poll();
             self.enforce_grace().await;
             changed |= self.give_up_unkillable();
             let due = match last_sync {
@@ -721,7 +725,7 @@ impl Agent {
             if let Some(d) = self.next_deadline() {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
             }
-            if self.watching() || self.health.running() {
+            if self.watching() || self.health.running() || self.rendezvous.making() {
                 wait = wait.min(POLL);
             }
             tokio::select! {
@@ -982,7 +986,8 @@ impl Agent {
         let local: BTreeMap<TaskKey, TaskView> =
             self.tasks.iter().map(|(k, t)| (*k, t.view())).collect();
         let actions = plan(&desired, &local);
-        let acted = !actions.is_empty();
+        // A start put off (its rendezvous side is being made) is no change.
+        let mut acted = actions.iter().any(|a| !matches!(a, Action::Start(_)));
         for a in actions {
             match a {
                 Action::Kill(k) => {
@@ -1015,7 +1020,7 @@ impl Agent {
                         t.kill_at = Some(deadline_after(grace));
                     }
                 }
-                Action::Start(a) => self.start_task(*a).await,
+                Action::Start(a) => acted |= self.start_task(*a).await,
             }
         }
         acted
@@ -1066,14 +1071,17 @@ impl Agent {
         Ok(sb)
     }
 
-    async fn start_task(&mut self, a: Assignment) {
+    /// Starts an assignment's ranks here; `false` when the start is put
+    /// off (what it needs from the rendezvous side is being made, see
+    /// [`crate::rendezvous::Prepared`]) and nothing was done.
+    async fn start_task(&mut self, a: Assignment) -> bool {
         let key = (a.job, a.attempt);
         let mut task = Task::new(a.stop);
         task.user = a.user.clone();
         if a.stop {
             // Preempted before it started here: nothing to checkpoint.
             self.tasks.insert(key, task);
-            return;
+            return true;
         }
         let ckpt = if a.checkpoint_subdir.is_empty() {
             Some(self.cfg.checkpoint_root.join(format!("job-{}", a.job)))
@@ -1106,14 +1114,18 @@ impl Agent {
                 task.first_failure.get_or_insert(r.rank);
             }
             self.tasks.insert(key, task);
-            return;
+            return true;
         };
         task.ckpt = Some(ckpt.clone());
         // Rank 0 hosts the rendezvous: a port someone else holds would make
         // the gang hang, so the server is told to pick another.
         let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
         if hosts_rendezvous && !crate::checkpoint::port_free(a.master_port) {
-            let holder = self.port_holder(a.master_port).await;
+            let ranks = self.rank_list();
+            let track = self.executor.track().clone();
+            let Some(holder) = self.rendezvous.holder(a.master_port, ranks, &track) else {
+                return false;
+            };
             tracing::warn!(
                 "job {} attempt {}: rendezvous port {} is in use{}; asking for another",
                 a.job,
@@ -1127,13 +1139,16 @@ impl Agent {
             task.port_busy = Some(a.master_port);
             task.port_holder = holder;
             self.tasks.insert(key, task);
-            return;
+            return true;
         }
         // Process ranks may bind no rendezvous port but rank 0's own.
         let (base_rules, own_rules) = match (&a.run.image, a.rendezvous_ports) {
             (None, Some(range)) => {
                 let own = hosts_rendezvous.then_some(a.master_port);
-                self.bind_rules.for_job(range, own).await
+                match self.rendezvous.rules(range, own) {
+                    Some(rules) => rules,
+                    None => return false,
+                }
             }
             _ => (None, None),
         };
@@ -1258,14 +1273,12 @@ impl Agent {
             );
         }
         self.tasks.insert(key, task);
+        true
     }
 
-    /// Who holds `port` on this node, named as the server's event says it
-    /// (a rank of this agent's, or a process and its uid), looked up off
-    /// the async loop; `None` when it cannot be told in time.
-    async fn port_holder(&self, port: u16) -> Option<String> {
-        let ranks: Vec<crate::rendezvous::RankOf> = self
-            .tasks
+    /// The process ranks this agent runs, for naming a busy port's holder.
+    fn rank_list(&self) -> Vec<crate::rendezvous::RankOf> {
+        self.tasks
             .iter()
             .flat_map(|((job, _), t)| {
                 t.ranks.iter().filter_map(move |(rank, r)| match &r.handle {
@@ -1278,8 +1291,7 @@ impl Agent {
                     _ => None,
                 })
             })
-            .collect();
-        crate::rendezvous::name_holder(port, ranks, self.executor.track().clone()).await
+            .collect()
     }
 
     /// The rank's device names, CPU pinning and nearest NICs (docs/JOB_ENV.md).

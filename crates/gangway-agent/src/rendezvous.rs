@@ -9,9 +9,18 @@ use crate::proctrack::{Container, SharedTrack};
 use gangway_core::agent::PortRange;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
-/// Most rulesets kept (one per rendezvous range the server sent).
+/// Most rank rulesets of the range kept (one per range the server sent).
 const MAX_RANGES: usize = 4;
+
+/// Most rank-0 rulesets and holder names waiting for their start.
+const MAX_WAITING: usize = 256;
+
+/// How long a rank-0 ruleset or a holder's name waits for its start (a job
+/// moved or cancelled before it started leaves one behind; a ruleset holds
+/// a few MiB of kernel memory).
+const WAITING: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Most processes looked at when naming a port's holder.
 pub const MAX_PROCS: usize = 8192;
@@ -19,67 +28,219 @@ pub const MAX_PROCS: usize = 8192;
 /// Most descriptors read when naming a port's holder (all processes).
 pub const MAX_FDS: usize = 262_144;
 
-/// How long naming a holder may take before the report goes without it.
-const HOLDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Rank rulesets per rendezvous range.
-#[derive(Default)]
-pub struct BindRules {
-    base: HashMap<PortRange, Arc<PortRules>>,
+/// What a start waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Need {
+    /// Every rank's ruleset for the range.
+    Base(PortRange),
+    /// Rank 0's, with its own port.
+    Own(PortRange, u16),
+    /// The name of whoever holds this port.
+    Holder(u16),
 }
 
-impl BindRules {
-    /// The rulesets of one job's ranks here: every rank's (the range
-    /// closed) and, when `own` is rank 0's port, rank 0's (the range
-    /// closed but that port). Built on a blocking thread. `(None, None)`
-    /// where the kernel has no Landlock network rules (the agent says so
-    /// when it starts): a held port is then only detected when rank 0
-    /// starts.
-    pub async fn for_job(
-        &mut self,
-        range: PortRange,
-        own: Option<u16>,
-    ) -> (Option<Arc<PortRules>>, Option<Arc<PortRules>>) {
-        if crate::landlock::support().is_err() {
-            // Said once, when the agent started.
-            return (None, None);
+/// What was made for a start, off the async loop.
+enum Made {
+    Rules(Need, Option<Arc<PortRules>>),
+    Holder(u16, Option<String>),
+}
+
+/// What a job's start needs from this node's rendezvous side, prepared on
+/// blocking threads so the agent's loop never waits for it: the rank
+/// rulesets (a ruleset is about 62,000 system calls), kept per range, and
+/// rank 0's with its own port, and the name of a busy port's holder (a
+/// bounded `/proc` scan). A start asks with [`Prepared::rules`] or
+/// [`Prepared::holder`]; `None` means "being made": the start is put off
+/// and [`Prepared::poll`] says when something is ready.
+pub struct Prepared {
+    base: HashMap<PortRange, Option<Arc<PortRules>>>,
+    own: HashMap<(PortRange, u16), (Instant, Option<Arc<PortRules>>)>,
+    holders: HashMap<u16, (Instant, Option<String>)>,
+    making: std::collections::HashSet<Need>,
+    tx: tokio::sync::mpsc::UnboundedSender<Made>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<Made>,
+    /// The one thread that makes them, in turn and at a lower priority:
+    /// thirty rulesets built at once would starve the agent's loop of CPU.
+    worker: Option<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Default for Prepared {
+    fn default() -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        Prepared {
+            base: HashMap::new(),
+            own: HashMap::new(),
+            holders: HashMap::new(),
+            making: Default::default(),
+            tx,
+            rx,
+            worker: None,
         }
-        let base = match self.base.get(&range) {
-            Some(b) => Some(b.clone()),
-            None => {
-                let built = build(range, None).await;
-                if let Some(b) = &built {
-                    if self.base.len() >= MAX_RANGES {
-                        self.base.clear();
-                    }
-                    self.base.insert(range, b.clone());
-                }
-                built
-            }
-        };
-        let own = match own {
-            Some(p) => build(range, Some(p)).await,
-            None => base.clone(),
-        };
-        (base, own)
     }
 }
 
-/// Builds one ruleset on a blocking thread; `None` (logged) when it fails.
-async fn build(range: PortRange, own: Option<u16>) -> Option<Arc<PortRules>> {
-    match tokio::task::spawn_blocking(move || PortRules::build(range, own)).await {
-        Ok(Ok(r)) => Some(Arc::new(r)),
-        Ok(Err(e)) => {
-            tracing::error!(
-                "rendezvous ports {}-{}: {e}; ranks start without the port rule",
-                range.first,
-                range.last
-            );
-            None
+impl Prepared {
+    /// The rulesets of one job's ranks here: every rank's (the range
+    /// closed) and rank 0's (the range closed but `own`, its port; every
+    /// rank's when `own` is `None`). `Some((None, None))` where the kernel
+    /// has no Landlock network rules (the agent says so when it starts): a
+    /// held port is then only detected when rank 0 starts. `None` while
+    /// they are being built. Rank 0's is handed out once.
+    pub fn rules(
+        &mut self,
+        range: PortRange,
+        own: Option<u16>,
+    ) -> Option<(Option<Arc<PortRules>>, Option<Arc<PortRules>>)> {
+        if crate::landlock::support().is_err() {
+            return Some((None, None));
         }
-        Err(e) => {
-            tracing::error!("building the rendezvous port rules: {e}");
-            None
+        let base = match self.base.get(&range) {
+            Some(b) => b.clone(),
+            None => {
+                self.make_rules(Need::Base(range));
+                if let Some(p) = own {
+                    self.make_rules(Need::Own(range, p));
+                }
+                return None;
+            }
+        };
+        let Some(p) = own else {
+            return Some((base.clone(), base));
+        };
+        match self.own.remove(&(range, p)) {
+            Some((_, r)) => Some((base, r)),
+            None => {
+                self.make_rules(Need::Own(range, p));
+                None
+            }
+        }
+    }
+
+    /// The name of whoever holds `port` ([`holder`], [`describe`]), once looked up
+    /// (handed out once; `Some(None)`: it could not be told). `None` while
+    /// it is being looked up.
+    pub fn holder(
+        &mut self,
+        port: u16,
+        ranks: Vec<RankOf>,
+        track: &SharedTrack,
+    ) -> Option<Option<String>> {
+        if let Some((_, h)) = self.holders.remove(&port) {
+            return Some(h);
+        }
+        if self.making.insert(Need::Holder(port)) {
+            let (track, tx) = (track.clone(), self.tx.clone());
+            self.run(Box::new(move || {
+                let named = holder(port).map(|h| describe(&h, &ranks, &track));
+                let _ = tx.send(Made::Holder(port, named));
+            }));
+        }
+        None
+    }
+
+    /// Takes in what was made since the last call; whether anything was
+    /// (a start put off may go ahead now).
+    pub fn poll(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(made) = self.rx.try_recv() {
+            any = true;
+            match made {
+                Made::Rules(need, rules) => {
+                    self.making.remove(&need);
+                    match need {
+                        Need::Base(range) => {
+                            if self.base.len() >= MAX_RANGES {
+                                self.base.clear();
+                            }
+                            self.base.insert(range, rules);
+                        }
+                        Need::Own(range, port) => {
+                            if self.own.len() >= MAX_WAITING {
+                                self.own.clear();
+                            }
+                            self.own.insert((range, port), (Instant::now(), rules));
+                        }
+                        Need::Holder(_) => {}
+                    }
+                }
+                Made::Holder(port, named) => {
+                    self.making.remove(&Need::Holder(port));
+                    if self.holders.len() >= MAX_WAITING {
+                        self.holders.clear();
+                    }
+                    self.holders.insert(port, (Instant::now(), named));
+                }
+            }
+        }
+        self.own.retain(|_, (at, _)| at.elapsed() < WAITING);
+        self.holders.retain(|_, (at, _)| at.elapsed() < WAITING);
+        any
+    }
+
+    /// Whether something is being made (the loop then looks more often).
+    pub fn making(&self) -> bool {
+        !self.making.is_empty()
+    }
+
+    /// Builds a ruleset on a blocking thread, unless it is being built.
+    fn make_rules(&mut self, need: Need) {
+        if !self.making.insert(need) {
+            return;
+        }
+        let (range, own) = match need {
+            Need::Base(r) => (r, None),
+            Need::Own(r, p) => (r, Some(p)),
+            Need::Holder(_) => return,
+        };
+        let tx = self.tx.clone();
+        self.run(Box::new(move || {
+            let rules = match PortRules::build(range, own) {
+                Ok(r) => Some(Arc::new(r)),
+                Err(e) => {
+                    tracing::error!(
+                        "rendezvous ports {}-{}: {e}; ranks start without the port rule",
+                        range.first,
+                        range.last
+                    );
+                    None
+                }
+            };
+            let _ = tx.send(Made::Rules(need, rules));
+        }));
+    }
+
+    /// Hands `work` to the worker thread (started on first use, again if
+    /// it is gone; where no thread can be started, the work is done here).
+    fn run(&mut self, work: Box<dyn FnOnce() + Send>) {
+        let work = match &self.worker {
+            Some(w) => match w.send(work) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(w)) => w,
+            },
+            None => work,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let started = std::thread::Builder::new()
+            .name("gangway-rendezvous".into())
+            .spawn(move || {
+                // SAFETY: gettid and setpriority on this thread only.
+                unsafe {
+                    let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                    libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+                }
+                while let Ok(w) = rx.recv() {
+                    w();
+                }
+            });
+        match started {
+            Ok(_) => match tx.send(work) {
+                Ok(()) => self.worker = Some(tx),
+                Err(std::sync::mpsc::SendError(w)) => w(),
+            },
+            Err(e) => {
+                tracing::error!("cannot start the rendezvous worker thread: {e}");
+                work();
+            }
         }
     }
 }
@@ -211,17 +372,6 @@ pub fn describe(h: &Holder, ranks: &[RankOf], track: &SharedTrack) -> String {
         }
     }
     format!("process {comm} (uid {}), pid {}", h.uid, h.pid)
-}
-
-/// [`holder`] and [`describe`] on a blocking thread, given up after a
-/// couple of seconds.
-pub async fn name_holder(port: u16, ranks: Vec<RankOf>, track: SharedTrack) -> Option<String> {
-    let work =
-        tokio::task::spawn_blocking(move || holder(port).map(|h| describe(&h, &ranks, &track)));
-    match tokio::time::timeout(HOLDER_TIMEOUT, work).await {
-        Ok(Ok(named)) => named,
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -106,7 +106,8 @@ fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
 }
 
 /// Binds (as rank `$RANK` of its job) every port of the range, its own
-/// `MASTER_PORT` last, then port 0 and a port outside the range; writes
+/// `MASTER_PORT` last, then port 0 and a port outside the range (`$OUTSIDE`
+/// plus its rank: ranks share a node); writes
 /// `PORT ERRNO` lines (0: bound) to `$OUT/binds-JOB-RANK`, then holds what
 /// it got for `$HOLD` seconds.
 const BINDS_PY: &str = r#"
@@ -126,7 +127,7 @@ def try_bind(port):
     except OSError as e:
         s.close()
         return e.errno
-for p in [p for p in range(first, last + 1) if p != own] + [own, 0, int(os.environ["OUTSIDE"])]:
+for p in [p for p in range(first, last + 1) if p != own] + [own, 0, int(os.environ["OUTSIDE"]) + int(os.environ["RANK"])]:
     lines.append(f"{p} {try_bind(p)}")
 with open(out + ".tmp", "w") as f:
     f.write("\n".join(lines) + "\n")
@@ -136,8 +137,10 @@ time.sleep(float(os.environ.get("HOLD", "0")))
 
 fn bind_job(c: &Cluster, range: (u16, u16), replicas: u32, hold: u64) -> Value {
     let outside = (range.1 + 100..range.1 + 200)
-        .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
-        .expect("a free port outside the range");
+        .find(|p| {
+            (*p..*p + replicas as u16).all(|p| std::net::TcpListener::bind(("0.0.0.0", p)).is_ok())
+        })
+        .expect("free ports outside the range");
     json!({
         "name": "binds",
         "queue": "default",
