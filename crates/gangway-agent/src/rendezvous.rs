@@ -474,6 +474,36 @@ mod tests {
     }
 
     #[test]
+    fn a_start_is_put_off_until_its_rulesets_are_made_and_rank_0_s_is_handed_out_once() {
+        if let Err(why) = crate::landlock::support() {
+            return gangway_store::testing::skip_or_fail("GANGWAY_REQUIRE_LANDLOCK", &why);
+        }
+        let range = PortRange {
+            first: 41_500,
+            last: 41_599,
+        };
+        let mut p = Prepared::default();
+        assert!(p.rules(range, Some(41_510)).is_none(), "being made");
+        assert!(p.making());
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        let (base, own) = loop {
+            p.poll();
+            if let Some(r) = p.rules(range, Some(41_510)) {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "never made");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let (base, own) = (base.expect("base"), own.expect("own"));
+        assert_eq!((base.own, own.own), (None, Some(41_510)));
+        // Other ranks of the range: at once, from the kept one.
+        let (b2, o2) = p.rules(range, None).expect("kept");
+        assert!(Arc::ptr_eq(&base, &b2.expect("base")) && o2.is_some());
+        // Rank 0's was handed out: another start with that port makes another.
+        assert!(p.rules(range, Some(41_510)).is_none());
+    }
+
+    #[test]
     fn the_process_listening_on_a_port_is_found() {
         let l = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind");
         let port = l.local_addr().expect("addr").port();
