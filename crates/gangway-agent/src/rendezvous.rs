@@ -28,6 +28,9 @@ pub const MAX_PROCS: usize = 8192;
 /// Most descriptors read when naming a port's holder (all processes).
 pub const MAX_FDS: usize = 262_144;
 
+/// A ruleset, or `None` where it could not be built (logged).
+type Rules = Option<Arc<PortRules>>;
+
 /// What a start waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Need {
@@ -41,7 +44,7 @@ enum Need {
 
 /// What was made for a start, off the async loop.
 enum Made {
-    Rules(Need, Option<Arc<PortRules>>),
+    Rules(Need, Rules),
     Holder(u16, Option<String>),
 }
 
@@ -53,8 +56,8 @@ enum Made {
 /// [`Prepared::holder`]; `None` means "being made": the start is put off
 /// and [`Prepared::poll`] says when something is ready.
 pub struct Prepared {
-    base: HashMap<PortRange, Option<Arc<PortRules>>>,
-    own: HashMap<(PortRange, u16), (Instant, Option<Arc<PortRules>>)>,
+    base: HashMap<PortRange, Rules>,
+    own: HashMap<(PortRange, u16), (Instant, Rules)>,
     holders: HashMap<u16, (Instant, Option<String>)>,
     making: std::collections::HashSet<Need>,
     tx: tokio::sync::mpsc::UnboundedSender<Made>,
@@ -86,11 +89,7 @@ impl Prepared {
     /// has no Landlock network rules (the agent says so when it starts): a
     /// held port is then only detected when rank 0 starts. `None` while
     /// they are being built. Rank 0's is handed out once.
-    pub fn rules(
-        &mut self,
-        range: PortRange,
-        own: Option<u16>,
-    ) -> Option<(Option<Arc<PortRules>>, Option<Arc<PortRules>>)> {
+    pub fn rules(&mut self, range: PortRange, own: Option<u16>) -> Option<(Rules, Rules)> {
         if crate::landlock::support().is_err() {
             return Some((None, None));
         }
