@@ -22,6 +22,9 @@ const MAX_WAITING: usize = 256;
 /// a few MiB of kernel memory).
 const WAITING: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a holder's name is good for (the holder may go, another come).
+const HOLDER_WAITING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Most processes looked at when naming a port's holder.
 pub const MAX_PROCS: usize = 8192;
 
@@ -172,7 +175,8 @@ impl Prepared {
             }
         }
         self.own.retain(|_, (at, _)| at.elapsed() < WAITING);
-        self.holders.retain(|_, (at, _)| at.elapsed() < WAITING);
+        self.holders
+            .retain(|_, (at, _)| at.elapsed() < HOLDER_WAITING);
         any
     }
 

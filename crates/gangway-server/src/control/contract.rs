@@ -92,6 +92,18 @@ pub fn launches_workers(run: &gangway_core::RunSpec) -> bool {
         .any(|w| w.contains("torchrun") || w.contains("torch.distributed.run"))
 }
 
+/// Longest holder description a node's report may put in an event.
+const MAX_HOLDER_CHARS: usize = 200;
+
+/// A node's description of a port's holder, as an event may carry it:
+/// control characters replaced, cut at [`MAX_HOLDER_CHARS`].
+fn holder_text(h: &str) -> String {
+    h.chars()
+        .take(MAX_HOLDER_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// The rendezvous ports taken per node during one pass that places jobs
 /// (a cycle, a port moved): filled per node from the job table's index and
 /// the ports found blocked, then updated as ports are handed out.
@@ -193,7 +205,7 @@ impl<S: Store> Control<S> {
         moves.moved(port, now);
         let (count, wait) = (moves.moves, moves.next_at.saturating_sub(now));
         let ports: Vec<String> = moves.ports.iter().map(u16::to_string).collect();
-        let held = match holder {
+        let held = match holder.map(holder_text) {
             Some(h) => format!("is in use on {node}, held by {h}"),
             None => format!("is in use on {node} by another process"),
         };
@@ -202,7 +214,7 @@ impl<S: Store> Control<S> {
         if count >= MAX_PORT_MOVES_PER_NODE {
             self.contract.forget_port_moves(id);
             let msg = format!(
-                "rendezvous port {port} {held}; ports {} on {node} were all held by processes Gangway does not run: requeued to avoid {node} for {PORT_AVOID_SECONDS}s",
+                "rendezvous port {port} {held}; ports {} on {node} were all held by other processes: requeued to avoid {node} for {PORT_AVOID_SECONDS}s",
                 ports.join(", ")
             );
             tracing::warn!("job {id}: {msg}");
@@ -671,6 +683,8 @@ mod tests {
             .expect("submit");
         c.cycle(11).expect("cycle");
         let holder = "process squat (uid 0), pid 4242";
+        assert_eq!(holder_text("nc\u{1b}]52;\n"), "nc?]52;?");
+        assert_eq!(holder_text(&"x".repeat(1000)).len(), MAX_HOLDER_CHARS);
         let mut move_times = Vec::new();
         let mut requeued_at = None;
         let mut moves_before = 0;
