@@ -188,6 +188,12 @@ mod tests {
     /// Binds `port` on 127.0.0.1 in a forked child under `rules`; the
     /// child's errno (0 when the bind worked).
     fn bind_in_child(rules: &PortRules, port: u16) -> i32 {
+        in_child(rules, port, false, false)
+    }
+
+    /// [`bind_in_child`] on `::1` (`v6`), and in a grandchild the ruled
+    /// child forks (`grandchild`: descendants inherit the domain).
+    fn in_child(rules: &PortRules, port: u16, v6: bool, grandchild: bool) -> i32 {
         let fd = rules.raw_fd();
         // SAFETY: the child makes only system calls and _exits.
         unsafe {
@@ -199,7 +205,23 @@ mod tests {
                 {
                     libc::_exit(100);
                 }
-                let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                if grandchild {
+                    let g = libc::fork();
+                    if g < 0 {
+                        libc::_exit(101);
+                    }
+                    if g > 0 {
+                        let mut status = 0;
+                        libc::waitpid(g, &mut status, 0);
+                        libc::_exit(if libc::WIFEXITED(status) {
+                            libc::WEXITSTATUS(status)
+                        } else {
+                            102
+                        });
+                    }
+                }
+                let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+                let s = libc::socket(family, libc::SOCK_STREAM, 0);
                 let one: libc::c_int = 1;
                 libc::setsockopt(
                     s,
@@ -208,19 +230,36 @@ mod tests {
                     (&one as *const libc::c_int).cast(),
                     std::mem::size_of::<libc::c_int>() as u32,
                 );
-                let addr = libc::sockaddr_in {
-                    sin_family: libc::AF_INET as libc::sa_family_t,
-                    sin_port: port.to_be(),
-                    sin_addr: libc::in_addr {
-                        s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
-                    },
-                    sin_zero: [0; 8],
+                let r = if v6 {
+                    let addr = libc::sockaddr_in6 {
+                        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                        sin6_port: port.to_be(),
+                        sin6_flowinfo: 0,
+                        sin6_addr: libc::in6_addr {
+                            s6_addr: std::net::Ipv6Addr::LOCALHOST.octets(),
+                        },
+                        sin6_scope_id: 0,
+                    };
+                    libc::bind(
+                        s,
+                        (&addr as *const libc::sockaddr_in6).cast(),
+                        std::mem::size_of::<libc::sockaddr_in6>() as u32,
+                    )
+                } else {
+                    let addr = libc::sockaddr_in {
+                        sin_family: libc::AF_INET as libc::sa_family_t,
+                        sin_port: port.to_be(),
+                        sin_addr: libc::in_addr {
+                            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+                        },
+                        sin_zero: [0; 8],
+                    };
+                    libc::bind(
+                        s,
+                        (&addr as *const libc::sockaddr_in).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as u32,
+                    )
                 };
-                let r = libc::bind(
-                    s,
-                    (&addr as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as u32,
-                );
                 let code = if r == 0 { 0 } else { *libc::__errno_location() };
                 libc::_exit(code);
             }
@@ -262,6 +301,23 @@ mod tests {
             .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
             .expect("a free port outside");
         assert_eq!(bind_in_child(&rules, outside), 0, "port {outside}");
+        // Over IPv6 and from a descendant alike.
+        assert_eq!(
+            in_child(&rules, other, true, false),
+            libc::EACCES,
+            "[::1]:{other}"
+        );
+        assert_eq!(
+            in_child(&rules, other, false, true),
+            libc::EACCES,
+            "grandchild"
+        );
+        assert_eq!(in_child(&rules, other, true, true), libc::EACCES);
+        assert_eq!(
+            in_child(&rules, 0, true, true),
+            0,
+            "[::1]:0 from a grandchild"
+        );
         let base = PortRules::build(range, None).expect("rules");
         assert_eq!(bind_in_child(&base, own), libc::EACCES, "not its port");
     }
