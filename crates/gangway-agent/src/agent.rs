@@ -132,6 +132,11 @@ fn state_tag(dir: &std::path::Path) -> String {
 /// How long a stopping rank's processes get between two looks.
 const POLL: Duration = Duration::from_millis(100);
 
+/// The node label an agent adds where the kernel has no Landlock network
+/// rules (`detected-only`): ranks there can hold rendezvous ports, which
+/// are only detected when rank 0 starts (docs/SECURITY.md).
+pub const RENDEZVOUS_LABEL: &str = "gangway/rendezvous-ports";
+
 /// How often checkpoint directories and free space are measured.
 const DISK_CHECK: Duration = Duration::from_secs(1);
 
@@ -416,6 +421,7 @@ impl Agent {
 
     fn node_spec(&self) -> NodeSpec {
         let (cpu, _) = machine_size();
+        let labels = node_labels(&self.cfg.labels, crate::landlock::support().is_ok());
         NodeSpec {
             name: self.cfg.node.clone(),
             gpus: self.discovery.gpus.clone(),
@@ -427,7 +433,7 @@ impl Agent {
             memory_mib: self.node_memory_mib(),
             leaf: self.cfg.leaf.clone(),
             spine: self.cfg.spine.clone(),
-            labels: self.cfg.labels.clone(),
+            labels,
             cordoned: false,
             address: self.cfg.address.clone(),
             agent_url: Some(self.agent_url.clone()),
@@ -1316,6 +1322,19 @@ impl Agent {
     }
 }
 
+/// The node's labels as registered: the configured ones, plus
+/// [`RENDEZVOUS_LABEL`] where ranks cannot be kept off rendezvous ports
+/// (`landlock` false), when there is room (the server takes 64).
+fn node_labels(configured: &BTreeMap<String, String>, landlock: bool) -> BTreeMap<String, String> {
+    let mut labels = configured.clone();
+    if !landlock && labels.len() < 64 {
+        labels
+            .entry(RENDEZVOUS_LABEL.to_string())
+            .or_insert_with(|| "detected-only".to_string());
+    }
+    labels
+}
+
 /// `PATH` entries of a process rank that its account cannot search: a
 /// command there is silently not found and the shell falls back to a later
 /// entry (a venv under `/root` gives the system's python), so each is said.
@@ -1392,6 +1411,27 @@ fn deadline_after(grace: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_without_landlock_says_so_in_a_label_when_there_is_room() {
+        let mut labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
+        assert_eq!(
+            node_labels(&labels, true),
+            labels,
+            "nothing added with Landlock"
+        );
+        let without = node_labels(&labels, false);
+        assert_eq!(
+            without.get(RENDEZVOUS_LABEL).map(String::as_str),
+            Some("detected-only")
+        );
+        assert_eq!(without.get("zone").map(String::as_str), Some("a"));
+        for i in 0..63 {
+            labels.insert(format!("l{i}"), "x".into());
+        }
+        assert_eq!(labels.len(), 64);
+        assert_eq!(node_labels(&labels, false), labels, "the server takes 64");
+    }
 
     #[test]
     fn the_agent_refuses_a_server_too_many_versions_away() {
