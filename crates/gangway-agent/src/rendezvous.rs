@@ -1,6 +1,7 @@
 //! The node's side of rendezvous ports: the Landlock rulesets that keep
 //! process ranks off the cluster's rendezvous range (built off the async
-//! loop, kept per range), and naming whoever holds a port rank 0 could
+//! loop, kept per range; one that cannot be built is logged and the ranks
+//! start without it), and naming whoever holds a port rank 0 could
 //! not bind (`/proc/net/tcp{,6}` LISTEN sockets → socket inode → the
 //! process whose descriptor it is → the rank whose container holds it).
 
@@ -52,7 +53,7 @@ enum Made {
 }
 
 /// What a job's start needs from this node's rendezvous side, prepared on
-/// blocking threads so the agent's loop never waits for it: the rank
+/// a worker thread so the agent's loop never waits for it: the rank
 /// rulesets (a ruleset is about 62,000 system calls), kept per range, and
 /// rank 0's with its own port, and the name of a busy port's holder (a
 /// bounded `/proc` scan). A start asks with [`Prepared::rules`] or
