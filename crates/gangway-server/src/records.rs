@@ -263,6 +263,10 @@ pub struct AvoidNodes {
     pub nodes: Vec<String>,
     /// When the avoidance lapses (seconds since the epoch).
     pub until: Time,
+    /// Why, when it is not a node fault (the why-pending reason adds it):
+    /// `its rendezvous ports 29400, 29401 there were held by other processes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub because: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {

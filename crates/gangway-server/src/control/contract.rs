@@ -222,6 +222,10 @@ impl<S: Store> Control<S> {
             rec.avoid = Some(AvoidNodes {
                 nodes: vec![node.to_string()],
                 until: now.saturating_add(PORT_AVOID_SECONDS),
+                because: Some(format!(
+                    "its rendezvous ports {} there were held by other processes",
+                    ports.join(", ")
+                )),
             });
             self.write(rec)?;
             self.apply_ending(id, after);
@@ -709,6 +713,14 @@ mod tests {
                     if r.state == JobState::Pending {
                         requeued_at = Some(now);
                         moves_before = r.port_moves;
+                        let avoid = r.avoid.as_ref().expect("avoids the node");
+                        assert_eq!(avoid.nodes, vec!["n".to_string()]);
+                        let because = avoid.because.as_deref().unwrap_or("");
+                        assert!(
+                            because.starts_with("its rendezvous ports 300")
+                                && because.ends_with("held by other processes"),
+                            "{because}"
+                        );
                     }
                 }
             }
