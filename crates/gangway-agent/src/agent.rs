@@ -72,6 +72,10 @@ struct Task {
     first_failure: Option<u32>,
     /// Rank 0's rendezvous port was taken: nothing was started.
     port_busy: Option<u16>,
+    /// Who holds it, when that could be told.
+    port_holder: Option<String>,
+    /// The job's owner (empty for a task adopted after a restart).
+    user: String,
     /// Each rank's memory limit in MiB (named when the kernel OOM-kills one).
     memory_mib: u64,
     /// The job's checkpoint quota on this node in bytes (0: none).
@@ -117,6 +121,8 @@ impl Task {
             latest: Default::default(),
             first_failure: None,
             port_busy: None,
+            port_holder: None,
+            user: String::new(),
             memory_mib: 0,
             quota: 0,
             tmp: None,
@@ -152,6 +158,14 @@ const LATEST_WAIT: Duration = Duration::from_millis(200);
 /// How long a lost supervisor's rank waits for its job's `LATEST`, and a
 /// job for the removal of its directory (then it starts at a later sync).
 const FINAL_WAIT: Duration = Duration::from_millis(500);
+/// How long one reconciliation pass may spend starting tasks before the
+/// rest wait for the next pass (right after a sync).
+const START_BUDGET: Duration = Duration::from_secs(1);
+
+/// The node label an agent adds where the kernel has no Landlock network
+/// rules (`detected-only`): ranks there can hold rendezvous ports, which
+/// are only detected when rank 0 starts (docs/SECURITY.md).
+pub const RENDEZVOUS_LABEL: &str = "gangway/rendezvous-ports";
 
 /// How often checkpoint directories and free space are measured.
 const DISK_CHECK: Duration = Duration::from_secs(1);
@@ -188,6 +202,11 @@ pub struct Agent {
     /// Checkpoint directories being removed (off the loop): a job that
     /// names one waits until it is gone.
     removing: Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
+    /// What starts need from the rendezvous side, made off the loop: the
+    /// rank rulesets that keep ranks off the rendezvous range (one per
+    /// range seen; rank 0's, with its own port, per start) and the names
+    /// of busy ports' holders.
+    rendezvous: crate::rendezvous::Prepared,
 }
 
 /// Controls an agent started with [`Agent::start`].
@@ -300,6 +319,16 @@ impl Agent {
             cfg.executor,
             executor.track().kind()
         );
+        match crate::landlock::support() {
+            Ok(abi) => tracing::info!(
+                "agent {}: Landlock ABI {abi}: process ranks may bind no rendezvous port but their job's own",
+                cfg.node
+            ),
+            Err(why) => tracing::warn!(
+                "agent {}: {why}; process ranks are not kept off rendezvous ports, a port another process holds is only detected when rank 0 starts",
+                cfg.node
+            ),
+        }
         let (exits_tx, exits_rx) = unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
         let node = cfg.node.clone();
@@ -330,6 +359,7 @@ impl Agent {
             health: crate::health::HealthChecks::new(health_check),
             scratch,
             removing: Default::default(),
+            rendezvous: crate::rendezvous::Prepared::default(),
         };
         agent.adopt_leftovers().await;
         agent.sweep_tmp();
@@ -448,6 +478,7 @@ impl Agent {
 
     fn node_spec(&self) -> NodeSpec {
         let (cpu, _) = machine_size();
+        let labels = node_labels(&self.cfg.labels, crate::landlock::support().is_ok());
         NodeSpec {
             name: self.cfg.node.clone(),
             gpus: self.discovery.gpus.clone(),
@@ -459,7 +490,7 @@ impl Agent {
             memory_mib: self.node_memory_mib(),
             leaf: self.cfg.leaf.clone(),
             spine: self.cfg.spine.clone(),
-            labels: self.cfg.labels.clone(),
+            labels,
             cordoned: false,
             address: self.cfg.address.clone(),
             agent_url: Some(self.agent_url.clone()),
@@ -657,6 +688,7 @@ impl Agent {
             checkpoint: t.latest.value().map(|l| l.report),
             failure,
             port_busy: t.port_busy,
+            port_holder: t.port_holder.clone(),
             warnings: t.warnings.lock().map(|w| w.clone()).unwrap_or_default(),
             ..TaskReport::new(job, attempt, t.view().state())
         }
@@ -721,6 +753,8 @@ impl Agent {
             }
             self.watch_disk();
             changed |= self.health.poll();
+            // A start put off for its rendezvous side may go ahead.
+            changed |= self.rendezvous.poll();
             self.enforce_grace().await;
             changed |= self.give_up_unkillable();
             let due = match last_sync {
@@ -772,7 +806,7 @@ impl Agent {
             if let Some(d) = self.next_deadline() {
                 wait = wait.min(d.saturating_duration_since(Instant::now()));
             }
-            if self.watching() || self.health.running() {
+            if self.watching() || self.health.running() || self.rendezvous.making() {
                 wait = wait.min(POLL);
             }
             if !self.meter.busy() && self.tasks.values().any(|t| t.view().alive()) {
@@ -1124,7 +1158,9 @@ impl Agent {
         let local: BTreeMap<TaskKey, TaskView> =
             self.tasks.iter().map(|(k, t)| (*k, t.view())).collect();
         let actions = plan(&desired, &local);
-        let acted = !actions.is_empty();
+        let began = Instant::now();
+        // A start put off (its rendezvous side is being made) is no change.
+        let mut acted = actions.iter().any(|a| !matches!(a, Action::Start(_)));
         for a in actions {
             match a {
                 Action::Kill(k) => {
@@ -1157,7 +1193,16 @@ impl Agent {
                         t.kill_at = Some(deadline_after(grace));
                     }
                 }
-                Action::Start(a) => self.start_task(*a).await,
+                Action::Start(a) => {
+                    // Many starts at once (each rank's Landlock domain costs
+                    // the kernel ~15 ms): the rest wait for the next pass, so
+                    // the node still reports to the server in between.
+                    if began.elapsed() >= START_BUDGET {
+                        acted = true;
+                        continue;
+                    }
+                    acted |= self.start_task(*a).await
+                }
             }
         }
         acted
@@ -1342,13 +1387,17 @@ impl Agent {
         }
     }
 
-    async fn start_task(&mut self, a: Assignment) {
+    /// Starts an assignment's ranks here; `false` when the start is put
+    /// off (what it needs from the rendezvous side is being made, see
+    /// [`crate::rendezvous::Prepared`]) and nothing was done.
+    async fn start_task(&mut self, a: Assignment) -> bool {
         let key = (a.job, a.attempt);
         let mut task = Task::new(a.stop);
+        task.user = a.user.clone();
         if a.stop {
             // Preempted before it started here: nothing to checkpoint.
             self.tasks.insert(key, task);
-            return;
+            return true;
         }
         let ckpt = if a.checkpoint_subdir.is_empty() {
             Some(crate::checkpoint::CkptDir {
@@ -1384,7 +1433,7 @@ impl Agent {
                 task.first_failure.get_or_insert(r.rank);
             }
             self.tasks.insert(key, task);
-            return;
+            return true;
         };
         let removing = || self.removing.lock().is_ok_and(|s| s.contains(&ckpt.path()));
         let until = Instant::now() + FINAL_WAIT;
@@ -1399,7 +1448,7 @@ impl Agent {
                 a.attempt,
                 ckpt.path().display()
             );
-            return;
+            return false;
         }
         task.ckpt = Some(ckpt.path());
         task.ckpt_at = Some(ckpt.clone());
@@ -1414,16 +1463,37 @@ impl Agent {
         // the gang hang, so the server is told to pick another.
         let hosts_rendezvous = a.ranks.iter().any(|r| r.rank == 0);
         if hosts_rendezvous && !crate::checkpoint::port_free(a.master_port) {
+            let ranks = self.rank_list();
+            let track = self.executor.track().clone();
+            let Some(holder) = self.rendezvous.holder(a.master_port, ranks, &track) else {
+                return false;
+            };
             tracing::warn!(
-                "job {} attempt {}: rendezvous port {} is in use; asking for another",
+                "job {} attempt {}: rendezvous port {} is in use{}; asking for another",
                 a.job,
                 a.attempt,
-                a.master_port
+                a.master_port,
+                holder
+                    .as_deref()
+                    .map(|h| format!(" (held by {h})"))
+                    .unwrap_or_default()
             );
             task.port_busy = Some(a.master_port);
+            task.port_holder = holder;
             self.tasks.insert(key, task);
-            return;
+            return true;
         }
+        // Process ranks may bind no rendezvous port but rank 0's own.
+        let (base_rules, own_rules) = match (&a.run.image, a.rendezvous_ports) {
+            (None, Some(range)) => {
+                let own = hosts_rendezvous.then_some(a.master_port);
+                match self.rendezvous.rules(range, own) {
+                    Some(rules) => rules,
+                    None => return false,
+                }
+            }
+            _ => (None, None),
+        };
         // The server's record of the last checkpoint; for a job resubmitted
         // with the same checkpoint.dir, what the directory announces.
         let resume_from = match a.resume_from.clone() {
@@ -1506,7 +1576,13 @@ impl Agent {
             task.memory_mib = limits.memory_mib;
             task.quota = a.rules.policy.limits.checkpoint_quota_bytes.unwrap_or(0);
             let binding = self.bind_rank(&r.gpus, a.cpu_millis, &mut env);
+            let bind_rules = if r.rank == 0 {
+                own_rules.clone()
+            } else {
+                base_rules.clone()
+            };
             let launch = Launch {
+                bind_rules,
                 binding,
                 key: rk,
                 exit_file: exit_file.clone(),
@@ -1547,6 +1623,25 @@ impl Agent {
             );
         }
         self.tasks.insert(key, task);
+        true
+    }
+
+    /// The process ranks this agent runs, for naming a busy port's holder.
+    fn rank_list(&self) -> Vec<crate::rendezvous::RankOf> {
+        self.tasks
+            .iter()
+            .flat_map(|((job, _), t)| {
+                t.ranks.iter().filter_map(move |(rank, r)| match &r.handle {
+                    Rank::Process { container, .. } => Some(crate::rendezvous::RankOf {
+                        job: *job,
+                        user: t.user.clone(),
+                        rank: *rank,
+                        container: container.clone(),
+                    }),
+                    _ => None,
+                })
+            })
+            .collect()
     }
 
     /// The rank's device names, CPU pinning and nearest NICs (docs/JOB_ENV.md).
@@ -1569,6 +1664,19 @@ impl Agent {
         }
         b
     }
+}
+
+/// The node's labels as registered: the configured ones, plus
+/// [`RENDEZVOUS_LABEL`] where ranks cannot be kept off rendezvous ports
+/// (`landlock` false), when there is room (the server takes 64).
+fn node_labels(configured: &BTreeMap<String, String>, landlock: bool) -> BTreeMap<String, String> {
+    let mut labels = configured.clone();
+    if !landlock && labels.len() < 64 {
+        labels
+            .entry(RENDEZVOUS_LABEL.to_string())
+            .or_insert_with(|| "detected-only".to_string());
+    }
+    labels
 }
 
 /// `PATH` entries of a process rank that its account cannot search, as the
@@ -1662,6 +1770,27 @@ fn deadline_after(grace: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_without_landlock_says_so_in_a_label_when_there_is_room() {
+        let mut labels = BTreeMap::from([("zone".to_string(), "a".to_string())]);
+        assert_eq!(
+            node_labels(&labels, true),
+            labels,
+            "nothing added with Landlock"
+        );
+        let without = node_labels(&labels, false);
+        assert_eq!(
+            without.get(RENDEZVOUS_LABEL).map(String::as_str),
+            Some("detected-only")
+        );
+        assert_eq!(without.get("zone").map(String::as_str), Some("a"));
+        for i in 0..63 {
+            labels.insert(format!("l{i}"), "x".into());
+        }
+        assert_eq!(labels.len(), 64);
+        assert_eq!(node_labels(&labels, false), labels, "the server takes 64");
+    }
 
     #[test]
     fn the_agent_refuses_a_server_too_many_versions_away() {

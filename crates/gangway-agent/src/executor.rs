@@ -64,6 +64,9 @@ pub struct Launch {
     pub grace_seconds: u64,
     /// Device ids for the container runtime and CPUs to pin to.
     pub binding: crate::binding::Binding,
+    /// The TCP ports a process rank may bind (see [`crate::landlock`]);
+    /// `None` where the kernel cannot enforce it.
+    pub bind_rules: Option<std::sync::Arc<crate::landlock::PortRules>>,
 }
 
 /// A started rank.
@@ -662,7 +665,12 @@ impl Executor {
             });
         }
         let workdir = l.run.workdir.as_deref().map(Path::new);
-        if let Err(e) = crate::identity::drop_privileges(&mut cmd, &l.sandbox.account, workdir) {
+        if let Err(e) = crate::identity::drop_privileges(
+            &mut cmd,
+            &l.sandbox.account,
+            workdir,
+            l.bind_rules.clone(),
+        ) {
             note(&l.log, &format!("cannot prepare the rank's identity: {e}"));
             self.track.destroy(&container);
             let _ = exits.send((k, 126));

@@ -141,6 +141,8 @@ pub fn who(account: &Account) -> String {
 /// Makes `cmd`'s child become `account` before exec: supplementary groups,
 /// gid, uid (real, effective and saved, so nothing can take root back),
 /// then `PR_SET_NO_NEW_PRIVS` (setuid programs gain nothing), then the
+/// rank's Landlock ruleset when it has one (`bind_rules`: the TCP ports it
+/// may bind, [`crate::landlock`]), then the
 /// working directory is entered as the account (`workdir`, else its home
 /// when it can enter it, else `/`). When the agent already is the account
 /// (an unprivileged `gangway up`) only the last two steps apply.
@@ -151,6 +153,7 @@ pub fn drop_privileges(
     cmd: &mut tokio::process::Command,
     account: &Account,
     workdir: Option<&Path>,
+    bind_rules: Option<std::sync::Arc<crate::landlock::PortRules>>,
 ) -> std::io::Result<()> {
     use nix::unistd::{Gid, Uid};
     use std::os::unix::ffi::OsStrExt;
@@ -180,6 +183,10 @@ pub fn drop_privileges(
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
             return Err(std::io::Error::last_os_error());
+        }
+        if let Some(rules) = &bind_rules {
+            // SAFETY: one system call on a descriptor the Arc keeps open.
+            unsafe { crate::landlock::restrict_self(rules.raw_fd())? };
         }
         match &dir {
             Some(d) => nix::unistd::chdir(d.as_c_str())?,

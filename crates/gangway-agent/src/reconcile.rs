@@ -139,6 +139,7 @@ mod tests {
             max_restarts: 3,
             array: None,
             restart_count: None,
+            rendezvous_ports: None,
         }
     }
 

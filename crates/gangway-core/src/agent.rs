@@ -159,6 +159,10 @@ pub struct TaskReport {
     /// were not started and the server must choose another port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_busy: Option<u16>,
+    /// Who holds that port, when the node could tell: `job 7 (alice) rank
+    /// 0, pid 1234` or `process nc (uid 0), pid 1234`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_holder: Option<String>,
     /// What the node found wrong with the ranks' setup that does not stop
     /// them (a `PATH` entry their account cannot search): job events.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -175,6 +179,7 @@ impl TaskReport {
             checkpoint: None,
             failure: None,
             port_busy: None,
+            port_holder: None,
             warnings: Vec::new(),
         }
     }
@@ -368,6 +373,11 @@ pub struct Assignment {
     /// without anything having run. `None` (an older server): the attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_count: Option<u32>,
+    /// The cluster's rendezvous port range: the node lets no rank bind a
+    /// port of it but its own job's `master_port` (rank 0). `None` (an
+    /// older server): the node only detects a port held by someone else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_ports: Option<PortRange>,
 }
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
@@ -542,7 +552,7 @@ pub fn checkpoint_subdir(user: &str, job: JobId, dir: Option<&str>) -> String {
 }
 
 /// A range of rendezvous ports, inclusive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PortRange {
     /// First port.
@@ -768,6 +778,7 @@ mod tests {
             max_restarts: 3,
             array: None,
             restart_count: None,
+            rendezvous_ports: None,
         }
     }
 

@@ -86,6 +86,7 @@ fn assignment(full: bool) -> Assignment {
             limit: Some(2),
         }),
         restart_count: None,
+        rendezvous_ports: None,
     }
 }
 

@@ -631,8 +631,11 @@ impl<S: Store> Control<S> {
     /// and store agree whatever happens between two transactions.
     pub(crate) fn write_chunks(
         &mut self,
-        recs: Vec<JobRecord>,
+        mut recs: Vec<JobRecord>,
     ) -> (usize, Result<(), ControlError>) {
+        for rec in &mut recs {
+            crate::records::bound_events(&mut rec.events, &mut rec.events_dropped);
+        }
         let limits = self.store.txn_limits();
         let encoded: Vec<Vec<u8>> = recs.iter().map(encode).collect();
         let ranges = limits.split(
@@ -681,7 +684,8 @@ impl<S: Store> Control<S> {
     }
 
     /// Writes a changed record with compare-and-swap on its revision.
-    pub(crate) fn write(&mut self, rec: JobRecord) -> Result<(), ControlError> {
+    pub(crate) fn write(&mut self, mut rec: JobRecord) -> Result<(), ControlError> {
+        crate::records::bound_events(&mut rec.events, &mut rec.events_dropped);
         let id = rec.id;
         let rev = self
             .jobs
@@ -821,6 +825,8 @@ impl<S: Store> Control<S> {
             at: now,
             kind: "cancelled".into(),
             message: format!("cancelled by {by}"),
+            count: 1,
+            last_at: None,
         });
         self.write(rec)?;
         let _ = self.cluster.cancel(id);
@@ -1160,7 +1166,9 @@ impl<S: Store> Control<S> {
             // The contract's parts of the report first: a busy rendezvous
             // port replaces the report; a checkpoint and a failure go with it.
             let contract = match t.port_busy {
-                Some(port) => self.port_busy(node, t.job, t.attempt, port, now),
+                Some(port) => {
+                    self.port_busy(node, t.job, t.attempt, port, t.port_holder.as_deref(), now)
+                }
                 None => match &t.checkpoint {
                     Some(c) => self.note_checkpoint(node, t.job, t.attempt, c, now),
                     None => Ok(false),
@@ -1524,6 +1532,8 @@ impl<S: Store> Control<S> {
                     "back in line after restart backoff (restart {})",
                     rec.restarts
                 ),
+                count: 1,
+                last_at: None,
             });
             let (id, spec, at) = (rec.id, rec.spec.clone(), rec.submitted_at);
             self.write(rec)?;
@@ -1609,6 +1619,8 @@ impl<S: Store> Control<S> {
                     "preempted by job {} ({:?}), grace {}s",
                     p.by, p.reason, p.grace_seconds
                 ),
+                count: 1,
+                last_at: None,
             });
             updates.push(rec);
             decided.push(Decided::Preempt(p));
@@ -1638,6 +1650,8 @@ impl<S: Store> Control<S> {
                         .collect::<Vec<_>>()
                         .join(" ")
                 ),
+                count: 1,
+                last_at: None,
             });
             updates.push(rec);
             decided.push(Decided::Bind(b));

@@ -292,6 +292,8 @@ mod tests {
             at,
             kind: kind.into(),
             message: String::new(),
+            count: 1,
+            last_at: None,
         }
     }
 

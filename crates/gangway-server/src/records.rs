@@ -43,6 +43,98 @@ pub struct JobEvent {
     pub kind: String,
     /// Details for people.
     pub message: String,
+    /// How many times it happened in a row (folded into this one): 1 when
+    /// once. `message` is the newest's.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub count: u32,
+    /// When it last happened, when folded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_at: Option<Time>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// Most events a job keeps: the first [`EVENTS_KEPT_FIRST`] and the newest.
+/// Whatever repeats, a job record stays small in the store.
+pub const MAX_EVENTS: usize = 200;
+
+/// How many of a job's first events are kept when the cap drops some.
+pub const EVENTS_KEPT_FIRST: usize = 50;
+
+/// Longest event message kept (longer ones are cut, marked with `…`).
+pub const MAX_EVENT_MESSAGE: usize = 2048;
+
+/// A message with its digits masked: events of the same kind that differ
+/// only in numbers (a port moved, then moved again) fold into one.
+fn shape(message: &str) -> impl Iterator<Item = char> + '_ {
+    let mut last_digit = false;
+    message.chars().filter_map(move |c| {
+        let digit = c.is_ascii_digit();
+        let out = match (digit, last_digit) {
+            (true, true) => None,
+            (true, false) => Some('#'),
+            (false, _) => Some(c),
+        };
+        last_digit = digit;
+        out
+    })
+}
+
+impl JobEvent {
+    /// Whether `next` repeats this event: the same kind and the same
+    /// message but for its numbers.
+    fn repeated_by(&self, next: &JobEvent) -> bool {
+        self.kind == next.kind && shape(&self.message).eq(shape(&next.message))
+    }
+
+    /// The event for people: its message, with `(×N, last at T)` when folded.
+    pub fn text(&self) -> String {
+        match (self.count, self.last_at) {
+            (n, Some(t)) if n > 1 => format!("{} (×{n}, last at {t})", self.message),
+            _ => self.message.clone(),
+        }
+    }
+}
+
+/// Folds repeated events of `events` into the one before them (a count
+/// and the last time; the newest message) and caps the list at
+/// [`MAX_EVENTS`]: the first [`EVENTS_KEPT_FIRST`] and the newest stay,
+/// the ones between are dropped and counted in `dropped`. Messages longer
+/// than [`MAX_EVENT_MESSAGE`] are cut. Idempotent: run on every write.
+pub fn bound_events(events: &mut Vec<JobEvent>, dropped: &mut u64) {
+    let mut out: Vec<JobEvent> = Vec::with_capacity(events.len().min(MAX_EVENTS + 1));
+    for mut e in events.drain(..) {
+        if e.message.len() > MAX_EVENT_MESSAGE {
+            let mut cut = MAX_EVENT_MESSAGE;
+            while !e.message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            e.message.truncate(cut);
+            e.message.push('…');
+        }
+        // Events on either side of the ones dropped were not in a row.
+        let across_gap = *dropped > 0 && out.len() == EVENTS_KEPT_FIRST;
+        match out.last_mut() {
+            Some(prev) if !across_gap && prev.repeated_by(&e) => {
+                prev.count = prev.count.saturating_add(e.count.max(1));
+                prev.last_at = Some(e.last_at.unwrap_or(e.at));
+                prev.message = e.message;
+            }
+            _ => out.push(e),
+        }
+    }
+    if out.len() > MAX_EVENTS {
+        let drop = out.len() - MAX_EVENTS;
+        out.drain(EVENTS_KEPT_FIRST..EVENTS_KEPT_FIRST + drop);
+        *dropped = dropped.saturating_add(drop as u64);
+    }
+    *events = out;
 }
 
 /// Why a gang on its nodes is being stopped (not by preemption, which is
@@ -158,6 +250,10 @@ pub struct JobRecord {
     /// fault), until when; cleared once that attempt runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avoid: Option<AvoidNodes>,
+    /// Events dropped by the cap ([`MAX_EVENTS`]): they were between the
+    /// first ones kept and the newest.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub events_dropped: u64,
 }
 
 /// Nodes a job's next attempt avoids (see `avoid_node_seconds`).
@@ -167,6 +263,10 @@ pub struct AvoidNodes {
     pub nodes: Vec<String>,
     /// When the avoidance lapses (seconds since the epoch).
     pub until: Time,
+    /// Why, when it is not a node fault (the why-pending reason adds it):
+    /// `its rendezvous ports 29400, 29401 there were held by other processes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub because: Option<String>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -234,6 +334,8 @@ impl JobRecord {
                 at: now,
                 kind: "submitted".into(),
                 message,
+                count: 1,
+                last_at: None,
             }],
             restarts: 0,
             restart_at: None,
@@ -257,6 +359,7 @@ impl JobRecord {
             attained_gpu_seconds: 0,
             run_seconds: 0,
             avoid: None,
+            events_dropped: 0,
         }
     }
 
@@ -666,7 +769,88 @@ impl JobEvent {
             at,
             kind: kind.into(),
             message,
+            count: 1,
+            last_at: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod event_tests {
+    use super::*;
+
+    fn ev(at: Time, kind: &str, message: &str) -> JobEvent {
+        JobEvent::new(at, kind, message.to_string())
+    }
+
+    #[test]
+    fn repeated_events_fold_into_one_with_a_count_and_the_last_time() {
+        let mut events = vec![ev(1, "submitted", "submitted by alice")];
+        for i in 0..37u64 {
+            events.push(ev(
+                10 + i,
+                "rendezvous",
+                &format!(
+                    "rendezvous port {} is in use on n; moved to port {}",
+                    29_400 + i,
+                    29_401 + i
+                ),
+            ));
+            let mut dropped = 0;
+            bound_events(&mut events, &mut dropped);
+            assert_eq!(dropped, 0);
+        }
+        events.push(ev(50, "rendezvous", "something else"));
+        events.push(ev(51, "running", "rank 0 started"));
+        events.push(ev(52, "running", "rank 0 started"));
+        let mut dropped = 0;
+        bound_events(&mut events, &mut dropped);
+        assert_eq!(events.len(), 4, "{events:?}");
+        let moved = &events[1];
+        assert_eq!((moved.at, moved.count, moved.last_at), (10, 37, Some(46)));
+        assert!(
+            moved.message.contains("29436"),
+            "the newest message: {}",
+            moved.message
+        );
+        assert!(
+            moved.text().ends_with("(×37, last at 46)"),
+            "{}",
+            moved.text()
+        );
+        assert_eq!(events[2].count, 1, "another shape is another event");
+        assert_eq!((events[3].count, events[3].last_at), (2, Some(52)));
+        assert_eq!(events[2].text(), "something else");
+        // Idempotent.
+        let again = events.clone();
+        bound_events(&mut events, &mut dropped);
+        assert_eq!(events, again);
+    }
+
+    #[test]
+    fn a_jobs_events_are_capped_keeping_the_first_and_the_newest() {
+        let mut events = Vec::new();
+        let mut dropped = 0;
+        for i in 0..10_000u64 {
+            // Distinct kinds in turn: nothing folds.
+            let kind = ["a", "b", "c"][(i % 3) as usize];
+            events.push(ev(i, kind, "x"));
+            bound_events(&mut events, &mut dropped);
+            assert!(events.len() <= MAX_EVENTS);
+        }
+        assert_eq!(events.len(), MAX_EVENTS);
+        assert_eq!(dropped, 10_000 - MAX_EVENTS as u64);
+        assert_eq!(events[0].at, 0, "the first kept");
+        assert_eq!(
+            events[EVENTS_KEPT_FIRST - 1].at,
+            EVENTS_KEPT_FIRST as u64 - 1
+        );
+        assert_eq!(events.last().map(|e| e.at), Some(9_999), "the newest kept");
+        // A huge message is cut.
+        let mut big = vec![ev(1, "warning", &"é".repeat(MAX_EVENT_MESSAGE))];
+        bound_events(&mut big, &mut dropped);
+        assert!(big[0].message.len() <= MAX_EVENT_MESSAGE + '…'.len_utf8());
+        assert!(big[0].message.ends_with('…'));
     }
 }
 

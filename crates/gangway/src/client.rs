@@ -634,21 +634,44 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
                 out += &format!("    {line}\n");
             }
         }
-        out += "  events:\n";
-        for e in j
-            .get("events")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let when = e
-                .get("at")
-                .and_then(Value::as_u64)
-                .map_or_else(|| "-".into(), |t| crate::human::both(t, now));
-            out += &format!("    {when} {:<11} {}\n", s(e, "kind"), s(e, "message"));
-        }
+        out += &event_lines(j, now);
         out
     })
+}
+
+/// The `events:` part of `describe`: one line per event, a folded one with
+/// its count and last time, and where the cap dropped some, how many.
+fn event_lines(j: &Value, now: u64) -> String {
+    let mut out = String::from("  events:\n");
+    let dropped = j.get("events_dropped").and_then(Value::as_u64).unwrap_or(0);
+    let events = j.get("events").and_then(Value::as_array);
+    for (i, e) in events.into_iter().flatten().enumerate() {
+        let when = e
+            .get("at")
+            .and_then(Value::as_u64)
+            .map_or_else(|| "-".into(), |t| crate::human::both(t, now));
+        let folded = match (
+            e.get("count").and_then(Value::as_u64),
+            e.get("last_at").and_then(Value::as_u64),
+        ) {
+            (Some(n), Some(last)) if n > 1 => {
+                format!(" (×{n}, last at {})", crate::human::both(last, now))
+            }
+            _ => String::new(),
+        };
+        out += &format!(
+            "    {when} {:<11} {}{folded}\n",
+            s(e, "kind"),
+            s(e, "message")
+        );
+        if dropped > 0 && i + 1 == gangway_server::records::EVENTS_KEPT_FIRST {
+            out += &format!(
+                "    ... {dropped} events dropped (a job keeps its first {} and its newest) ...\n",
+                gangway_server::records::EVENTS_KEPT_FIRST
+            );
+        }
+    }
+    out
 }
 
 /// What `describe` says about the job contract: time limit, rendezvous,
@@ -971,4 +994,32 @@ pub fn usage(c: &Conn, from: Option<u64>, to: Option<u64>) -> Result<()> {
         }
         out
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn folded_events_show_their_count_and_dropped_ones_are_counted() {
+        let mut events = vec![json!({"at": 100, "kind": "submitted", "message": "submitted"})];
+        events.push(json!({
+            "at": 110, "kind": "rendezvous", "message": "port 29401 moved",
+            "count": 37, "last_at": 200
+        }));
+        let j = json!({ "events": events.clone() });
+        let text = super::event_lines(&j, 300);
+        assert!(text.contains("port 29401 moved (×37, last at "), "{text}");
+        assert!(!text.contains("dropped"), "{text}");
+        let many: Vec<_> = (0..60)
+            .map(|i| json!({"at": i, "kind": format!("k{}", i % 2), "message": "x"}))
+            .collect();
+        let text = super::event_lines(&json!({ "events": many, "events_dropped": 9800 }), 300);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 1 + 60 + 1, "{text}");
+        assert!(
+            lines[1 + gangway_server::records::EVENTS_KEPT_FIRST].contains("9800 events dropped"),
+            "{text}"
+        );
+    }
 }

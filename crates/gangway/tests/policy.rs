@@ -70,6 +70,8 @@ fn record_history(data: &Path) {
                 at,
                 kind: kind.into(),
                 message: String::new(),
+                count: 1,
+                last_at: None,
             });
         }
         store
@@ -556,6 +558,8 @@ fn the_what_if_runs_offline_from_an_exported_history() {
                 at,
                 kind: kind.into(),
                 message: String::new(),
+                count: 1,
+                last_at: None,
             });
         }
         lines.push_str(

@@ -25,6 +25,8 @@ fn record(data: &Path) {
         at: 2,
         kind: "note".into(),
         message: "rank 0 said \u{1b}[31mboom\u{1b}[0m\nforged event line\u{9b}".into(),
+        count: 1,
+        last_at: None,
     });
     store
         .put(&job_key(JobId(1)), &serde_json::to_vec(&rec).expect("json"))

@@ -287,55 +287,6 @@ fn free_percent(p: &Path) -> u32 {
         .unwrap_or(100)
 }
 
-/// A Unix account made for one test and removed when dropped.
-struct Account(String);
-
-impl Account {
-    fn create(tag: &str) -> Account {
-        let name = format!("gw{}{tag}", std::process::id());
-        // Other tests add accounts at the same time: retry the lock.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let out = std::process::Command::new("useradd")
-                .args(["-M", "-U", "-s", "/bin/sh", &name])
-                .output()
-                .expect("useradd");
-            let exists = String::from_utf8_lossy(&out.stderr).contains("already exists");
-            if out.status.success() || exists {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "useradd {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Account(name)
-    }
-}
-
-impl Drop for Account {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            let gone = std::process::Command::new("userdel")
-                .arg(&self.0)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-                || std::process::Command::new("id")
-                    .arg(&self.0)
-                    .output()
-                    .is_ok_and(|o| !o.status.success());
-            if gone {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
-
 const ALICE: &str = "alice-token-scratch";
 const BOB: &str = "bob-token-scratch";
 
@@ -360,7 +311,7 @@ fn under_disk_pressure_the_job_filling_tmpdir_is_stopped_not_the_one_checkpointi
     let (alice, bob) = (Account::create("pa"), Account::create("pb"));
     let users = format!(
         "users:\n  - name: alice\n    token: {ALICE}\n    queues: [default]\n    unix_user: {}\n  - name: bob\n    token: {BOB}\n    queues: [default]\n    unix_user: {}\n",
-        alice.0, bob.0
+        alice.name, bob.name
     );
     let mut c = Cluster::start_with("127.0.0.1", &server_config(&users));
     if free_percent(c.dir.path()) < 6 {

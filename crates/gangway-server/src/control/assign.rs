@@ -12,7 +12,7 @@
 use super::contract::checkpoint_subdir_of;
 use super::{Control, SHORT_GRACE_SECONDS};
 use crate::records::JobRecord;
-use gangway_core::agent::{Assignment, CheckpointCleanup, RankAssignment, SyncResponse};
+use gangway_core::agent::{Assignment, CheckpointCleanup, PortRange, RankAssignment, SyncResponse};
 use gangway_core::{signal_number, JobState};
 use gangway_store::Store;
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub struct NodeWork {
     node: String,
     placed: Vec<Placed>,
     checkpoint_root: Option<String>,
+    /// The cluster's rendezvous ports (each assignment carries them).
+    rendezvous_ports: PortRange,
 }
 
 /// A sync's answer before its assignments are built.
@@ -55,6 +57,7 @@ impl SyncAnswer {
                 node: node.to_string(),
                 placed: Vec::new(),
                 checkpoint_root: None,
+                rendezvous_ports: PortRange::default(),
             },
             cleanup: Vec::new(),
             health_check: None,
@@ -123,6 +126,7 @@ impl NodeWork {
                     max_restarts: rec.spec.restart.max_restarts,
                     array: rec.array.clone(),
                     restart_count: Some(rec.attempt.saturating_sub(rec.port_moves)),
+                    rendezvous_ports: Some(self.rendezvous_ports),
                 }
             })
             .collect()
@@ -180,6 +184,7 @@ impl<S: Store> Control<S> {
             } else {
                 self.contract.config.checkpoint_root.clone()
             },
+            rendezvous_ports: self.contract.config.master_ports,
             placed,
         }
     }

@@ -32,6 +32,7 @@ impl<S: Store> Control<S> {
             .blame
             .take_avoid(rec.id, from)
             .map(|(nodes, until)| AvoidNodes {
+                because: None,
                 nodes: nodes.into_iter().collect(),
                 until,
             });

@@ -4,7 +4,9 @@
 //! rule about loopback addresses.
 
 use super::{Control, ControlError};
-use crate::records::{CheckpointRecord, FailureRecord, JobEvent, JobRecord};
+use crate::attempt::Ending;
+use crate::parts::contract::{MAX_PORT_MOVES_PER_NODE, PORT_AVOID_SECONDS};
+use crate::records::{AvoidNodes, CheckpointRecord, FailureRecord, JobEvent, JobRecord};
 use gangway_core::agent::{checkpoint_subdir, CheckpointCleanup, CheckpointReport, RankFailure};
 use gangway_core::{format_time_span, JobId, JobSpec, JobState, SpecError, Time, TimeSpan};
 use gangway_sched::Rejection;
@@ -90,6 +92,18 @@ pub fn launches_workers(run: &gangway_core::RunSpec) -> bool {
         .any(|w| w.contains("torchrun") || w.contains("torch.distributed.run"))
 }
 
+/// Longest holder description a node's report may put in an event.
+const MAX_HOLDER_CHARS: usize = 200;
+
+/// A node's description of a port's holder, as an event may carry it:
+/// control characters replaced, cut at [`MAX_HOLDER_CHARS`].
+fn holder_text(h: &str) -> String {
+    h.chars()
+        .take(MAX_HOLDER_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
 /// The rendezvous ports taken per node during one pass that places jobs
 /// (a cycle, a port moved): filled per node from the job table's index and
 /// the ports found blocked, then updated as ports are handed out.
@@ -162,15 +176,20 @@ impl<S: Store> Control<S> {
     }
 
     /// Rank 0's node could not bind the rendezvous port (a process outside
-    /// Gangway holds it): the port is avoided on that node from now on and
-    /// the gang starts again as a new attempt on a new port, so no rank
-    /// waits for a rendezvous that cannot happen. Returns whether it changed.
+    /// Gangway holds it; `holder` names it when the node could tell): the
+    /// port is avoided on that node from now on and the gang starts again
+    /// as a new attempt on a new port, so no rank waits for a rendezvous
+    /// that cannot happen. Moves back off (1 s doubling to a minute; a
+    /// report before the wait is over changes nothing and writes nothing),
+    /// and after [`MAX_PORT_MOVES_PER_NODE`] moves on the node the job is
+    /// requeued to avoid it for a while. Returns whether it changed.
     pub(super) fn port_busy(
         &mut self,
         node: &str,
         id: JobId,
         attempt: u32,
         port: u16,
+        holder: Option<&str>,
         now: Time,
     ) -> Result<bool, ControlError> {
         let mut rec = self.reported(node, id, attempt)?;
@@ -178,22 +197,56 @@ impl<S: Store> Control<S> {
         if !is_master || rec.state != JobState::Scheduled || self.port_of(&rec) != port {
             return Ok(false);
         }
+        if now < self.contract.port_moves(id, node).next_at {
+            return Ok(false);
+        }
         self.contract.block_port(node, port, now);
+        let moves = self.contract.port_moves(id, node);
+        moves.moved(port, now);
+        let (count, wait) = (moves.moves, moves.next_at.saturating_sub(now));
+        let ports: Vec<String> = moves.ports.iter().map(u16::to_string).collect();
+        let held = match holder.map(holder_text) {
+            Some(h) => format!("is in use on {node}, held by {h}"),
+            None => format!("is in use on {node} by another process"),
+        };
+        // Nothing ran: a port move is not a restart.
+        rec.port_moves = rec.port_moves.saturating_add(1);
+        if count >= MAX_PORT_MOVES_PER_NODE {
+            self.contract.forget_port_moves(id);
+            let msg = format!(
+                "rendezvous port {port} {held}; ports {} on {node} were all held by other processes: requeued to avoid {node} for {PORT_AVOID_SECONDS}s",
+                ports.join(", ")
+            );
+            tracing::warn!("job {id}: {msg}");
+            let (mut rec, after) = crate::attempt::ended(rec, Ending::Requeued(msg), now);
+            rec.avoid = Some(AvoidNodes {
+                nodes: vec![node.to_string()],
+                until: now.saturating_add(PORT_AVOID_SECONDS),
+                because: Some(format!(
+                    "its rendezvous ports {} there were held by other processes",
+                    ports.join(", ")
+                )),
+            });
+            self.write(rec)?;
+            self.apply_ending(id, after);
+            return Ok(true);
+        }
         let mut used = self.ports_in_use(now);
         // This job's own (old) port is blocked already; its record must not
         // hold the new one back.
         rec.master_port = None;
+        // A new attempt: the node keys its ranks by attempt, so none of the
+        // old port's can start, and the node looks at the new port afresh.
         rec.attempt += 1;
-        rec.port_moves = rec.port_moves.saturating_add(1);
         rec.ran_attempt = rec.attempt;
         rec.started_on.clear();
         rec.exited_on.clear();
         let msg = match self.assign_port(&mut rec, &mut used) {
             Some(p) => format!(
-                "rendezvous port {port} is in use on {node} by another process; moved to port {p} (not a restart: nothing ran)"
+                "rendezvous port {port} {held}; moved to port {p} (not a restart: nothing ran; move {count} of {MAX_PORT_MOVES_PER_NODE} here, the next no sooner than {wait}s)"
             ),
             None => format!(
-                "rendezvous port {port} is in use on {node} and every port of {}-{} is taken there",
+                "rendezvous port {port} {held} and every port of {}-{} is taken there",
                 self.contract.config.master_ports.first, self.contract.config.master_ports.last
             ),
         };
@@ -316,6 +369,7 @@ impl<S: Store> Control<S> {
     /// Drops what nodes reported about failures of a job whose attempt ended.
     pub(super) fn forget_failures(&mut self, id: JobId) {
         self.contract.forget_failures(id);
+        self.contract.forget_port_moves(id);
     }
 
     /// The event text for a failed attempt, naming the first failing rank,
@@ -541,7 +595,7 @@ impl<S: Store> Control<S> {
 mod tests {
     use super::*;
     use crate::control::Report;
-    use crate::parts::contract::BLOCKED_PORT_SECONDS;
+    use crate::parts::contract::{BLOCKED_PORT_SECONDS, MAX_PORT_MOVES_PER_NODE};
     use gangway_core::agent::PortRange;
     use gangway_core::agent::{SyncRequest, TaskReport, TaskState};
     use gangway_core::{NodeSpec, QueueSpec};
@@ -621,6 +675,104 @@ mod tests {
         assert!(
             !c.ports_taken_on(&mut used, "n").contains(&port),
             "avoided for a while, not forever"
+        );
+    }
+
+    #[test]
+    fn ten_thousand_busy_port_reports_back_off_requeue_and_leave_the_record_small() {
+        let d = tempfile::tempdir().expect("tmp");
+        let mut c = control(d.path(), &[QueueSpec::unlimited("q", None)]);
+        let id = c
+            .submit("alice", JobSpec::new("j", "q", 1, 1), 10)
+            .expect("submit");
+        c.cycle(11).expect("cycle");
+        let holder = "process squat (uid 0), pid 4242";
+        assert_eq!(holder_text("nc\u{1b}]52;\n"), "nc?]52;?");
+        assert_eq!(holder_text(&"x".repeat(1000)).len(), MAX_HOLDER_CHARS);
+        let mut move_times = Vec::new();
+        let mut requeued_at = None;
+        let mut moves_before = 0;
+        // An agent that finds every port it is given held, syncing each second.
+        for i in 0..10_000u64 {
+            let now = 12 + i;
+            let (attempt, state, moves) = {
+                let r = &c.jobs[&id].0;
+                (r.attempt, r.state, r.port_moves)
+            };
+            if state == JobState::Scheduled {
+                let port = c.port_of(&c.jobs[&id].0);
+                let busy = TaskReport {
+                    port_busy: Some(port),
+                    port_holder: Some(holder.into()),
+                    ..TaskReport::new(id, attempt, TaskState::Exited { exit_code: 0 })
+                };
+                sync_one(&mut c, busy, now);
+                let r = &c.jobs[&id].0;
+                if r.port_moves > moves && requeued_at.is_none() {
+                    move_times.push(now);
+                    if r.state == JobState::Pending {
+                        requeued_at = Some(now);
+                        moves_before = r.port_moves;
+                        let avoid = r.avoid.as_ref().expect("avoids the node");
+                        assert_eq!(avoid.nodes, vec!["n".to_string()]);
+                        let because = avoid.because.as_deref().unwrap_or("");
+                        assert!(
+                            because.starts_with("its rendezvous ports 300")
+                                && because.ends_with("held by other processes"),
+                            "{because}"
+                        );
+                    }
+                }
+            }
+            if i % 10 == 0 {
+                c.cycle(now).expect("cycle");
+            }
+        }
+        // Moves wait 1 s, 2 s, 4 s ... (a minute at most), and the eighth
+        // on the node requeues the job to avoid it.
+        let gaps: Vec<u64> = move_times.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(moves_before, MAX_PORT_MOVES_PER_NODE, "{move_times:?}");
+        for (k, gap) in gaps.iter().enumerate() {
+            let wait = (1u64 << k).min(60);
+            assert!(
+                *gap >= wait,
+                "move {} came {gap}s after the last: {gaps:?}",
+                k + 2
+            );
+        }
+        let rec = &c.jobs[&id].0;
+        let requeue = rec
+            .events
+            .iter()
+            .find(|e| e.kind == "requeued")
+            .expect("requeued");
+        assert!(
+            requeue
+                .message
+                .contains("held by process squat (uid 0), pid 4242")
+                && requeue.message.contains("requeued to avoid n"),
+            "{}",
+            requeue.message
+        );
+        // Each move's event names the holder; the repeats fold; the record stays small.
+        let moved = rec
+            .events
+            .iter()
+            .find(|e| e.kind == "rendezvous")
+            .expect("moved");
+        assert!(moved.message.contains(holder), "{}", moved.message);
+        assert!(moved.count > 1, "folded: {moved:?}");
+        assert!(
+            rec.events.len() <= crate::records::MAX_EVENTS,
+            "{}",
+            rec.events.len()
+        );
+        let bytes = crate::control_error::encode(&**rec).len();
+        assert!(bytes < 64 * 1024, "the job record is {bytes} bytes");
+        assert!(
+            rec.port_moves < 200,
+            "{} moves in 10,000 s: bounded",
+            rec.port_moves
         );
     }
 

@@ -162,8 +162,10 @@ fn deferred_job_writes_land_once_each_at_the_flush_and_survive_a_failed_one() {
         for round in 0..2 {
             for id in &ids {
                 let mut r = JobRecord::clone(&c.jobs[id].0);
+                // Two different notes (repeats of one would fold into one event).
+                let what = ["one", "two"][round];
                 r.events
-                    .push(JobEvent::new(1, "note", format!("change {round}")));
+                    .push(JobEvent::new(1, "note", format!("change {what}")));
                 c.write(r).expect("deferred write");
             }
         }

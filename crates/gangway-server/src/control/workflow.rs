@@ -281,6 +281,8 @@ impl<S: Store> Control<S> {
                     at: now,
                     kind: "cancelled".into(),
                     message: format!("DependencyNeverSatisfied: {msg}"),
+                    count: 1,
+                    last_at: None,
                 });
                 recs.push(rec);
             }
@@ -350,6 +352,8 @@ impl<S: Store> Control<S> {
                 at: now,
                 kind: "held".into(),
                 message: format!("held by {by} ({})", kind.code()),
+                count: 1,
+                last_at: None,
             });
             recs.push(rec);
         }
@@ -399,6 +403,8 @@ impl<S: Store> Control<S> {
                     at: now,
                     kind: "released".into(),
                     message: format!("released by {by}"),
+                    count: 1,
+                    last_at: None,
                 });
                 rec
             })
@@ -427,6 +433,8 @@ impl<S: Store> Control<S> {
             at: now,
             kind: "updated".into(),
             message: format!("updated by {by}: {what}"),
+            count: 1,
+            last_at: None,
         });
         let at = rec.submitted_at;
         self.write(rec)?;
@@ -481,6 +489,8 @@ impl<S: Store> Control<S> {
                     at: now,
                     kind: "cancelled".into(),
                     message: format!("cancelled by {by} (array {id})"),
+                    count: 1,
+                    last_at: None,
                 });
                 waiting.push(rec);
             } else {

@@ -186,6 +186,18 @@ pub struct JobView<'a> {
     pub admitted: bool,
 }
 
+/// A why-pending reason, with why the job avoids nodes when that is not a
+/// node fault (busy rendezvous ports).
+fn with_because(w: &gangway_sched::Explanation, rec: &JobRecord, text: String) -> String {
+    match (
+        &w.reason,
+        rec.avoid.as_ref().and_then(|a| a.because.as_deref()),
+    ) {
+        (gangway_sched::WaitReason::Avoiding { .. }, Some(because)) => format!("{text}; {because}"),
+        _ => text,
+    }
+}
+
 /// A job as the API shows it, from the read view (no state lock).
 fn view<'a>(v: &crate::view::ReadView, rec: &'a JobRecord, access: JobAccess) -> JobView<'a> {
     let why = v.why.get(&rec.id);
@@ -200,7 +212,7 @@ fn view<'a>(v: &crate::view::ReadView, rec: &'a JobRecord, access: JobAccess) ->
         record,
         reason: gate
             .map(|(_, m)| m.to_string())
-            .or_else(|| why.map(|w| w.render(&v.names, v.why_at))),
+            .or_else(|| why.map(|w| with_because(w, rec, w.render(&v.names, v.why_at)))),
         reason_code: gate
             .map(|(code, _)| code)
             .or(rec.end_reason)
@@ -547,4 +559,44 @@ pub struct Cancelled {
     pub id: u64,
     /// Always `cancelled`.
     pub state: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gangway_core::{JobId, JobSpec};
+    use gangway_sched::{Explanation, WaitReason};
+
+    #[test]
+    fn a_job_avoiding_a_node_for_busy_ports_says_which_in_its_reason() {
+        let mut rec = JobRecord::submitted(JobId(1), "alice", JobSpec::new("j", "q", 1, 1), 10);
+        let avoiding = Explanation {
+            job: JobId(1),
+            reason: WaitReason::Avoiding {
+                nodes: Vec::new(),
+                until: 100,
+            },
+            estimated_start: None,
+        };
+        assert_eq!(
+            with_because(&avoiding, &rec, "avoiding node n".into()),
+            "avoiding node n"
+        );
+        rec.avoid = Some(crate::records::AvoidNodes {
+            nodes: vec!["n".into()],
+            until: 100,
+            because: Some(
+                "its rendezvous ports 29400, 29401 there were held by other processes".into(),
+            ),
+        });
+        assert_eq!(
+            with_because(&avoiding, &rec, "avoiding node n".into()),
+            "avoiding node n; its rendezvous ports 29400, 29401 there were held by other processes"
+        );
+        let other = Explanation {
+            reason: WaitReason::InOrder { behind: JobId(0) },
+            ..avoiding
+        };
+        assert_eq!(with_because(&other, &rec, "in order".into()), "in order");
+    }
 }

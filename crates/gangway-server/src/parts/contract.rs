@@ -13,6 +13,50 @@ use std::collections::HashMap;
 /// to go.
 pub const BLOCKED_PORT_SECONDS: u64 = 600;
 
+/// Port moves of one job on one node before it is requeued to avoid that
+/// node: each move waited out its backoff, so something Gangway cannot stop
+/// holds port after port there.
+pub const MAX_PORT_MOVES_PER_NODE: u32 = 8;
+
+/// Longest wait between two port moves of a job (the wait doubles from 1 s).
+pub const MAX_PORT_MOVE_BACKOFF_SECONDS: u64 = 60;
+
+/// How long a job requeued for busy ports avoids the node.
+pub const PORT_AVOID_SECONDS: u64 = 600;
+
+/// Most busy ports named per job (the requeue event lists them).
+const MAX_PORTS_NAMED: usize = MAX_PORT_MOVES_PER_NODE as usize;
+
+/// A job's port moves on its rank-0 node (in memory: a server restart
+/// starts the count again, still bounded).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortMoves {
+    /// The node.
+    pub node: String,
+    /// Moves there so far.
+    pub moves: u32,
+    /// No move before this time (the backoff).
+    pub next_at: Time,
+    /// The ports found busy there.
+    pub ports: Vec<u16>,
+}
+
+impl PortMoves {
+    /// Counts a move at `now` of a job off `port` and sets the wait
+    /// before the next one: 1 s, doubling to a minute.
+    pub fn moved(&mut self, port: u16, now: Time) {
+        self.moves = self.moves.saturating_add(1);
+        let wait = 1u64
+            .checked_shl(self.moves.saturating_sub(1))
+            .unwrap_or(u64::MAX)
+            .min(MAX_PORT_MOVE_BACKOFF_SECONDS);
+        self.next_at = now.saturating_add(wait);
+        if self.ports.len() < MAX_PORTS_NAMED && !self.ports.contains(&port) {
+            self.ports.push(port);
+        }
+    }
+}
+
 /// What the contract keeps in memory besides the records.
 #[derive(Debug, Default)]
 pub struct ContractState {
@@ -22,6 +66,8 @@ pub struct ContractState {
     pub failures: HashMap<(JobId, u32, String), RankFailure>,
     /// Checkpoint directories to remove, per node (handed out once).
     pub cleanup: HashMap<String, Vec<CheckpointCleanup>>,
+    /// Per job, its port moves on its rank-0 node.
+    pub port_moves: HashMap<JobId, PortMoves>,
 }
 
 /// The job contract: its knobs and its in-memory state.
@@ -57,6 +103,24 @@ impl Contract {
         for ports in self.state.blocked_ports.values_mut() {
             ports.retain(|_, at| now.saturating_sub(*at) < BLOCKED_PORT_SECONDS);
         }
+    }
+
+    /// The port moves of `id` on `node` (a fresh count when it moved on
+    /// another node before).
+    pub fn port_moves(&mut self, id: JobId, node: &str) -> &mut PortMoves {
+        let m = self.state.port_moves.entry(id).or_default();
+        if m.node != node {
+            *m = PortMoves {
+                node: node.to_string(),
+                ..PortMoves::default()
+            };
+        }
+        m
+    }
+
+    /// Forgets a job's port moves (it ran, or ended).
+    pub fn forget_port_moves(&mut self, id: JobId) {
+        self.state.port_moves.remove(&id);
     }
 
     /// The port an attempt of `id` gets when its record names none (records

@@ -316,6 +316,8 @@ mod tests {
                 at: start,
                 kind: "scheduled".into(),
                 message: String::new(),
+                count: 1,
+                last_at: None,
             });
             c.jobs.insert(r.id, (r, 0));
         }
