@@ -720,6 +720,7 @@ impl Agent {
             disk_pressure: self.disk_pressure.clone(),
             health_check: self.health.configured(),
             health_check_run: self.health.report(),
+            reads_rendezvous_ports: true,
             gpus: self.discovery.health(&self.cfg.state_dir),
             tasks: self
                 .tasks

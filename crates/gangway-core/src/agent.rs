@@ -253,6 +253,11 @@ pub struct SyncRequest {
     /// The health check run the server asked for: running, or its result.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health_check_run: Option<HealthCheckReport>,
+    /// The agent reads [`Assignment::rendezvous_ports`] (and keeps ranks off
+    /// the range): the server sends the range only to agents that say so, so
+    /// an older agent, which refuses unknown fields, never receives it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reads_rendezvous_ports: bool,
 }
 
 /// One run of the node's own health check, as its agent reports it.
@@ -650,6 +655,7 @@ mod tests {
         let r = SyncRequest {
             disk_pressure: None,
             health_check: true,
+            reads_rendezvous_ports: true,
             health_check_run: Some(HealthCheckReport {
                 run: 3,
                 result: Some(HealthCheckResult {

@@ -118,6 +118,7 @@ fn samples() -> Vec<(&'static str, Value)> {
     let full_request = SyncRequest {
         disk_pressure: None,
         health_check: true,
+        reads_rendezvous_ports: true,
         health_check_run: Some(HealthCheckReport {
             run: 2,
             result: Some(HealthCheckResult {
@@ -142,6 +143,7 @@ fn samples() -> Vec<(&'static str, Value)> {
     let minimal_request = SyncRequest {
         disk_pressure: None,
         health_check: false,
+        reads_rendezvous_ports: false,
         health_check_run: None,
         gpus: vec![GpuHealth {
             index: 0,

@@ -1225,7 +1225,7 @@ impl<S: Store> Control<S> {
         let (health_check, c) = self.probation_sync(node, req, now)?;
         changed |= c;
         let answer = SyncAnswer {
-            work: self.node_work(node),
+            work: self.node_work_for(node, req.reads_rendezvous_ports),
             cleanup: self.take_cleanup(node),
             health_check,
         };

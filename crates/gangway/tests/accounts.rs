@@ -11,21 +11,6 @@ use std::path::Path;
 const ALICE: &str = "alice-token-accounts";
 const BOB: &str = "bob-token-accounts";
 
-fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
-    match ureq::post(&format!("{}/v1/jobs", c.addr))
-        .set("Authorization", &format!("Bearer {token}"))
-        .send_json(spec.clone())
-    {
-        Ok(r) => r.into_json::<Value>().expect("json")["id"]
-            .as_u64()
-            .expect("id"),
-        Err(ureq::Error::Status(code, r)) => {
-            panic!("submit: {code} {}", r.into_string().unwrap_or_default())
-        }
-        Err(e) => panic!("submit: {e}"),
-    }
-}
-
 fn read(out: &Path, name: &str) -> String {
     std::fs::read_to_string(out.join(name))
         .unwrap_or_default()

@@ -24,16 +24,6 @@ fn call(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
     }
 }
 
-fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
-    let (code, v) = call(
-        ureq::post(&format!("{}/v1/jobs", c.addr))
-            .set("Authorization", &format!("Bearer {token}"))
-            .send_json(spec.clone()),
-    );
-    assert_eq!(code, 201, "{v}");
-    v["id"].as_u64().expect("id")
-}
-
 fn logs_as(c: &Cluster, token: &str, id: u64) -> std::process::Output {
     Command::new(BIN)
         .args(["logs", &id.to_string()])

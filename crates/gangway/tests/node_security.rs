@@ -60,20 +60,6 @@ fn cluster(account: &str, data: &Data) -> Cluster {
     Cluster::start_with("127.0.0.1", &server_config(&extra))
 }
 
-/// Submits as the holder of `token`: the job id, or the status and message.
-fn submit_as(c: &Cluster, token: &str, spec: &Value) -> Result<u64, (u16, String)> {
-    match ureq::post(&format!("{}/v1/jobs", c.addr))
-        .set("Authorization", &format!("Bearer {token}"))
-        .send_json(spec.clone())
-    {
-        Ok(r) => Ok(r.into_json::<Value>().expect("json")["id"]
-            .as_u64()
-            .expect("id")),
-        Err(ureq::Error::Status(code, r)) => Err((code, r.into_string().unwrap_or_default())),
-        Err(e) => panic!("submit: {e}"),
-    }
-}
-
 fn job(queue: &str, command: &str, out: &Path) -> Value {
     json!({
         "name": "probe",
@@ -128,7 +114,7 @@ if ls "$LOGS" > "$OUT/logs" 2>/dev/null; then echo listed > "$OUT/logs-rc"; else
     spec["run"]["env"]["LOGS"] = json!(c.dir.path().join("sec-a/logs").display().to_string());
     // Kept after success, so the test can look at its owner and mode.
     spec["checkpoint"] = json!({ "keep": true });
-    let id = submit_as(&c, ALICE, &spec).expect("accepted");
+    let id = try_submit_as(&c, ALICE, &spec).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(
         state(&j),
@@ -194,7 +180,7 @@ tr '\0' '\n' < /proc/self/environ > "$OUT/self-environ"
 if tr '\0' '\n' < /proc/$PPID/environ > "$OUT/parent-environ" 2>/dev/null; then echo read > "$OUT/parent-rc"; else echo denied > "$OUT/parent-rc"; fi"#;
     let mut spec = job("default", script, &c.out);
     spec["run"]["env"]["DATA"] = json!("/datasets");
-    let id = submit_as(&c, ALICE, &spec).expect("accepted");
+    let id = try_submit_as(&c, ALICE, &spec).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(
         state(&j),
@@ -283,12 +269,12 @@ if tr '\0' '\n' < /proc/$PPID/environ > "$OUT/parent-environ" 2>/dev/null; then 
     let mut loader = job("default", "true", &c.out);
     loader["run"]["env"]["LD_PRELOAD"] = json!("/tmp/own.so");
     assert!(
-        submit_as(&c, ALICE, &loader).is_ok(),
+        try_submit_as(&c, ALICE, &loader).is_ok(),
         "LD_PRELOAD as a user"
     );
     let mut bad = job("default", "true", &c.out);
     bad["run"]["workdir"] = json!("/home/../root");
-    let (code, msg) = submit_as(&c, ALICE, &bad).expect_err("workdir");
+    let (code, msg) = try_submit_as(&c, ALICE, &bad).expect_err("workdir");
     assert_eq!(code, 422, "{msg}");
     assert!(msg.contains("run.workdir"), "{msg}");
 }
@@ -318,19 +304,20 @@ fn attack_3_host_mounts_outside_the_queue_s_allow_list_are_refused() {
         ("/data/../root", true),
         ("/home", true),
     ] {
-        let (code, msg) = submit_as(&c, ALICE, &with_mount(source, read_only)).expect_err(source);
+        let (code, msg) =
+            try_submit_as(&c, ALICE, &with_mount(source, read_only)).expect_err(source);
         assert_eq!(code, 422, "{source}: {msg}");
         assert!(msg.contains("run.mounts[0].source"), "{source}: {msg}");
     }
     // Read-write only where the queue says so.
     let ds = data.path("datasets").display().to_string();
-    let (code, msg) = submit_as(&c, ALICE, &with_mount(&ds, false)).expect_err("rw dataset");
+    let (code, msg) = try_submit_as(&c, ALICE, &with_mount(&ds, false)).expect_err("rw dataset");
     assert_eq!(code, 422);
     assert!(msg.contains("run.mounts[0].read_only"), "{msg}");
     // The default queue allows no host path at all.
     let mut s = with_mount(&ds, true);
     s["queue"] = json!("default");
-    let (code, msg) = submit_as(&c, ALICE, &s).expect_err("default queue");
+    let (code, msg) = try_submit_as(&c, ALICE, &s).expect_err("default queue");
     assert_eq!(code, 422);
     assert!(msg.contains("queue default"), "{msg}");
 
@@ -339,7 +326,7 @@ fn attack_3_host_mounts_outside_the_queue_s_allow_list_are_refused() {
     c.agent("sec-c", 1, &[], &[]);
     c.wait_nodes(1);
     let link = data.path("datasets/etc-link").display().to_string();
-    let id = submit_as(&c, ALICE, &with_mount(&link, true)).expect("lexically fine");
+    let id = try_submit_as(&c, ALICE, &with_mount(&link, true)).expect("lexically fine");
     let j = finished(&c, id);
     assert_eq!(state(&j), "failed", "{:?}", events(&j));
     let log = rank_log(&c, id);
@@ -358,12 +345,13 @@ fn a_missing_account_fails_the_rank_naming_it_and_root_needs_an_allowing_queue()
     let data = Data::new();
     let mut c = cluster(&acct.name, &data);
     // Root accounts are refused at submission unless the queue allows root.
-    let (code, msg) = submit_as(&c, ROOTY, &job("default", "id -u", &c.out)).expect_err("root");
+    let (code, msg) = try_submit_as(&c, ROOTY, &job("default", "id -u", &c.out)).expect_err("root");
     assert_eq!(code, 422, "{msg}");
     assert!(msg.contains("allow_root"), "{msg}");
     c.agent("sec-d", 1, &[], &[]);
     c.wait_nodes(1);
-    let id = submit_as(&c, GHOST, &job("default", "touch \"$OUT/ran\"", &c.out)).expect("accepted");
+    let id =
+        try_submit_as(&c, GHOST, &job("default", "touch \"$OUT/ran\"", &c.out)).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(state(&j), "failed", "{:?}", events(&j));
     assert!(!c.out.join("ran").exists(), "nothing ran");
@@ -405,7 +393,7 @@ fn a_real_user_s_job_with_an_allowed_dataset_runs_end_to_end() {
             ]
         }
     });
-    let id = submit_as(&c, ALICE, &spec).expect("accepted");
+    let id = try_submit_as(&c, ALICE, &spec).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(
         state(&j),
@@ -479,7 +467,7 @@ sleep 2"#;
         }
     });
     // $OUT is not under an allowed prefix: refused, then allowed via scratch.
-    let (code, msg) = submit_as(&c, ALICE, &spec).expect_err("out not allowed");
+    let (code, msg) = try_submit_as(&c, ALICE, &spec).expect_err("out not allowed");
     assert_eq!(code, 422, "{msg}");
     let scratch_out = data.path("scratch");
     let mut spec = spec;
@@ -488,7 +476,7 @@ sleep 2"#;
         "source": scratch_out.display().to_string(),
         "target": scratch_out.display().to_string()
     });
-    let id = submit_as(&c, ALICE, &spec).expect("accepted");
+    let id = try_submit_as(&c, ALICE, &spec).expect("accepted");
     let j = finished(&c, id);
     assert_eq!(
         state(&j),

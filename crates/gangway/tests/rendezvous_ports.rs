@@ -43,17 +43,6 @@ fn cluster(range: (u16, u16), alice: &Account, bob: &Account) -> Cluster {
     Cluster::start_with("127.0.0.1", &config)
 }
 
-fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
-    ureq::post(&format!("{}/v1/jobs", c.addr))
-        .set("Authorization", &format!("Bearer {token}"))
-        .send_json(spec.clone())
-        .expect("accepted")
-        .into_json::<Value>()
-        .expect("json")["id"]
-        .as_u64()
-        .expect("id")
-}
-
 /// Binds (as rank `$RANK` of its job) every port of the range, its own
 /// `MASTER_PORT` last, then port 0 and a port outside the range (`$OUTSIDE`
 /// plus its rank: ranks share a node); writes

@@ -12,70 +12,11 @@ use common::*;
 use serde_json::{json, Value};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 const ALICE: &str = "alice-token-root-files";
 const ROOT_WHY: &str = "needs root to create Unix accounts";
-
-/// A Unix account made for one test and removed when dropped.
-struct Account {
-    name: String,
-    uid: u32,
-}
-
-impl Account {
-    fn create(tag: &str) -> Account {
-        let name = format!("gw{}{tag}", std::process::id());
-        // Other tests add accounts at the same time: retry the lock.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let out = Command::new("useradd")
-                .args(["-M", "-U", "-s", "/bin/sh", &name])
-                .output()
-                .expect("useradd");
-            let exists = String::from_utf8_lossy(&out.stderr).contains("already exists");
-            if out.status.success() || exists {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "useradd {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let uid = Command::new("id")
-            .args(["-u", &name])
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .expect("uid of the new account");
-        Account { name, uid }
-    }
-}
-
-impl Drop for Account {
-    fn drop(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            let ok = Command::new("userdel")
-                .arg(&self.name)
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ok
-                || Command::new("id")
-                    .arg(&self.name)
-                    .output()
-                    .is_ok_and(|o| !o.status.success())
-            {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-}
 
 /// A cluster whose user alice runs as `account`, with one agent `n1` of
 /// two GPUs syncing every 300 ms.
@@ -89,19 +30,6 @@ fn cluster(account: &Account) -> Cluster {
 
 /// The agent's sync interval in these tests (the harness's `--sync-ms`).
 const SYNC: Duration = Duration::from_millis(300);
-
-fn submit_as(c: &Cluster, spec: &Value) -> Result<u64, (u16, String)> {
-    match ureq::post(&format!("{}/v1/jobs", c.addr))
-        .set("Authorization", &format!("Bearer {ALICE}"))
-        .send_json(spec.clone())
-    {
-        Ok(r) => Ok(r.into_json::<Value>().expect("json")["id"]
-            .as_u64()
-            .expect("id")),
-        Err(ureq::Error::Status(code, r)) => Err((code, r.into_string().unwrap_or_default())),
-        Err(e) => panic!("submit: {e}"),
-    }
-}
 
 /// Alice's one-rank job running `script` with `$OUT` set.
 fn job(c: &Cluster, script: &str, dir: Option<&str>) -> Value {
@@ -213,12 +141,13 @@ fn a_latest_fifo_never_delays_the_agent_and_another_job_still_starts() {
         r#"mkfifo "$GANGWAY_CHECKPOINT_DIR/LATEST" && echo made > "$OUT/fifo"; sleep 60"#,
         None,
     );
-    let id = submit_as(&c, &hostile).expect("hostile job");
+    let id = try_submit_as(&c, ALICE, &hostile).expect("hostile job");
     wait_for("the FIFO", 30, || c.out.join("fifo").exists().then_some(()));
     let worst = watch_heartbeats(&c, 10);
     eprintln!("longest time between heartbeats seen: {worst:?}");
     // The other GPU's job still starts and finishes.
-    let other = submit_as(&c, &job(&c, r#"echo ran > "$OUT/other""#, None)).expect("other");
+    let other =
+        try_submit_as(&c, ALICE, &job(&c, r#"echo ran > "$OUT/other""#, None)).expect("other");
     let j = c.wait_end(other, "the other job", 30);
     assert_eq!(state(&j), "succeeded", "{j:#}");
     assert_eq!(state(&c.job(id)), "running", "the hostile rank runs on");
@@ -248,7 +177,7 @@ ln -sf {secret} "$GANGWAY_CHECKPOINT_DIR/LATEST" && echo linked > "$OUT/linked"
 sleep 60"#,
         secret = decoy.path.join("secret").display()
     );
-    let id = submit_as(&c, &job(&c, &script, None)).expect("job");
+    let id = try_submit_as(&c, ALICE, &job(&c, &script, None)).expect("job");
     // Its own handshake is read...
     let j = c.wait_job(id, "its own checkpoint", 30, |j| {
         j.to_string().contains("\"step\":3")
@@ -298,8 +227,8 @@ fn checkpoint_dirs_named_through_a_ranks_links_are_refused_and_the_decoy_is_unto
         d = decoy.path.display()
     );
     // Job 1 (its default directory) and job 2 (a named one) leave links and fail.
-    let first = submit_as(&c, &job(&c, &plant, None)).expect("first");
-    let named = submit_as(&c, &job(&c, &plant, Some("exp"))).expect("named");
+    let first = try_submit_as(&c, ALICE, &job(&c, &plant, None)).expect("first");
+    let named = try_submit_as(&c, ALICE, &job(&c, &plant, Some("exp"))).expect("named");
     for id in [first, named] {
         let j = c.wait_end(id, "the planting job", 30);
         assert_eq!(state(&j), "failed", "{j:#}");
@@ -312,7 +241,7 @@ fn checkpoint_dirs_named_through_a_ranks_links_are_refused_and_the_decoy_is_unto
         ("exp/link".to_string(), named),
         ("exp/link2/sub".to_string(), named),
     ] {
-        let (code, body) = submit_as(&c, &job(&c, ok, Some(&dir))).expect_err(&dir);
+        let (code, body) = try_submit_as(&c, ALICE, &job(&c, ok, Some(&dir))).expect_err(&dir);
         assert!((400..500).contains(&code), "{code} {body}");
         let msg = serde_json::from_str::<Value>(&body).expect("json")["error"]
             .as_str()
@@ -352,7 +281,7 @@ fn an_agent_refuses_a_directory_above_a_job_that_the_user_owns_even_if_the_serve
     std::os::unix::fs::symlink(&decoy.path, owned.join("link2")).expect("ln");
     let ok = r#"echo ran > "$OUT/ran-$GANGWAY_JOB_ID""#;
     for dir in ["made/link", "made/link2/sub", "made/x"] {
-        let id = submit_as(&c, &job(&c, ok, Some(dir))).expect(dir);
+        let id = try_submit_as(&c, ALICE, &job(&c, ok, Some(dir))).expect(dir);
         let j = c.wait_end(id, "refused", 30);
         assert_eq!(state(&j), "failed", "{dir}: {j:#}");
         assert!(

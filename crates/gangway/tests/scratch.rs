@@ -290,18 +290,6 @@ fn free_percent(p: &Path) -> u32 {
 const ALICE: &str = "alice-token-scratch";
 const BOB: &str = "bob-token-scratch";
 
-/// Submits as the holder of `token`; the job id.
-fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
-    ureq::post(&format!("{}/v1/jobs", c.addr))
-        .set("Authorization", &format!("Bearer {token}"))
-        .send_json(spec.clone())
-        .expect("submit")
-        .into_json::<Value>()
-        .expect("json")["id"]
-        .as_u64()
-        .expect("id")
-}
-
 #[test]
 fn under_disk_pressure_the_job_filling_tmpdir_is_stopped_not_the_one_checkpointing() {
     if skip_unless_root("needs root to create Unix accounts and mount a tmpfs") {

@@ -35,8 +35,9 @@ pub struct NodeWork {
     node: String,
     placed: Vec<Placed>,
     checkpoint_root: Option<String>,
-    /// The cluster's rendezvous ports (each assignment carries them).
-    rendezvous_ports: PortRange,
+    /// The cluster's rendezvous ports (each assignment carries them), for
+    /// agents that read them.
+    rendezvous_ports: Option<PortRange>,
 }
 
 /// A sync's answer before its assignments are built.
@@ -57,7 +58,7 @@ impl SyncAnswer {
                 node: node.to_string(),
                 placed: Vec::new(),
                 checkpoint_root: None,
-                rendezvous_ports: PortRange::default(),
+                rendezvous_ports: None,
             },
             cleanup: Vec::new(),
             health_check: None,
@@ -126,7 +127,7 @@ impl NodeWork {
                     max_restarts: rec.spec.restart.max_restarts,
                     array: rec.array.clone(),
                     restart_count: Some(rec.attempt.saturating_sub(rec.port_moves)),
-                    rendezvous_ports: Some(self.rendezvous_ports),
+                    rendezvous_ports: self.rendezvous_ports,
                 }
             })
             .collect()
@@ -184,9 +185,19 @@ impl<S: Store> Control<S> {
             } else {
                 self.contract.config.checkpoint_root.clone()
             },
-            rendezvous_ports: self.contract.config.master_ports,
+            rendezvous_ports: Some(self.contract.config.master_ports),
             placed,
         }
+    }
+
+    /// [`Control::node_work`] for an agent that does (`reads_range`) or does
+    /// not read the rendezvous range: an older agent refuses the field.
+    pub fn node_work_for(&self, node: &str, reads_range: bool) -> NodeWork {
+        let mut w = self.node_work(node);
+        if !reads_range {
+            w.rendezvous_ports = None;
+        }
+        w
     }
 
     /// Everything that should run on `node`, built at once (tests, tools).
@@ -228,5 +239,38 @@ mod tests {
         let now = c.assignments("n");
         assert!(now[0].stop, "a fresh take sees the cancel");
         assert!(c.node_work("missing").build().is_empty());
+    }
+
+    #[test]
+    fn the_rendezvous_range_goes_only_to_agents_that_read_it() {
+        let d = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&d.path().join("s.redb")).expect("store");
+        let mut c =
+            super::Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        let n = NodeSpec::uniform("n", "l", "s", 8, "H100", 80);
+        c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 10)
+            .expect("node");
+        c.submit("alice", JobSpec::new("j", "q", 1, 1), 10)
+            .expect("submit");
+        c.cycle(11).expect("cycle");
+        let old = gangway_core::agent::SyncRequest::default();
+        let (answer, _) = c.sync("n", &old, 12).expect("sync");
+        let built = answer.work.build();
+        assert_eq!(built.len(), 1);
+        assert_eq!(
+            built[0].rendezvous_ports, None,
+            "an older agent refuses the field"
+        );
+        let json = serde_json::to_string(&built[0]).expect("json");
+        assert!(!json.contains("rendezvous_ports"), "{json}");
+        let new = gangway_core::agent::SyncRequest {
+            reads_rendezvous_ports: true,
+            ..Default::default()
+        };
+        let (answer, _) = c.sync("n", &new, 13).expect("sync");
+        assert_eq!(
+            answer.work.build()[0].rendezvous_ports,
+            Some(gangway_core::agent::PortRange::default())
+        );
     }
 }

@@ -758,3 +758,23 @@ impl Drop for Account {
         }
     }
 }
+
+/// Submits `spec` as the holder of `token`: the job id, or the status and
+/// the server's message.
+pub fn try_submit_as(c: &Cluster, token: &str, spec: &Value) -> Result<u64, (u16, String)> {
+    match ureq::post(&format!("{}/v1/jobs", c.addr))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(spec.clone())
+    {
+        Ok(r) => Ok(r.into_json::<Value>().expect("json")["id"]
+            .as_u64()
+            .expect("id")),
+        Err(ureq::Error::Status(code, r)) => Err((code, r.into_string().unwrap_or_default())),
+        Err(e) => panic!("submit: {e}"),
+    }
+}
+
+/// Submits `spec` as the holder of `token`, which must be accepted: the job id.
+pub fn submit_as(c: &Cluster, token: &str, spec: &Value) -> u64 {
+    try_submit_as(c, token, spec).unwrap_or_else(|(code, msg)| panic!("submit: {code} {msg}"))
+}
