@@ -1506,7 +1506,7 @@ impl Agent {
                 .map(|l| l.report.path),
         };
         let logs = self.cfg.state_dir.join("logs");
-        let sandbox = match crate::sandbox::prepare(&self.cfg, &a) {
+        let sandbox = match crate::sandbox::prepare_off_loop(&self.cfg, &a).await {
             Ok(sb) => self.with_job_dirs(sb, &a, &ckpt).await,
             Err(e) => Err(e),
         };

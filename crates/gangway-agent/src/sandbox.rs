@@ -46,6 +46,10 @@ pub enum SandboxError {
         /// Why.
         msg: String,
     },
+    /// Its account and mounts could not be checked in time (a name service
+    /// or a mount source's filesystem that does not answer).
+    #[error("cannot check the job's account and mounts: {0}")]
+    Unchecked(String),
 }
 
 /// Everything a rank of one job needs from the node's security rules.
@@ -275,6 +279,20 @@ pub async fn off_loop<T: Send + 'static>(
                 DIRS_WAIT.as_secs()
             ),
         )),
+    }
+}
+
+/// [`prepare`] on a blocking thread, waited for at most [`DIRS_WAIT`]: the
+/// account lookup and the mount sources' resolution must not hold the
+/// agent's loop.
+pub async fn prepare_off_loop(
+    cfg: &AgentConfig,
+    a: &Assignment,
+) -> Result<RankSandbox, SandboxError> {
+    let (cfg, a) = (cfg.clone(), a.clone());
+    match off_loop(move || Ok(prepare(&cfg, &a))).await {
+        Ok(r) => r,
+        Err(e) => Err(SandboxError::Unchecked(e.to_string())),
     }
 }
 
