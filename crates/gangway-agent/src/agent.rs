@@ -228,6 +228,9 @@ impl AgentHandle {
     }
 }
 
+/// How an agent is given the cluster's CA (for certificate errors).
+const CA_HOW: &str = "start the agent with --ca FILE, the CA certificate that signed the server's (`gangway up` writes it as ca.pem in its data directory)";
+
 enum SyncError {
     /// The server does not know the node or its token: register again.
     Unregistered(String),
@@ -560,7 +563,14 @@ impl Agent {
                     });
                 }
                 Err((_, msg)) => {
-                    if !warned {
+                    // A certificate that does not verify will not verify on
+                    // the next try either: say so, and which CA, every time.
+                    if let Some(hint) = crate::tls::certificate_hint(&msg, CA_HOW) {
+                        tracing::error!(
+                            "cannot register with {}: {msg}: {hint}; retrying",
+                            self.server()
+                        );
+                    } else if !warned {
                         tracing::warn!("cannot register with {}: {msg}; retrying", self.server());
                         warned = true;
                     }
@@ -791,10 +801,12 @@ impl Agent {
                         // heal); the server decides what happens to them. Another
                         // replica, if there are several, is tried next.
                         self.next_server();
-                        if failing_since.is_none() {
+                        if let Some(hint) = crate::tls::certificate_hint(&msg, CA_HOW) {
+                            tracing::error!("node {}: sync failed: {msg}: {hint}", self.cfg.node);
+                        } else if failing_since.is_none() {
                             tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
-                            failing_since = Some(Instant::now());
                         }
+                        failing_since.get_or_insert_with(Instant::now);
                     }
                 }
             }

@@ -30,6 +30,15 @@ pub enum TlsError {
     /// rustls refused the certificate, key or CA.
     #[error("TLS: {0}")]
     Rustls(#[from] rustls::Error),
+    /// This process already trusts another CA: one CA per process, so a
+    /// second one is refused rather than silently ignored.
+    #[error("{path}: this process already trusts the CA in {first}")]
+    OtherCa {
+        /// The CA asked for.
+        path: String,
+        /// The CA already trusted.
+        first: String,
+    },
 }
 
 fn pem_err(path: &Path, msg: impl ToString) -> TlsError {
@@ -76,20 +85,68 @@ pub fn client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     Ok(Arc::new(cfg))
 }
 
-static CLIENT: OnceLock<ureq::Agent> = OnceLock::new();
+static CLIENT: OnceLock<(std::path::PathBuf, ureq::Agent)> = OnceLock::new();
 
-/// Makes [`http`] trust the CA in `ca` (once per process; later calls keep
-/// the first CA). Without it, `https` URLs are refused: Gangway never falls
-/// back to the system's public roots for its own cluster.
+/// Makes [`http`] trust the CA in `ca`, once per process: trusting the same
+/// file again is a no-op, another one is refused ([`TlsError::OtherCa`]).
+/// Without it, `https` URLs are refused: Gangway never falls back to the
+/// system's public roots for its own cluster.
 pub fn trust_ca(ca: &Path) -> Result<(), TlsError> {
+    let same = |first: &Path| {
+        first == ca || std::fs::canonicalize(first).ok() == std::fs::canonicalize(ca).ok()
+    };
+    if let Some((first, _)) = CLIENT.get() {
+        return if same(first) {
+            Ok(())
+        } else {
+            Err(TlsError::OtherCa {
+                path: ca.display().to_string(),
+                first: first.display().to_string(),
+            })
+        };
+    }
     let cfg = client_config(ca)?;
-    let _ = CLIENT.set(
-        ureq::AgentBuilder::new()
-            .tls_config(cfg)
-            .redirects(0)
-            .build(),
-    );
-    Ok(())
+    let agent = ureq::AgentBuilder::new()
+        .tls_config(cfg)
+        .redirects(0)
+        .build();
+    let _ = CLIENT.set((ca.to_path_buf(), agent));
+    match CLIENT.get() {
+        Some((first, _)) if !same(first) => Err(TlsError::OtherCa {
+            path: ca.display().to_string(),
+            first: first.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The CA file [`http`] trusts, if one was given.
+pub fn trusted_ca() -> Option<&'static Path> {
+    CLIENT.get().map(|(p, _)| p.as_path())
+}
+
+/// When `error` (an HTTP client's error text) says the peer's certificate
+/// failed verification, a sentence naming the CA this process trusts (or
+/// that none was given) and how to pass the right one (`how`); else `None`.
+pub fn certificate_hint(error: &str, how: &str) -> Option<String> {
+    const SIGNS: [&str; 4] = [
+        "invalid peer certificate",
+        "UnknownIssuer",
+        "BadSignature",
+        "NotValidForName",
+    ];
+    if !SIGNS.iter().any(|s| error.contains(s)) {
+        return None;
+    }
+    Some(match trusted_ca() {
+        Some(ca) => format!(
+            "the server's TLS certificate is not signed by the CA in {} (the CA this process trusts); {how}",
+            ca.display()
+        ),
+        None => format!(
+            "the server's TLS certificate cannot be verified: no CA was given for it; {how}"
+        ),
+    })
 }
 
 /// The process's HTTP client: plain HTTP, and HTTPS verified against the
@@ -97,7 +154,7 @@ pub fn trust_ca(ca: &Path) -> Result<(), TlsError> {
 pub fn http() -> ureq::Agent {
     CLIENT
         .get()
-        .cloned()
+        .map(|(_, a)| a.clone())
         .unwrap_or_else(|| ureq::AgentBuilder::new().redirects(0).build())
 }
 

@@ -437,7 +437,13 @@ fn run() -> Result<()> {
             }
         }
     }
-    let conn = cli.conn.clone().resolve()?;
+    // A daemon trusts only the CA its own flags name (or, for `up`, the CA
+    // it creates): never one from the client's environment or config file.
+    let conn = if daemon {
+        cli.conn.clone()
+    } else {
+        cli.conn.clone().resolve()?
+    };
     let c = &conn;
     match cli.command {
         Command::Server {
