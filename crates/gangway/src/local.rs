@@ -618,6 +618,10 @@ pub fn up(a: &UpArgs) -> Result<()> {
             d
         }
     };
+    let data = DataDir {
+        dir: dir.clone(),
+        remove: remove_at_exit,
+    };
     // Ranks run as another account: they may reach their checkpoints
     // (traverse) but not list the directory; the store and the CLI file in
     // it stay private (0700 / 0600).
@@ -780,17 +784,32 @@ pub fn up(a: &UpArgs) -> Result<()> {
         }
         outcome
     });
-    if remove_at_exit {
+    drop(rt);
+    drop(data);
+    result
+}
+
+/// `up`'s data directory: when `up` returns (on error too), removed if `up`
+/// made it under the temp dir and `--keep` was not given, else kept;
+/// either is said on stderr.
+struct DataDir {
+    dir: PathBuf,
+    remove: bool,
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        if !self.remove {
+            eprintln!("kept the data in {}", self.dir.display());
+            return;
+        }
         // std's remove_dir_all never follows a link a rank left in the
         // tree: it opens each directory beneath its parent's descriptor.
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => eprintln!("removed {} (--keep keeps it)", dir.display()),
-            Err(e) => eprintln!("warning: could not remove {}: {e}", dir.display()),
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => eprintln!("removed {} (--keep keeps it)", self.dir.display()),
+            Err(e) => eprintln!("warning: could not remove {}: {e}", self.dir.display()),
         }
-    } else {
-        eprintln!("kept the data in {}", dir.display());
     }
-    result
 }
 
 /// Each node's GPU count and model as the banner states them: a recorded

@@ -483,3 +483,23 @@ fn the_readme_tour_runs_on_the_readmes_own_cluster() {
         println!("{out}\n{err}");
     }
 }
+
+/// `server --config` warns once its nodes have registered (and their GPU
+/// count has settled) when the nominal quotas promise more GPUs than they
+/// have, naming the queue and the sums.
+#[test]
+fn server_config_warns_when_nominal_quotas_exceed_the_registered_nodes() {
+    let mut c = common::Cluster::start_with(
+        "127.0.0.1",
+        &common::server_config("    quota: { nominal: { gpus: 16 } }\n"),
+    );
+    c.agent("n1", 8, &[], &[]);
+    c.wait_nodes(1);
+    let log = c.dir.path().join("server.log");
+    let want = "the nominal GPU quotas of the top-level queues (default 16) add up to 16 GPUs, but the cluster has 8 (the 8 GPUs of the 1 nodes registered so far)";
+    wait_for("the server's quota warning", 40, || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|l| l.contains(want))
+    });
+}
