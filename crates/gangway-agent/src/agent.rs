@@ -504,6 +504,7 @@ impl Agent {
     async fn register(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         let spec = self.node_spec();
         let mut warned = false;
+        let mut cert_failures = 0u32;
         loop {
             let url = format!("{}/v1/nodes", self.server());
             // A registered node comes back with its own token; a new one joins.
@@ -564,12 +565,16 @@ impl Agent {
                 }
                 Err((_, msg)) => {
                     // A certificate that does not verify will not verify on
-                    // the next try either: say so, and which CA, every time.
+                    // the next try either: say so, and which CA, at once and
+                    // then every 30 s or so (60 tries).
                     if let Some(hint) = crate::tls::certificate_hint(&msg, CA_HOW) {
-                        tracing::error!(
-                            "cannot register with {}: {msg}: {hint}; retrying",
-                            self.server()
-                        );
+                        if cert_failures % 60 == 0 {
+                            tracing::error!(
+                                "cannot register with {}: {msg}: {hint}; retrying",
+                                self.server()
+                            );
+                        }
+                        cert_failures = cert_failures.wrapping_add(1);
                     } else if !warned {
                         tracing::warn!("cannot register with {}: {msg}; retrying", self.server());
                         warned = true;
@@ -801,12 +806,18 @@ impl Agent {
                         // heal); the server decides what happens to them. Another
                         // replica, if there are several, is tried next.
                         self.next_server();
-                        if let Some(hint) = crate::tls::certificate_hint(&msg, CA_HOW) {
-                            tracing::error!("node {}: sync failed: {msg}: {hint}", self.cfg.node);
-                        } else if failing_since.is_none() {
-                            tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
+                        if failing_since.is_none() {
+                            match crate::tls::certificate_hint(&msg, CA_HOW) {
+                                Some(hint) => tracing::error!(
+                                    "node {}: sync failed: {msg}: {hint}",
+                                    self.cfg.node
+                                ),
+                                None => {
+                                    tracing::warn!("node {}: sync failed: {msg}", self.cfg.node)
+                                }
+                            }
+                            failing_since = Some(Instant::now());
                         }
-                        failing_since.get_or_insert_with(Instant::now);
                     }
                 }
             }

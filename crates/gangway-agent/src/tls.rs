@@ -231,3 +231,62 @@ pub async fn serve(
         None => axum::serve(listener, router).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two unrelated self-signed CA certificates (P-256, made with openssl).
+    const CA_A: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBfzCCASWgAwIBAgIUSxOINRfLlN6bwzh7qOemJWA245IwCgYIKoZIzj0EAwIw\n\
+FDESMBAGA1UEAwwJdGVzdCBDQSBhMCAXDTI2MTIwODAwNDkyMloYDzIxMjYxMTE0\n\
+MDA0OTIyWjAUMRIwEAYDVQQDDAl0ZXN0IENBIGEwWTATBgcqhkjOPQIBBggqhkjO\n\
+PQMBBwNCAASCwBmTR4a74RKDR5qfFI/3vnET7O2AcA/4224yp8+SVQAwPqVTI7CA\n\
+0r0y7CFTlO8mkzrt46NaZB36VLnOrl9mo1MwUTAdBgNVHQ4EFgQUVEFp/f6TEhc1\n\
+U3u5N4btu5ST1IQwHwYDVR0jBBgwFoAUVEFp/f6TEhc1U3u5N4btu5ST1IQwDwYD\n\
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEApvvLSeI4Ps0WodmYG4hT\n\
+QSg2wc5pKiz2rzvHWU3Dc/8CICw84Xf7JFYQxkHV3J+ika2EV7duHeHW2K9GWKfx\n\
+wYcL\n\
+-----END CERTIFICATE-----\n";
+    const CA_B: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBfzCCASWgAwIBAgIUOL9c36RBoeC84/L9V2iSaA2AJ2swCgYIKoZIzj0EAwIw\n\
+FDESMBAGA1UEAwwJdGVzdCBDQSBiMCAXDTI2MTIwODAwNDkyMloYDzIxMjYxMTE0\n\
+MDA0OTIyWjAUMRIwEAYDVQQDDAl0ZXN0IENBIGIwWTATBgcqhkjOPQIBBggqhkjO\n\
+PQMBBwNCAARL4yMvZVC8Xu0rLkYIlnRL8l3MwwzSXv8Y8f08zScRDEJhYS9IQUoF\n\
+DEefDlh65hJLCH60tRQlUkZJWuz4XmYAo1MwUTAdBgNVHQ4EFgQUX48sYycqpNVm\n\
+hG/yafQQl2745CcwHwYDVR0jBBgwFoAUX48sYycqpNVmhG/yafQQl2745CcwDwYD\n\
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEA0jGFLDCm5Zi9mUUIf9E4\n\
+F6DdbmZ6G884AbNo8XOQcWoCIAtVRhFLPccOMsM5zKzWzsHY5hSDBgJNn5EsUkqf\n\
+7N9e\n\
+-----END CERTIFICATE-----\n";
+
+    /// The process trusts one CA: the same file again is accepted, another
+    /// is refused (naming both), and certificate errors then name the CA.
+    /// The only test in this crate that sets the process's CA.
+    #[test]
+    fn one_ca_per_process_and_certificate_errors_name_it() {
+        let dir = std::env::temp_dir().join(format!("gangway-tls-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (a, b) = (dir.join("a.pem"), dir.join("b.pem"));
+        std::fs::write(&a, CA_A).expect("a");
+        std::fs::write(&b, CA_B).expect("b");
+        assert!(
+            certificate_hint("invalid peer certificate: UnknownIssuer", "pass it")
+                .is_some_and(|h| h.contains("no CA was given") && h.ends_with("; pass it"))
+        );
+        trust_ca(&a).expect("first CA");
+        trust_ca(&a).expect("the same CA again");
+        let e = trust_ca(&b).expect_err("a second CA");
+        assert!(matches!(e, TlsError::OtherCa { .. }), "{e}");
+        assert!(e.to_string().contains("already trusts the CA in"), "{e}");
+        assert_eq!(trusted_ca(), Some(a.as_path()));
+        let hint = certificate_hint("invalid peer certificate: BadSignature", "pass it")
+            .expect("a certificate error");
+        assert!(
+            hint.contains(&format!("not signed by the CA in {}", a.display())),
+            "{hint}"
+        );
+        assert_eq!(certificate_hint("connection refused", "pass it"), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
