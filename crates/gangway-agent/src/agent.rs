@@ -568,7 +568,7 @@ impl Agent {
                     // the next try either: say so, and which CA, at once and
                     // then every 30 s or so (60 tries).
                     if let Some(hint) = crate::tls::certificate_hint(&msg, CA_HOW) {
-                        if cert_failures % 60 == 0 {
+                        if cert_failures.is_multiple_of(60) {
                             tracing::error!(
                                 "cannot register with {}: {msg}: {hint}; retrying",
                                 self.server()
