@@ -228,6 +228,9 @@ impl AgentHandle {
     }
 }
 
+/// How an agent is given the cluster's CA (for certificate errors).
+const CA_HOW: &str = "start the agent with --ca FILE, the CA certificate that signed the server's (`gangway up` writes it as ca.pem in its data directory)";
+
 enum SyncError {
     /// The server does not know the node or its token: register again.
     Unregistered(String),
@@ -501,6 +504,7 @@ impl Agent {
     async fn register(&mut self, mut stop: watch::Receiver<bool>) -> Result<(), AgentError> {
         let spec = self.node_spec();
         let mut warned = false;
+        let mut cert_failures = 0u32;
         loop {
             let url = format!("{}/v1/nodes", self.server());
             // A registered node comes back with its own token; a new one joins.
@@ -560,7 +564,18 @@ impl Agent {
                     });
                 }
                 Err((_, msg)) => {
-                    if !warned {
+                    // A certificate that does not verify will not verify on
+                    // the next try either: say so, and which CA, at once and
+                    // then every 30 s or so (60 tries).
+                    if let Some(hint) = crate::tls::certificate_hint(&msg, CA_HOW) {
+                        if cert_failures.is_multiple_of(60) {
+                            tracing::error!(
+                                "cannot register with {}: {msg}: {hint}; retrying",
+                                self.server()
+                            );
+                        }
+                        cert_failures = cert_failures.wrapping_add(1);
+                    } else if !warned {
                         tracing::warn!("cannot register with {}: {msg}; retrying", self.server());
                         warned = true;
                     }
@@ -792,7 +807,15 @@ impl Agent {
                         // replica, if there are several, is tried next.
                         self.next_server();
                         if failing_since.is_none() {
-                            tracing::warn!("node {}: sync failed: {msg}", self.cfg.node);
+                            match crate::tls::certificate_hint(&msg, CA_HOW) {
+                                Some(hint) => tracing::error!(
+                                    "node {}: sync failed: {msg}: {hint}",
+                                    self.cfg.node
+                                ),
+                                None => {
+                                    tracing::warn!("node {}: sync failed: {msg}", self.cfg.node)
+                                }
+                            }
                             failing_since = Some(Instant::now());
                         }
                     }

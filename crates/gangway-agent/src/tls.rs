@@ -30,6 +30,15 @@ pub enum TlsError {
     /// rustls refused the certificate, key or CA.
     #[error("TLS: {0}")]
     Rustls(#[from] rustls::Error),
+    /// This process already trusts another CA: one CA per process, so a
+    /// second one is refused rather than silently ignored.
+    #[error("{path}: this process already trusts the CA in {first}")]
+    OtherCa {
+        /// The CA asked for.
+        path: String,
+        /// The CA already trusted.
+        first: String,
+    },
 }
 
 fn pem_err(path: &Path, msg: impl ToString) -> TlsError {
@@ -76,20 +85,68 @@ pub fn client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
     Ok(Arc::new(cfg))
 }
 
-static CLIENT: OnceLock<ureq::Agent> = OnceLock::new();
+static CLIENT: OnceLock<(std::path::PathBuf, ureq::Agent)> = OnceLock::new();
 
-/// Makes [`http`] trust the CA in `ca` (once per process; later calls keep
-/// the first CA). Without it, `https` URLs are refused: Gangway never falls
-/// back to the system's public roots for its own cluster.
+/// Makes [`http`] trust the CA in `ca`, once per process: trusting the same
+/// file again is a no-op, another one is refused ([`TlsError::OtherCa`]).
+/// Without it, `https` URLs are refused: Gangway never falls back to the
+/// system's public roots for its own cluster.
 pub fn trust_ca(ca: &Path) -> Result<(), TlsError> {
+    let same = |first: &Path| {
+        first == ca || std::fs::canonicalize(first).ok() == std::fs::canonicalize(ca).ok()
+    };
+    if let Some((first, _)) = CLIENT.get() {
+        return if same(first) {
+            Ok(())
+        } else {
+            Err(TlsError::OtherCa {
+                path: ca.display().to_string(),
+                first: first.display().to_string(),
+            })
+        };
+    }
     let cfg = client_config(ca)?;
-    let _ = CLIENT.set(
-        ureq::AgentBuilder::new()
-            .tls_config(cfg)
-            .redirects(0)
-            .build(),
-    );
-    Ok(())
+    let agent = ureq::AgentBuilder::new()
+        .tls_config(cfg)
+        .redirects(0)
+        .build();
+    let _ = CLIENT.set((ca.to_path_buf(), agent));
+    match CLIENT.get() {
+        Some((first, _)) if !same(first) => Err(TlsError::OtherCa {
+            path: ca.display().to_string(),
+            first: first.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The CA file [`http`] trusts, if one was given.
+pub fn trusted_ca() -> Option<&'static Path> {
+    CLIENT.get().map(|(p, _)| p.as_path())
+}
+
+/// When `error` (an HTTP client's error text) says the peer's certificate
+/// failed verification, a sentence naming the CA this process trusts (or
+/// that none was given) and how to pass the right one (`how`); else `None`.
+pub fn certificate_hint(error: &str, how: &str) -> Option<String> {
+    const SIGNS: [&str; 4] = [
+        "invalid peer certificate",
+        "UnknownIssuer",
+        "BadSignature",
+        "NotValidForName",
+    ];
+    if !SIGNS.iter().any(|s| error.contains(s)) {
+        return None;
+    }
+    Some(match trusted_ca() {
+        Some(ca) => format!(
+            "the server's TLS certificate is not signed by the CA in {} (the CA this process trusts); {how}",
+            ca.display()
+        ),
+        None => format!(
+            "the server's TLS certificate cannot be verified: no CA was given for it; {how}"
+        ),
+    })
 }
 
 /// The process's HTTP client: plain HTTP, and HTTPS verified against the
@@ -97,7 +154,7 @@ pub fn trust_ca(ca: &Path) -> Result<(), TlsError> {
 pub fn http() -> ureq::Agent {
     CLIENT
         .get()
-        .cloned()
+        .map(|(_, a)| a.clone())
         .unwrap_or_else(|| ureq::AgentBuilder::new().redirects(0).build())
 }
 
@@ -172,5 +229,64 @@ pub async fn serve(
     match tls {
         Some(cfg) => axum::serve(TlsListener::new(listener, cfg)?, router).await,
         None => axum::serve(listener, router).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two unrelated self-signed CA certificates (P-256, made with openssl).
+    const CA_A: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBfzCCASWgAwIBAgIUSxOINRfLlN6bwzh7qOemJWA245IwCgYIKoZIzj0EAwIw\n\
+FDESMBAGA1UEAwwJdGVzdCBDQSBhMCAXDTI2MTIwODAwNDkyMloYDzIxMjYxMTE0\n\
+MDA0OTIyWjAUMRIwEAYDVQQDDAl0ZXN0IENBIGEwWTATBgcqhkjOPQIBBggqhkjO\n\
+PQMBBwNCAASCwBmTR4a74RKDR5qfFI/3vnET7O2AcA/4224yp8+SVQAwPqVTI7CA\n\
+0r0y7CFTlO8mkzrt46NaZB36VLnOrl9mo1MwUTAdBgNVHQ4EFgQUVEFp/f6TEhc1\n\
+U3u5N4btu5ST1IQwHwYDVR0jBBgwFoAUVEFp/f6TEhc1U3u5N4btu5ST1IQwDwYD\n\
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEApvvLSeI4Ps0WodmYG4hT\n\
+QSg2wc5pKiz2rzvHWU3Dc/8CICw84Xf7JFYQxkHV3J+ika2EV7duHeHW2K9GWKfx\n\
+wYcL\n\
+-----END CERTIFICATE-----\n";
+    const CA_B: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBfzCCASWgAwIBAgIUOL9c36RBoeC84/L9V2iSaA2AJ2swCgYIKoZIzj0EAwIw\n\
+FDESMBAGA1UEAwwJdGVzdCBDQSBiMCAXDTI2MTIwODAwNDkyMloYDzIxMjYxMTE0\n\
+MDA0OTIyWjAUMRIwEAYDVQQDDAl0ZXN0IENBIGIwWTATBgcqhkjOPQIBBggqhkjO\n\
+PQMBBwNCAARL4yMvZVC8Xu0rLkYIlnRL8l3MwwzSXv8Y8f08zScRDEJhYS9IQUoF\n\
+DEefDlh65hJLCH60tRQlUkZJWuz4XmYAo1MwUTAdBgNVHQ4EFgQUX48sYycqpNVm\n\
+hG/yafQQl2745CcwHwYDVR0jBBgwFoAUX48sYycqpNVmhG/yafQQl2745CcwDwYD\n\
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEA0jGFLDCm5Zi9mUUIf9E4\n\
+F6DdbmZ6G884AbNo8XOQcWoCIAtVRhFLPccOMsM5zKzWzsHY5hSDBgJNn5EsUkqf\n\
+7N9e\n\
+-----END CERTIFICATE-----\n";
+
+    /// The process trusts one CA: the same file again is accepted, another
+    /// is refused (naming both), and certificate errors then name the CA.
+    /// The only test in this crate that sets the process's CA.
+    #[test]
+    fn one_ca_per_process_and_certificate_errors_name_it() {
+        let dir = std::env::temp_dir().join(format!("gangway-tls-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (a, b) = (dir.join("a.pem"), dir.join("b.pem"));
+        std::fs::write(&a, CA_A).expect("a");
+        std::fs::write(&b, CA_B).expect("b");
+        assert!(
+            certificate_hint("invalid peer certificate: UnknownIssuer", "pass it")
+                .is_some_and(|h| h.contains("no CA was given") && h.ends_with("; pass it"))
+        );
+        trust_ca(&a).expect("first CA");
+        trust_ca(&a).expect("the same CA again");
+        let e = trust_ca(&b).expect_err("a second CA");
+        assert!(matches!(e, TlsError::OtherCa { .. }), "{e}");
+        assert!(e.to_string().contains("already trusts the CA in"), "{e}");
+        assert_eq!(trusted_ca(), Some(a.as_path()));
+        let hint = certificate_hint("invalid peer certificate: BadSignature", "pass it")
+            .expect("a certificate error");
+        assert!(
+            hint.contains(&format!("not signed by the CA in {}", a.display())),
+            "{hint}"
+        );
+        assert_eq!(certificate_hint("connection refused", "pass it"), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1012,3 +1012,115 @@ mod tests {
         }
     }
 }
+
+/// What the configured nominal GPU quotas promise beyond `cluster_gpus`
+/// (the GPUs the cluster has) or beyond a parent queue's own nominal
+/// quota, one sentence per problem naming the queues and the sums: a
+/// guarantee the cluster cannot give, which leaves a queue waiting at
+/// "quota 0/N" with nothing to reclaim. Empty when every promise fits.
+pub fn quota_overcommit(cfg: &ServerConfig, cluster_gpus: u64) -> Vec<String> {
+    let nominal = |q: &gangway_core::QueueSpec| q.quota.nominal.gpus;
+    let sum_of = |qs: &[&gangway_core::QueueSpec]| -> (u64, String) {
+        let total = qs
+            .iter()
+            .filter_map(|q| nominal(q))
+            .fold(0u64, u64::saturating_add);
+        let parts: Vec<String> = qs
+            .iter()
+            .filter_map(|q| nominal(q).map(|g| format!("{} {g}", q.name)))
+            .collect();
+        (total, parts.join(" + "))
+    };
+    let mut out = Vec::new();
+    let top: Vec<&gangway_core::QueueSpec> =
+        cfg.queues.iter().filter(|q| q.parent.is_none()).collect();
+    let leaves: Vec<&gangway_core::QueueSpec> = cfg
+        .queues
+        .iter()
+        .filter(|q| {
+            !cfg.queues
+                .iter()
+                .any(|c| c.parent.as_deref() == Some(&q.name))
+        })
+        .collect();
+    let (top_sum, top_parts) = sum_of(&top);
+    let (leaf_sum, leaf_parts) = sum_of(&leaves);
+    if top_sum > cluster_gpus {
+        out.push(format!(
+            "the nominal GPU quotas of the top-level queues ({top_parts}) add up to {top_sum} GPUs, but the cluster has {cluster_gpus}"
+        ));
+    } else if leaf_sum > cluster_gpus {
+        out.push(format!(
+            "the nominal GPU quotas of the leaf queues ({leaf_parts}) add up to {leaf_sum} GPUs, but the cluster has {cluster_gpus}"
+        ));
+    }
+    for parent in &cfg.queues {
+        let Some(own) = nominal(parent) else {
+            continue;
+        };
+        let children: Vec<&gangway_core::QueueSpec> = cfg
+            .queues
+            .iter()
+            .filter(|c| c.parent.as_deref() == Some(&parent.name))
+            .collect();
+        let (sum, parts) = sum_of(&children);
+        if sum > own {
+            out.push(format!(
+                "the nominal GPU quotas of the queues under {} ({parts}) add up to {sum} GPUs, more than {}'s own {own}",
+                parent.name, parent.name
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod overcommit_tests {
+    use super::*;
+
+    fn example() -> ServerConfig {
+        ServerConfig::from_yaml(include_str!("../../../examples/server.yaml")).expect("example")
+    }
+
+    #[test]
+    fn the_example_config_fits_the_default_up() {
+        // `gangway up --config examples/server.yaml`: 4 nodes x 8 GPUs.
+        assert_eq!(quota_overcommit(&example(), 32), Vec::<String>::new());
+    }
+
+    #[test]
+    fn quotas_past_the_cluster_are_named_with_their_sums() {
+        let w = quota_overcommit(&example(), 16);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("top-level queues (lab 32) add up to 32 GPUs, but the cluster has 16"),
+            "{w:?}"
+        );
+        let mut cfg = example();
+        for q in &mut cfg.queues {
+            if q.name == "research" {
+                q.quota.nominal.gpus = Some(40);
+            }
+        }
+        let w = quota_overcommit(&cfg, 32);
+        assert!(
+            w.iter().any(|l| {
+                l.contains(
+                "queues under lab (research 40 + prod 16) add up to 56 GPUs, more than lab's own 32"
+            )
+            }),
+            "{w:?}"
+        );
+        // Leaves past the cluster where the top level sets no quota.
+        for q in &mut cfg.queues {
+            if q.name == "lab" {
+                q.quota.nominal.gpus = None;
+            }
+        }
+        let w = quota_overcommit(&cfg, 32);
+        assert_eq!(
+            w,
+            vec!["the nominal GPU quotas of the leaf queues (research 40 + prod 16) add up to 56 GPUs, but the cluster has 32".to_string()]
+        );
+    }
+}

@@ -86,6 +86,9 @@ pub fn write_private(path: &std::path::Path, text: &str) -> Result<()> {
     Ok(())
 }
 
+/// How the CLI is given the cluster's CA (for certificate errors).
+const CA_HOW: &str = "pass the cluster's CA certificate with --server-ca FILE or GANGWAY_CA=FILE, or `ca: FILE` in the CLI config (for `gangway up`: export GANGWAY_CONFIG=<its data dir>/cli.yaml, which names its ca.pem)";
+
 /// The CLI's config file.
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -209,7 +212,12 @@ impl Conn {
                     gangway_core::text::printable(msg)
                 )
             }
-            Err(e) => Err(e).with_context(|| format!("cannot reach the server at {}", self.addr())),
+            Err(e) => {
+                let hint = gangway_agent::tls::certificate_hint(&e.to_string(), CA_HOW)
+                    .map(|h| format!(": {h}"))
+                    .unwrap_or_default();
+                Err(e).with_context(|| format!("cannot reach the server at {}{hint}", self.addr()))
+            }
         }
     }
 

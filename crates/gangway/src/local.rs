@@ -322,8 +322,13 @@ impl AgentArgs {
 }
 
 fn init_tracing() {
+    init_tracing_at("info");
+}
+
+/// Logs to stderr at `level` unless RUST_LOG says otherwise.
+fn init_tracing_at(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -387,9 +392,21 @@ pub struct UpArgs {
     /// Job files to submit once the cluster is up.
     #[arg(long)]
     pub submit: Vec<PathBuf>,
-    /// Stop once every submitted job has ended (for scripts and demos).
+    /// Stop once every submitted job has ended (for scripts and demos),
+    /// printing each job's outcome and the end of its failing rank's log.
     #[arg(long)]
     pub exit_when_done: bool,
+    /// With --exit-when-done, print every rank's whole output.
+    #[arg(long, requires = "exit_when_done")]
+    pub show_output: bool,
+    /// Keep the data directory `up` created under the temp dir when it
+    /// exits (by default it is removed; a `--data-dir` is always kept).
+    #[arg(long)]
+    pub keep: bool,
+    /// Log the server's and agents' INFO lines (to stderr); by default only
+    /// warnings and errors. RUST_LOG, when set, decides instead.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// The admin token (default: a random one, printed).
     #[arg(long, env = "GANGWAY_UP_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -568,11 +585,24 @@ fn up_run_as(flag: Option<&str>) -> Result<String> {
 
 /// Starts a server and `--nodes` agents in this process and runs until Ctrl-C.
 pub fn up(a: &UpArgs) -> Result<()> {
-    init_tracing();
+    init_tracing_at(if a.verbose { "info" } else { "warn" });
     let run_as = up_run_as(a.run_as.as_deref())?;
     let file = config_file(a, &run_as)?;
+    let (gpus_per_node, model) = node_gpus(a)?;
+    let cluster_gpus = u64::from(gpus_per_node).saturating_mul(u64::from(a.nodes));
+    if let Some(cfg) = &file {
+        for why in gangway_server::config::quota_overcommit(cfg, cluster_gpus) {
+            eprintln!(
+                "warning: {why} ({} node{} x {gpus_per_node} GPUs); guarantees past the cluster's size cannot all be met",
+                a.nodes,
+                if a.nodes == 1 { "" } else { "s" }
+            );
+        }
+    }
     // The admin token lands in this directory: private (0700) and, by
     // default, at an unpredictable path.
+    // A temp dir `up` made is removed when it exits, unless --keep.
+    let remove_at_exit = a.data_dir.is_none() && !a.keep;
     let dir = match &a.data_dir {
         Some(d) => {
             gangway_server::private_dir(d).with_context(|| format!("creating {}", d.display()))?;
@@ -587,6 +617,10 @@ pub fn up(a: &UpArgs) -> Result<()> {
             gangway_server::private_dir(&d)?;
             d
         }
+    };
+    let data = DataDir {
+        dir: dir.clone(),
+        remove: remove_at_exit,
     };
     // Ranks run as another account: they may reach their checkpoints
     // (traverse) but not list the directory; the store and the CLI file in
@@ -633,7 +667,7 @@ pub fn up(a: &UpArgs) -> Result<()> {
     let server_tls = tls.as_ref().and_then(|(c, _)| c.clone());
     std::fs::set_permissions(dir.join("server"), std::fs::Permissions::from_mode(0o700))?;
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
+    let result = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("listening on {}", a.listen))?;
@@ -686,18 +720,25 @@ pub fn up(a: &UpArgs) -> Result<()> {
             Some((_, ca)) => format!("ca: {}\n", ca.display()),
             None => String::new(),
         };
-        crate::client::write_private(&cli, &format!("addr: {addr}\ntoken: {admin}\n{ca}"))?;
+        // Whole or not at all: a script may wait for this file to appear.
+        let part = dir.join("cli.yaml.part");
+        crate::client::write_private(&part, &format!("addr: {addr}\ntoken: {admin}\n{ca}"))?;
+        std::fs::rename(&part, &cli).with_context(|| format!("writing {}", cli.display()))?;
         // The example that fits the queues: train.yaml uses `default`.
         let example = if a.config.is_some() {
             "examples/job.yaml"
         } else {
             "examples/train.yaml"
         };
+        let kept = if remove_at_exit {
+            " (removed when `up` exits; --keep keeps it)"
+        } else {
+            ""
+        };
         println!(
-            "Gangway is up: {} nodes x {} {} GPUs{}, server {addr}, data in {}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit {example}\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
+            "Gangway is up: {} node{} x {gpus_per_node} {model} GPUs{}, server {addr}, data in {}{kept}, ranks run as {run_as}\n\n  dashboard: {addr}/ (sign in with the token in the file below)\n  export GANGWAY_CONFIG={}\n  gangway submit {example}\n  gangway queue\n  gangway logs 1 --follow\n\nCtrl-C stops the cluster (and kills its ranks).",
             a.nodes,
-            a.gpus_per_node,
-            a.gpu.gpu_model,
+            if a.nodes == 1 { "" } else { "s" },
             a.gpu
                 .machine
                 .as_ref()
@@ -721,7 +762,16 @@ pub fn up(a: &UpArgs) -> Result<()> {
         if a.exit_when_done && !ids.is_empty() {
             let conn2 = conn.clone();
             let ids2 = ids.clone();
-            let wait = tokio::task::spawn_blocking(move || crate::wait::wait_all(&conn2, &ids2));
+            let all = a.show_output;
+            let wait = tokio::task::spawn_blocking(move || {
+                let r = crate::wait::wait_all(&conn2, &ids2);
+                for id in &ids2 {
+                    if let Err(e) = print_output(&conn2, *id, all) {
+                        println!("job {id}: no output ({e:#})");
+                    }
+                }
+                r
+            });
             tokio::select! {
                 r = wait => { outcome = r.map_err(anyhow::Error::from).and_then(|r| r); }
                 _ = wait_for_signal() => {}
@@ -733,5 +783,129 @@ pub fn up(a: &UpArgs) -> Result<()> {
             h.shutdown().await;
         }
         outcome
-    })
+    });
+    drop(rt);
+    drop(data);
+    result
+}
+
+/// `up`'s data directory: when `up` returns (on error too), removed if `up`
+/// made it under the temp dir and `--keep` was not given, else kept;
+/// either is said on stderr.
+struct DataDir {
+    dir: PathBuf,
+    remove: bool,
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        if !self.remove {
+            eprintln!("kept the data in {}", self.dir.display());
+            return;
+        }
+        // std's remove_dir_all never follows a link a rank left in the
+        // tree: it opens each directory beneath its parent's descriptor.
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => eprintln!("removed {} (--keep keeps it)", self.dir.display()),
+            Err(e) => eprintln!("warning: could not remove {}: {e}", self.dir.display()),
+        }
+    }
+}
+
+/// Each node's GPU count and model as the banner states them: a recorded
+/// machine's own (`--machine`), else the declared `--gpus-per-node` of
+/// `--gpu-model`.
+fn node_gpus(a: &UpArgs) -> Result<(u32, String)> {
+    let Some(m) = &a.gpu.machine else {
+        return Ok((a.gpus_per_node, a.gpu.gpu_model.clone()));
+    };
+    let found = gangway_agent::discovery::discover(&Inventory::Machine(m.clone()))
+        .with_context(|| format!("reading the machine {}", m.display()))?;
+    let mut models: Vec<&str> = Vec::new();
+    for g in &found.gpus {
+        if !models.contains(&g.model.as_str()) {
+            models.push(&g.model);
+        }
+    }
+    let count = u32::try_from(found.gpus.len()).context("too many GPUs in the machine file")?;
+    Ok((count, models.join("+")))
+}
+
+/// Lines of a failing rank's log printed when `--exit-when-done` ends.
+const TAIL_LINES: usize = 20;
+
+/// After `--exit-when-done`: every rank's output (`all`), else the last
+/// [`TAIL_LINES`] lines of the first failing rank's, if the job failed.
+fn print_output(c: &crate::client::Conn, id: u64, all: bool) -> Result<()> {
+    use serde_json::Value;
+    let job = c.get(&format!("/v1/jobs/{id}"))?;
+    let attempt = job
+        .get("ran_attempt")
+        .and_then(Value::as_u64)
+        .and_then(|a| u32::try_from(a).ok());
+    if all {
+        let ranks = job
+            .get("ran_on")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        for rank in 0..ranks {
+            let rank = u32::try_from(rank)?;
+            println!("==> job {id} rank {rank} <==");
+            print!("{}", log_text(c, id, rank, attempt)?);
+        }
+        return Ok(());
+    }
+    let Some(f) = job.get("failure").filter(|f| !f.is_null()) else {
+        return Ok(());
+    };
+    let Some(rank) = f
+        .get("rank")
+        .and_then(Value::as_u64)
+        .and_then(|r| u32::try_from(r).ok())
+    else {
+        return Ok(());
+    };
+    let at = f
+        .get("attempt")
+        .and_then(Value::as_u64)
+        .and_then(|a| u32::try_from(a).ok());
+    let text = log_text(c, id, rank, at)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(TAIL_LINES);
+    println!(
+        "==> job {id} rank {rank} (failed, exit code {}): last {} lines <==",
+        f.get("exit_code")
+            .map_or_else(String::new, Value::to_string),
+        lines.len() - from
+    );
+    for l in &lines[from..] {
+        println!("{}", gangway_core::text::printable(l));
+    }
+    Ok(())
+}
+
+/// A rank's whole log (of `attempt`, else the latest).
+fn log_text(c: &crate::client::Conn, id: u64, rank: u32, attempt: Option<u32>) -> Result<String> {
+    let mut out = String::new();
+    let mut offset = 0u64;
+    loop {
+        let mut path = format!("/v1/jobs/{id}/logs?rank={rank}&offset={offset}");
+        if let Some(a) = attempt {
+            path += &format!("&attempt={a}");
+        }
+        let chunk = c.get(&path)?;
+        let data = chunk
+            .get("data")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("");
+        let next = chunk
+            .get("next_offset")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(offset);
+        out.push_str(data);
+        if data.is_empty() || next <= offset {
+            return Ok(out);
+        }
+        offset = next;
+    }
 }

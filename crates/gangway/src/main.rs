@@ -273,6 +273,11 @@ fn server(
         }
         tracing::warn!("{why} (accepted with --allow-shared-account)");
     }
+    // Queues promising their parent more than it has: known now; quotas
+    // past the cluster's size are checked once nodes have registered.
+    for why in gangway_server::config::quota_overcommit(&cfg, u64::MAX) {
+        tracing::warn!("in {}: {why}", config.display());
+    }
     let etcd = match &ha {
         Some(r) => Some(
             gangway_store::EtcdStore::connect(&r.etcd, &r.namespace)
@@ -305,6 +310,7 @@ fn server(
         let local = listener.local_addr()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         eprintln!("gangway server listening on {scheme}://{local}");
+        tokio::spawn(warn_quota_overcommit(app.clone()));
         tracing::info!("gangway server listening on {scheme}://{local}");
         if let Some(m) = metrics_listen {
             let l = tokio::net::TcpListener::bind(m)
@@ -335,6 +341,48 @@ fn server(
         }
         Ok(())
     })
+}
+
+/// How long the registered nodes' GPU count must stay the same before the
+/// quotas are checked against it (nodes of a starting cluster join one by one).
+const CAPACITY_SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `server`: warns when the configured nominal GPU quotas add up to more
+/// than the registered nodes have, once their count has settled and again
+/// each time it changes and settles (each distinct warning once).
+async fn warn_quota_overcommit(app: std::sync::Arc<gangway_server::http::common::App>) {
+    let mut last = (0u64, 0usize);
+    let mut since = std::time::Instant::now();
+    let mut checked = None;
+    let mut warned = std::collections::HashSet::new();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let view = app.control.view();
+        let gpus = view
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| n.spec.gpus.len() as u64)
+            .fold(0u64, u64::saturating_add);
+        let now = (gpus, view.cluster.nodes.len());
+        if now != last {
+            last = now;
+            since = std::time::Instant::now();
+            continue;
+        }
+        if now.1 == 0 || checked == Some(now) || since.elapsed() < CAPACITY_SETTLE {
+            continue;
+        }
+        checked = Some(now);
+        for why in gangway_server::config::quota_overcommit(&app.cfg, gpus) {
+            if warned.insert(why.clone()) {
+                tracing::warn!(
+                    "{why} (the {gpus} GPUs of the {} nodes registered so far); guarantees past the cluster's size cannot all be met",
+                    now.1
+                );
+            }
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -437,7 +485,13 @@ fn run() -> Result<()> {
             }
         }
     }
-    let conn = cli.conn.clone().resolve()?;
+    // A daemon trusts only the CA its own flags name (or, for `up`, the CA
+    // it creates): never one from the client's environment or config file.
+    let conn = if daemon {
+        cli.conn.clone()
+    } else {
+        cli.conn.clone().resolve()?
+    };
     let c = &conn;
     match cli.command {
         Command::Server {
