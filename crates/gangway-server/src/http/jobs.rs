@@ -154,15 +154,14 @@ pub async fn parse_spec(body: Bytes, json_body: bool) -> ApiResult<JobSpec> {
 }
 
 fn parse_spec_now(body: &[u8], json_body: bool) -> ApiResult<JobSpec> {
-    if json_body {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
+    let parsed = if json_body {
+        crate::spec_parse::job_spec_from_json(body)
     } else {
         let text = std::str::from_utf8(body)
             .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
-        crate::yaml::from_str(text)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
-    }
+        crate::spec_parse::job_spec_from_yaml(text)
+    };
+    parsed.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
 }
 
 /// A job as the API shows it. The record is borrowed from the read view
