@@ -247,18 +247,37 @@ pub async fn submit(
         .is_some_and(|v| v.starts_with("application/json"));
     let body = read_body(&app, body).await?;
     let mut spec = parse_spec(body, json_body).await?;
+    let live = app.policy.config();
+    let allowed = match &p {
+        Principal::User { queues, .. } => Some(queues.as_slice()),
+        _ => None,
+    };
+    if spec.queue.trim().is_empty() {
+        spec.queue = crate::admission::default_queue(&live, allowed)
+            .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+    }
     if let Principal::User { name, queues } = &p {
         if !queues.contains(&spec.queue) {
             return Err(forbidden(format!(
-                "queue: user {name} may not submit to queue {}",
-                spec.queue.chars().take(253).collect::<String>()
+                "queue: user {name} may not submit to queue {}; {}",
+                spec.queue.chars().take(253).collect::<String>(),
+                crate::admission::queue_hint(&live, allowed)
             )));
         }
         spec.user = name.clone();
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
-    let live = app.policy.config();
+    if !live.queues.iter().any(|q| q.name == spec.queue) {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "queue: unknown queue {:?}; {}",
+                spec.queue.chars().take(253).collect::<String>(),
+                crate::admission::queue_hint(&live, allowed)
+            ),
+        ));
+    }
     crate::limits::check_submission(&live, &p, &spec)?;
     let max_pending = match &p {
         Principal::User { name, .. } => Some(app.cfg.limits_of(name).max_pending_jobs),
