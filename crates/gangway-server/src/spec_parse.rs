@@ -118,7 +118,9 @@ pub fn job_spec_from_yaml(text: &str) -> Result<JobSpec, SpecParseError> {
 /// The plain scalar that starts at 1-based `line`, `column` of `text`, with a
 /// trailing comment cut off; empty when the position is past the line.
 fn scalar_at(text: &str, line: u64, column: u64) -> Option<String> {
-    let l = text.lines().nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    let l = text
+        .lines()
+        .nth(usize::try_from(line).ok()?.checked_sub(1)?)?;
     let start = usize::try_from(column).ok()?.checked_sub(1)?;
     let rest: String = l.chars().skip(start).collect();
     let rest = match rest.find(" #") {
@@ -266,9 +268,12 @@ fn edit_distance(a: &str, b: &str) -> usize {
 fn got_instead(path: &str, exp: &str, got: &str) -> String {
     let got_plain = match got.split_once(' ') {
         Some(("string", s)) => format!("the string {s}"),
-        Some(("integer" | "floating", _)) | Some(("boolean", _)) => {
-            got.rsplit(' ').next().unwrap_or(got).trim_matches('`').to_string()
-        }
+        Some(("integer" | "floating", _)) | Some(("boolean", _)) => got
+            .rsplit(' ')
+            .next()
+            .unwrap_or(got)
+            .trim_matches('`')
+            .to_string(),
         None if got == "map" => "a mapping".into(),
         None if got == "sequence" => "a list".into(),
         _ => got.to_string(),
@@ -339,8 +344,9 @@ mod tests {
         );
         assert_eq!(e.position, Some((5, 9)), "{e}");
         // YAML reads a quoted number into a number field as the number.
-        let spec = job_spec_from_yaml("name: t\nqueue: q\nreplicas: 1\nresources:\n  gpus: \"2\"\n")
-            .unwrap();
+        let spec =
+            job_spec_from_yaml("name: t\nqueue: q\nreplicas: 1\nresources:\n  gpus: \"2\"\n")
+                .unwrap();
         assert_eq!(spec.resources.gpus, 2);
     }
 
@@ -358,8 +364,7 @@ mod tests {
         let e = yaml_err(&format!("{BASE}run:\n  command: python train.py\n"));
         assert_eq!(e.path, "run.command");
         assert!(
-            e.message
-                .contains("[\"sh\", \"-c\", \"python train.py\"]"),
+            e.message.contains("[\"sh\", \"-c\", \"python train.py\"]"),
             "{e}"
         );
         assert_eq!(e.position.map(|p| p.0), Some(7), "{e}");
@@ -369,7 +374,10 @@ mod tests {
     fn unknown_field_says_did_you_mean() {
         let e = yaml_err("name: t\nqueue: q\nreplica: 2\nresources:\n  gpus: 1\n");
         assert_eq!(e.path, "");
-        assert_eq!(e.message, "unknown field `replica`; did you mean `replicas`?");
+        assert_eq!(
+            e.message,
+            "unknown field `replica`; did you mean `replicas`?"
+        );
         assert_eq!(e.position.map(|p| p.0), Some(3), "{e}");
         let e = yaml_err("name: t\nqueue: q\nreplicas: 1\nresources:\n  gpu: 1\n");
         assert_eq!(e.path, "resources");
@@ -385,7 +393,10 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.path, "resources.gpus");
-        assert!(e.message.starts_with("expected a whole number of GPUs"), "{e}");
+        assert!(
+            e.message.starts_with("expected a whole number of GPUs"),
+            "{e}"
+        );
         assert!(e.position.is_some());
         let e = job_spec_from_json(br#"{"name":"t","queue":"q","replica":1}"#).unwrap_err();
         assert!(e.message.contains("did you mean `replicas`?"), "{e}");

@@ -518,10 +518,7 @@ fn a_missing_queue_is_the_default_or_the_only_one() {
     drop(s);
 
     let dir = tempfile::tempdir().expect("tmp");
-    let marked = CONFIG.replace(
-        "  - name: prod\n",
-        "  - name: prod\n    default: true\n",
-    );
+    let marked = CONFIG.replace("  - name: prod\n", "  - name: prod\n    default: true\n");
     assert_ne!(marked, CONFIG);
     let s = common::start_in(&marked, dir.path());
     s.register("node-a", 8);

@@ -358,7 +358,10 @@ fn submit_errors_speak_the_users_yaml() {
         )),
         "{err}"
     );
-    let (err, p) = refused("string", &format!("{head}run:\n  command: python train.py\n"));
+    let (err, p) = refused(
+        "string",
+        &format!("{head}run:\n  command: python train.py\n"),
+    );
     assert!(
         err.contains(&format!(
             r#"run.command: expected a list of words, e.g. ["python", "train.py"] (got the string "python train.py"); the command is not run by a shell: write its words as a list, or ["sh", "-c", "python train.py"] to run it through sh at {p}:7:12"#
