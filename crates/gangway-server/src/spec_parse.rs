@@ -202,7 +202,11 @@ fn explain(path: &str, raw: &str, position: Option<(u64, u64)>) -> SpecParseErro
     } else if let Some(rest) = raw.strip_prefix("unknown variant `") {
         let (got, allowed) = rest.split_once('`').unwrap_or((rest, ""));
         let allowed = backticked(allowed);
-        let mut m = format!("unknown value `{got}`; one of: {}", allowed.join(", "));
+        let mut m = format!(
+            "unknown value `{}`; one of: {}",
+            short(got),
+            allowed.join(", ")
+        );
         if let Some(near) = nearest(got, &allowed) {
             m.push_str(&format!(" (did you mean `{near}`?)"));
         }
@@ -227,6 +231,7 @@ fn backticked(s: &str) -> Vec<String> {
 }
 
 fn unknown_field(field: &str, allowed: &[String]) -> String {
+    let field = &short(field);
     match nearest(field, allowed) {
         Some(near) => format!("unknown field `{field}`; did you mean `{near}`?"),
         None if allowed.is_empty() => format!("unknown field `{field}`"),
@@ -240,10 +245,15 @@ fn unknown_field(field: &str, allowed: &[String]) -> String {
 /// The allowed name closest to `word`, when it is close enough to be a typo.
 fn nearest<'a>(word: &str, allowed: &'a [String]) -> Option<&'a str> {
     let w = word.to_ascii_lowercase();
+    let len = w.chars().count();
+    let limit = |a: &str| (a.chars().count() / 3).max(1);
     allowed
         .iter()
+        // The distance is at least the difference in length: a long word is
+        // never measured (a huge key costs nothing).
+        .filter(|a| len.abs_diff(a.chars().count()) <= limit(a))
         .map(|a| (edit_distance(&w, a), a))
-        .filter(|(d, a)| *d <= (a.chars().count() / 3).max(1))
+        .filter(|(d, a)| *d <= limit(a))
         .min_by_key(|(d, _)| *d)
         .map(|(_, a)| a.as_str())
 }
@@ -264,8 +274,19 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// At most 80 characters of `s` (what a message may quote of the input).
+fn short(s: &str) -> String {
+    if s.chars().count() <= 80 {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(79).collect();
+    t.push('…');
+    t
+}
+
 /// "expected X (got Y)", with advice for a command written as one string.
 fn got_instead(path: &str, exp: &str, got: &str) -> String {
+    let got = &short(got);
     let got_plain = match got.split_once(' ') {
         Some(("string", s)) => format!("the string {s}"),
         Some(("integer" | "floating", _)) | Some(("boolean", _)) => got
@@ -406,6 +427,19 @@ mod tests {
     fn queue_may_be_left_out() {
         let spec = job_spec_from_yaml("name: t\nreplicas: 1\nresources:\n  gpus: 1\n").unwrap();
         assert_eq!(spec.queue, "");
+    }
+
+    #[test]
+    fn a_huge_value_is_not_echoed_back() {
+        let big = "x".repeat(100_000);
+        let body = format!(
+            r#"{{"name":"t","queue":"q","replicas":1,"resources":{{"gpus":"{big}"}},"{big}":1}}"#
+        );
+        let e = job_spec_from_json(body.as_bytes()).unwrap_err();
+        assert!(e.to_string().len() < 300, "{}", e.to_string().len());
+        let body = format!(r#"{{"name":"t","queue":"q","{big}":1}}"#);
+        let e = job_spec_from_json(body.as_bytes()).unwrap_err();
+        assert!(e.to_string().len() < 600, "{}", e.to_string().len());
     }
 
     #[test]
