@@ -87,6 +87,19 @@ pub fn job_spec_from_yaml(text: &str) -> Result<JobSpec, SpecParseError> {
                 e.message = unknown_field(field, &allowed);
                 e
             }
+            serde_saphyr::Error::SerdeUnknownVariant {
+                variant, expected, ..
+            } => {
+                let allowed: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();
+                explain(
+                    path,
+                    &format!(
+                        "unknown variant `{variant}`, expected one of {}",
+                        allowed.join(", ")
+                    ),
+                    position,
+                )
+            }
             serde_saphyr::Error::InvalidScalar { ty, .. } => SpecParseError {
                 path: path.to_string(),
                 message: got_instead(path, ty, &serde_style(&scalar())),
@@ -192,7 +205,7 @@ fn explain(path: &str, raw: &str, position: Option<(u64, u64)>) -> SpecParseErro
         } else {
             format!("{path}.{field}")
         };
-        format!("required, and missing; {}", expected(&path, ""))
+        format!("missing; it is required ({})", expected(&path, ""))
     } else if let Some(rest) = raw
         .strip_prefix("invalid type: ")
         .or_else(|| raw.strip_prefix("invalid value: "))
@@ -258,20 +271,32 @@ fn nearest<'a>(word: &str, allowed: &'a [String]) -> Option<&'a str> {
         .map(|(_, a)| a.as_str())
 }
 
-/// Levenshtein distance over characters.
+/// Edit distance over characters, a swap of two neighbours counting as one
+/// edit (optimal string alignment), as typos are often swaps.
 fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = Vec::with_capacity(b.len() + 1);
-        cur.push(i + 1);
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
-        }
-        prev = cur;
+    // d[i][j]: distance between a[..i] and b[..j].
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
     }
-    prev[b.len()]
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut v = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                v = v.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = v;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 /// At most 80 characters of `s` (what a message may quote of the input).
@@ -430,6 +455,23 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_field_and_an_unknown_value() {
+        let e = yaml_err("name: t\nqueue: q\nresources:\n  gpus: 1\n");
+        assert_eq!(e.path, "replicas");
+        assert_eq!(
+            e.message,
+            "missing; it is required (expected a whole number of replicas, e.g. 2)"
+        );
+        let e = yaml_err(&format!("{BASE}priority: hgih\n"));
+        assert_eq!(e.path, "priority");
+        assert!(
+            e.message.starts_with("unknown value `hgih`; one of: "),
+            "{e}"
+        );
+        assert!(e.message.ends_with("(did you mean `high`?)"), "{e}");
+    }
+
+    #[test]
     fn a_huge_value_is_not_echoed_back() {
         let big = "x".repeat(100_000);
         let body = format!(
@@ -447,5 +489,6 @@ mod tests {
         assert_eq!(edit_distance("replica", "replicas"), 1);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("hgih", "high"), 1);
     }
 }
