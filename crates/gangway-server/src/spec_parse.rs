@@ -485,6 +485,17 @@ mod tests {
     }
 
     #[test]
+    fn the_example_job_files_parse() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+        for name in ["job.yaml", "train.yaml", "ddp.yaml", "ddp_torchrun.yaml"] {
+            let text = std::fs::read_to_string(format!("{dir}/{name}")).expect("example");
+            if let Err(e) = job_spec_from_yaml(&text) {
+                panic!("{}", e.in_file(name));
+            }
+        }
+    }
+
+    #[test]
     fn edit_distance_counts_edits() {
         assert_eq!(edit_distance("replica", "replicas"), 1);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
