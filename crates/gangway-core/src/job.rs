@@ -256,7 +256,10 @@ pub struct RunSpec {
 pub struct JobSpec {
     /// Human name; not required to be unique.
     pub name: String,
-    /// Queue the job is charged to.
+    /// Queue the job is charged to. Left out (empty), the server fills in
+    /// the cluster's default queue at admission: the one marked default, or
+    /// the only queue the user may submit to.
+    #[serde(default)]
     pub queue: String,
     /// Submitting user.
     #[serde(default)]

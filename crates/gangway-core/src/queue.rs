@@ -79,6 +79,9 @@ pub struct QueueSpec {
     /// Fair-share weight (DRF shares are divided by it).
     #[serde(default = "one")]
     pub weight: u32,
+    /// Jobs whose spec names no queue go here (at most one queue is marked).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
     /// Quota.
     #[serde(default)]
     pub quota: Quota,
@@ -189,6 +192,7 @@ impl QueueSpec {
             name: name.to_string(),
             parent: parent.map(str::to_string),
             weight: 1,
+            default: false,
             quota: Quota {
                 nominal: ResourceLimits::gpus(nominal),
                 ..Default::default()
@@ -209,6 +213,7 @@ impl QueueSpec {
             name: name.to_string(),
             parent: parent.map(str::to_string),
             weight: 1,
+            default: false,
             quota: Quota::default(),
             allowed_priorities: Vec::new(),
             allow_non_preemptible: false,

@@ -42,6 +42,52 @@ pub fn admit(cfg: &ServerConfig, spec: &JobSpec) -> Result<(), PolicyError> {
     Ok(())
 }
 
+/// The queues a submitter may use: a plain user's own (`Some`), or every
+/// configured queue for an admin (`None`).
+fn usable<'a>(cfg: &'a ServerConfig, allowed: Option<&'a [String]>) -> Vec<&'a str> {
+    match allowed {
+        Some(qs) => qs.iter().map(String::as_str).collect(),
+        None => cfg.queues.iter().map(|q| q.name.as_str()).collect(),
+    }
+}
+
+/// What to tell a submitter whose queue is missing or wrong: the queues they
+/// may use, or where queues are configured when there are none.
+pub fn queue_hint(cfg: &ServerConfig, allowed: Option<&[String]>) -> String {
+    let qs = usable(cfg, allowed);
+    if qs.is_empty() {
+        if cfg.queues.is_empty() {
+            "this cluster has no queues: name them in the server's config \
+             (`gangway up --config FILE` or `gangway server --config FILE`)"
+                .into()
+        } else {
+            "you may submit to no queue; ask an admin to add one to your user".into()
+        }
+    } else {
+        format!("you may submit to: {}", qs.join(", "))
+    }
+}
+
+/// The queue of a spec that names none: the queue marked `default: true`
+/// when the submitter may use it, else the only queue they may use.
+pub fn default_queue(cfg: &ServerConfig, allowed: Option<&[String]>) -> Result<String, String> {
+    let qs = usable(cfg, allowed);
+    if let Some(d) = cfg
+        .queues
+        .iter()
+        .find(|q| q.default && qs.contains(&q.name.as_str()))
+    {
+        return Ok(d.name.clone());
+    }
+    match qs.as_slice() {
+        [only] => Ok((*only).to_string()),
+        _ => Err(format!(
+            "queue: missing, and there is no default queue; {}",
+            queue_hint(cfg, allowed)
+        )),
+    }
+}
+
 /// Fills each assignment's [`RankRules`] (whose `queue` the control state
 /// set): the account and the queue's policy.
 pub fn stamp(cfg: &ServerConfig, assignments: &mut [Assignment]) {

@@ -645,6 +645,18 @@ impl ServerConfig {
                 printable(format!("users[{i}].queues"), q)?;
             }
         }
+        let defaults: Vec<&str> = c
+            .queues
+            .iter()
+            .filter(|q| q.default)
+            .map(|q| q.name.as_str())
+            .collect();
+        if defaults.len() > 1 {
+            return Err(ConfigError::Invalid(format!(
+                "queues: at most one queue may be `default: true` (marked: {})",
+                defaults.join(", ")
+            )));
+        }
         for (i, q) in c.queues.iter().enumerate() {
             printable(format!("queues[{i}].name"), &q.name)?;
             if let Some(p) = &q.parent {

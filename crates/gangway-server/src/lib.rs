@@ -27,6 +27,7 @@ pub mod probation;
 pub mod records;
 pub mod reservations;
 pub mod retention;
+pub mod spec_parse;
 pub mod view;
 pub mod workflow;
 pub mod yaml;

@@ -14,7 +14,7 @@ pub const MAX_ALIASES: usize = 100;
 /// Most events alias expansion may replay in all.
 pub const MAX_REPLAYED: usize = 10_000;
 
-fn options() -> serde_saphyr::Options {
+pub(crate) fn options() -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_reader_input_bytes = Some(MAX_BYTES);
     budget.max_depth = MAX_DEPTH;

@@ -330,7 +330,7 @@ fn auth_is_enforced() {
     assert!(v["error"]
         .as_str()
         .expect("msg")
-        .contains("may not submit to queue research"));
+        .contains("may not submit to queue research; you may submit to: prod"));
     assert_eq!(
         s.submit("agent-secret", &y).0,
         403,
@@ -437,7 +437,7 @@ fn malformed_specs_get_precise_errors_and_change_nothing() {
     assert!(v["error"]
         .as_str()
         .expect("msg")
-        .contains("queue: unknown queue \"nowhere\""));
+        .contains("queue: unknown queue \"nowhere\"; you may submit to: lab, research, prod"));
     let (code, v) = s.post(
         "/v1/jobs",
         "alice-token",
@@ -446,6 +446,108 @@ fn malformed_specs_get_precise_errors_and_change_nothing() {
     );
     assert_eq!(code, 400, "{v}");
     assert_eq!(s.job_count(), before, "nothing accepted");
+}
+
+/// JSON sent to the API directly gets the field path and plain words, as
+/// the CLI's YAML does; one test per case of issue 47's table.
+#[test]
+fn spec_errors_name_the_field_in_plain_words() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let before = s.job_count();
+    let base = r#""name":"x","queue":"research","replicas":1"#;
+    let cases = [
+        (
+            format!(r#"{{{base},"resources":{{"gpus":"2"}}}}"#),
+            "job spec: resources.gpus: expected a whole number of GPUs, e.g. 2 (got the string \"2\") at line 1, column",
+        ),
+        (
+            format!(r#"{{{base},"resources":{{"gpus":1}},"runtime_seconds":-60}}"#),
+            "job spec: runtime_seconds: expected a whole number of seconds, 0 or more, e.g. 3600 (got -60)",
+        ),
+        (
+            format!(r#"{{{base},"resources":{{"gpus":1}},"run":{{"command":"python train.py"}}}}"#),
+            r#"run.command: expected a list of words, e.g. ["python", "train.py"] (got the string "python train.py"); the command is not run by a shell: write its words as a list, or ["sh", "-c", "python train.py"] to run it through sh"#,
+        ),
+        (
+            r#"{"name":"x","queue":"research","replica":2,"resources":{"gpus":1}}"#.to_string(),
+            "job spec: unknown field `replica`; did you mean `replicas`? at line 1, column",
+        ),
+    ];
+    for (body, needle) in &cases {
+        let (code, v) = s.post("/v1/jobs", "alice-token", "application/json", body);
+        assert_eq!(code, 400, "{body} → {v}");
+        let msg = v["error"].as_str().expect("error message");
+        assert!(msg.contains(needle), "{body}:\n{msg}\nwanted: {needle}");
+    }
+    // The same through YAML: the position is the YAML's.
+    let (code, v) = s.submit(
+        "alice-token",
+        "name: x\nqueue: research\nreplicas: 1\nresources:\n  gpus: two\n",
+    );
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(
+        v["error"],
+        "job spec: resources.gpus: expected a whole number of GPUs, e.g. 2 (got the string \"two\") at line 5, column 9"
+    );
+    assert_eq!(s.job_count(), before, "nothing accepted");
+}
+
+/// A spec without `queue:` goes to the submitter's only queue, or to the
+/// queue marked `default: true`; otherwise the error lists the queues.
+#[test]
+fn a_missing_queue_is_the_default_or_the_only_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = start(dir.path());
+    s.register("node-a", 8);
+    let no_queue = "name: x\nreplicas: 1\nresources:\n  gpus: 1\n";
+    let (code, v) = s.submit("alice-token", no_queue);
+    assert_eq!(code, 201, "alice has one queue: {v}");
+    let id = v["id"].as_u64().expect("id");
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}"), "alice-token").1["spec"]["queue"],
+        "research"
+    );
+    let (code, v) = s.submit("admin-secret", no_queue);
+    assert_eq!(code, 422, "{v}");
+    assert_eq!(
+        v["error"],
+        "queue: missing, and there is no default queue; you may submit to: lab, research, prod"
+    );
+    drop(s);
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let marked = CONFIG.replace("  - name: prod\n", "  - name: prod\n    default: true\n");
+    assert_ne!(marked, CONFIG);
+    let s = common::start_in(&marked, dir.path());
+    s.register("node-a", 8);
+    let (code, v) = s.submit("admin-secret", no_queue);
+    assert_eq!(code, 201, "{v}");
+    let id = v["id"].as_u64().expect("id");
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}"), "admin-secret").1["spec"]["queue"],
+        "prod"
+    );
+    // The default is only for those who may use it: alice keeps her own.
+    let (code, v) = s.submit("alice-token", no_queue);
+    assert_eq!(code, 201, "{v}");
+    let id = v["id"].as_u64().expect("id");
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}"), "alice-token").1["spec"]["queue"],
+        "research"
+    );
+
+    let two = marked.replace(
+        "  - name: research\n",
+        "  - name: research\n    default: true\n",
+    );
+    let e = ServerConfig::from_yaml(&two).expect_err("two defaults");
+    assert!(
+        e.to_string()
+            .contains("at most one queue may be `default: true` (marked: research, prod)"),
+        "{e}"
+    );
 }
 
 #[test]

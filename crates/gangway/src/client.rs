@@ -370,15 +370,25 @@ fn post_spec(
 ) -> Result<Value> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let (ct, body) = match with_submit_dir(&text)? {
-        Some(json) => ("application/json", json),
-        None if file.extension().is_some_and(|e| e == "json") => ("application/json", text),
-        None => ("application/yaml", text),
-    };
+    let body = checked_spec(file, &text)?;
     // `submit --hold/--begin/--dependency/--array` override the spec's fields.
-    let (ct, body) = with_fields(ct, body, extra)?;
+    let (ct, body) = with_fields("application/json", body, extra)?;
     let key = gangway_server::control::fresh_token();
     c.post_with_key("/v1/jobs", ct, &body, Some(&key))
+}
+
+/// Parses the job file against the server's own types, so an error names the
+/// field and the line and column in the user's file (not in the JSON sent),
+/// and returns it as JSON with the submission directory filled in.
+pub fn checked_spec(file: &std::path::Path, text: &str) -> Result<String> {
+    let parsed = if file.extension().is_some_and(|e| e == "json") {
+        gangway_server::spec_parse::job_spec_from_json(text.as_bytes())
+    } else {
+        gangway_server::spec_parse::job_spec_from_yaml(text)
+    };
+    let mut spec = parsed.map_err(|e| anyhow::anyhow!(e.in_file(&file.display().to_string())))?;
+    fill_submit_dir(&mut spec)?;
+    Ok(serde_json::to_string(&spec)?)
 }
 
 /// The body with `extra` fields set (as JSON), or unchanged when there are none.
@@ -407,24 +417,15 @@ pub fn with_fields(
 }
 
 /// Like `sbatch`, a job whose ranks run as processes starts in the directory
-/// it was submitted from unless its spec names one: returns the spec as JSON
-/// with `run.workdir` filled in, or `None` when nothing needs filling (the
-/// server then reports any problem with the spec itself).
-fn with_submit_dir(text: &str) -> Result<Option<String>> {
-    let Ok(mut v) = gangway_server::yaml::from_str::<serde_json::Value>(text) else {
-        return Ok(None);
-    };
-    let Some(run) = v.get_mut("run").and_then(Value::as_object_mut) else {
-        return Ok(None);
-    };
-    let has_command = run.get("command").is_some_and(|c| !c.is_null());
-    if !has_command || run.contains_key("workdir") || run.get("image").is_some_and(|i| !i.is_null())
-    {
-        return Ok(None);
+/// it was submitted from unless its spec names one.
+fn fill_submit_dir(spec: &mut gangway_core::JobSpec) -> Result<()> {
+    let run = &mut spec.run;
+    if run.command.is_empty() || run.workdir.is_some() || run.image.is_some() {
+        return Ok(());
     }
     let cwd = std::env::current_dir().context("finding the submission directory")?;
-    run.insert("workdir".into(), Value::String(cwd.display().to_string()));
-    Ok(Some(serde_json::to_string(&v)?))
+    run.workdir = Some(cwd.display().to_string());
+    Ok(())
 }
 
 fn self_json(c: &Conn) -> bool {

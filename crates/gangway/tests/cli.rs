@@ -305,6 +305,110 @@ fn submit_wait_follows_the_job_and_exits_with_its_outcome() {
     );
 }
 
+/// `gangway submit` reports a spec error in the user's YAML: the field
+/// path, plain words, `FILE:LINE:COLUMN` in the file they wrote, "did you
+/// mean"; `queue:` may be left out on a one-queue cluster, and an unknown
+/// queue's error lists the queues there are (issue 47's table, row by row).
+#[test]
+fn submit_errors_speak_the_users_yaml() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("up");
+    let _up = Up(up(
+        &data,
+        free_port(),
+        &["--nodes", "1", "--gpus-per-node", "2"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("gangway up"));
+    let cfg = data.join("cli.yaml");
+    wait_for("up's CLI config", 60, || cfg.exists().then_some(()));
+    wait_for("the node", 30, || {
+        let o = cli(&cfg, &["nodes", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        (v.as_array()?.len() == 1).then_some(())
+    });
+    let head = "name: t\nqueue: default\nreplicas: 1\nresources:\n  gpus: 1\n";
+    let file = |name: &str, body: &str| {
+        let p = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, body).expect("job file");
+        p
+    };
+    let refused = |name: &str, body: &str| {
+        let p = file(name, body);
+        let o = cli(&cfg, &["submit", p.to_str().expect("path")]);
+        assert!(!o.status.success(), "{name} was accepted");
+        (text(&o.stderr), p.display().to_string())
+    };
+    let (err, p) = refused(
+        "word",
+        "name: t\nqueue: default\nreplicas: 1\nresources:\n  gpus: two\n",
+    );
+    assert!(
+        err.contains(&format!(
+            "resources.gpus: expected a whole number of GPUs, e.g. 2 (got the string \"two\") at {p}:5:9"
+        )),
+        "{err}"
+    );
+    let (err, p) = refused("negative", &format!("{head}runtime_seconds: -60\n"));
+    assert!(
+        err.contains(&format!(
+            "runtime_seconds: expected a whole number of seconds, 0 or more, e.g. 3600 (got -60) at {p}:6:18"
+        )),
+        "{err}"
+    );
+    let (err, p) = refused(
+        "string",
+        &format!("{head}run:\n  command: python train.py\n"),
+    );
+    assert!(
+        err.contains(&format!(
+            r#"run.command: expected a list of words, e.g. ["python", "train.py"] (got the string "python train.py"); the command is not run by a shell: write its words as a list, or ["sh", "-c", "python train.py"] to run it through sh at {p}:7:12"#
+        )),
+        "{err}"
+    );
+    let (err, p) = refused(
+        "typo",
+        "name: t\nqueue: default\nreplica: 2\nresources:\n  gpus: 1\n",
+    );
+    assert!(
+        err.contains(&format!(
+            "unknown field `replica`; did you mean `replicas`? at {p}:3:1"
+        )),
+        "{err}"
+    );
+    let (err, _) = refused(
+        "research",
+        "name: t\nqueue: research\nreplicas: 1\nresources:\n  gpus: 1\n",
+    );
+    assert!(
+        err.contains("queue: unknown queue \"research\"; you may submit to: default"),
+        "{err}"
+    );
+    // A quoted number is a number to YAML, and so to the CLI and the server.
+    let ok = |name: &str, body: &str| {
+        let p = file(name, body);
+        let o = cli(&cfg, &["submit", "-o", "json", p.to_str().expect("path")]);
+        assert!(o.status.success(), "{name}: {}", text(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let id = v["id"].as_u64().expect("id").to_string();
+        let o = cli(&cfg, &["describe", "-o", "json", &id]);
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("job")
+    };
+    let job = ok(
+        "quoted",
+        "name: t\nqueue: default\nreplicas: 1\nresources:\n  gpus: \"2\"\nrun: { command: [\"true\"] }\n",
+    );
+    assert_eq!(job["spec"]["resources"]["gpus"], 2, "{job}");
+    // One queue: it is the default.
+    let job = ok(
+        "no-queue",
+        "name: t\nreplicas: 1\nresources:\n  gpus: 1\nrun: { command: [\"true\"] }\n",
+    );
+    assert_eq!(job["spec"]["queue"], "default", "{job}");
+}
+
 #[test]
 fn completions_are_generated_for_each_shell() {
     for (shell, marker) in [

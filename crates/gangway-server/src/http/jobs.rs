@@ -154,15 +154,14 @@ pub async fn parse_spec(body: Bytes, json_body: bool) -> ApiResult<JobSpec> {
 }
 
 fn parse_spec_now(body: &[u8], json_body: bool) -> ApiResult<JobSpec> {
-    if json_body {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
+    let parsed = if json_body {
+        crate::spec_parse::job_spec_from_json(body)
     } else {
         let text = std::str::from_utf8(body)
             .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "job spec: not UTF-8".into()))?;
-        crate::yaml::from_str(text)
-            .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
-    }
+        crate::spec_parse::job_spec_from_yaml(text)
+    };
+    parsed.map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("job spec: {e}")))
 }
 
 /// A job as the API shows it. The record is borrowed from the read view
@@ -248,18 +247,37 @@ pub async fn submit(
         .is_some_and(|v| v.starts_with("application/json"));
     let body = read_body(&app, body).await?;
     let mut spec = parse_spec(body, json_body).await?;
+    let live = app.policy.config();
+    let allowed = match &p {
+        Principal::User { queues, .. } => Some(queues.as_slice()),
+        _ => None,
+    };
+    if spec.queue.trim().is_empty() {
+        spec.queue = crate::admission::default_queue(&live, allowed)
+            .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+    }
     if let Principal::User { name, queues } = &p {
         if !queues.contains(&spec.queue) {
             return Err(forbidden(format!(
-                "queue: user {name} may not submit to queue {}",
-                spec.queue.chars().take(253).collect::<String>()
+                "queue: user {name} may not submit to queue {}; {}",
+                spec.queue.chars().take(253).collect::<String>(),
+                crate::admission::queue_hint(&live, allowed)
             )));
         }
         spec.user = name.clone();
     } else if spec.user.is_empty() {
         spec.user = "admin".into();
     }
-    let live = app.policy.config();
+    if !live.queues.iter().any(|q| q.name == spec.queue) {
+        return Err(ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "queue: unknown queue {:?}; {}",
+                spec.queue.chars().take(253).collect::<String>(),
+                crate::admission::queue_hint(&live, allowed)
+            ),
+        ));
+    }
     crate::limits::check_submission(&live, &p, &spec)?;
     let max_pending = match &p {
         Principal::User { name, .. } => Some(app.cfg.limits_of(name).max_pending_jobs),
