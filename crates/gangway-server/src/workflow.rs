@@ -21,6 +21,18 @@ use gangway_core::{
 };
 use serde::{Deserialize, Serialize};
 
+/// What an array's id names in hold, release and cancel: the whole array
+/// (Slurm's `scancel 5`) or only its first task (`scancel 5_0`). Other ids
+/// name one job either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every task of the array.
+    #[default]
+    Array,
+    /// The one task with this id.
+    Task,
+}
+
 /// Pending jobs kept out of the scheduler's state, each with its reason code
 /// and sentence (derived from the records; never stored).
 #[derive(Default, Debug)]

@@ -739,8 +739,13 @@ fn contract_lines(j: &Value) -> String {
 /// A job whose ranks run is `cancelling` until every node reports none of
 /// its processes left (they get the checkpoint signal and at most 10 s);
 /// with `wait`, returns once it is `cancelled` (or ended otherwise).
-pub fn cancel(c: &Conn, id: u64, wait: bool) -> Result<()> {
-    let v = c.post(&format!("/v1/jobs/{id}/cancel"), "application/json", "")?;
+pub fn cancel(c: &Conn, t: crate::jobref::Target, wait: bool) -> Result<()> {
+    let id = t.id;
+    let v = c.post(
+        &format!("/v1/jobs/{id}/cancel{}", t.query()),
+        "application/json",
+        "",
+    )?;
     // An array's id cancels every task.
     let ids: Vec<u64> = match v.get("jobs").and_then(Value::as_array) {
         Some(a) if !a.is_empty() => a.iter().filter_map(Value::as_u64).collect(),

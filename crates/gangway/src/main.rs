@@ -4,6 +4,7 @@ mod admin_cmd;
 mod client;
 mod gpu_check;
 mod human;
+mod jobref;
 mod local;
 mod policy_cmd;
 mod queue;
@@ -79,8 +80,8 @@ enum Command {
     Up(Box<local::UpArgs>),
     /// Prints a rank's log (rank 0 unless told otherwise).
     Logs {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
         /// Rank.
         #[arg(long, conflicts_with_all = ["failed", "all"])]
         rank: Option<u32>,
@@ -111,13 +112,13 @@ enum Command {
     },
     /// Holds a pending job: it does not start until released.
     Hold {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Releases a held job.
     Release {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Changes a pending job's priority, time limit, queue or name.
     Update(workflow::UpdateArgs),
@@ -134,19 +135,19 @@ enum Command {
     Queue(queue::QueueArgs),
     /// Shows a job, its events and why it waits.
     Describe {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Says why a job waits.
     Why {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Cancels a job: prints `cancelling` while its ranks get the checkpoint
     /// signal and at most 10 s to stop, `cancelled` once none is left.
     Cancel {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
         /// Wait until the job is `cancelled` (no process of it left).
         #[arg(long)]
         wait: bool,
@@ -483,10 +484,10 @@ fn run() -> Result<()> {
                 (_, true) => client::Ranks::All,
                 _ => client::Ranks::One(rank.unwrap_or(0)),
             };
-            client::logs_of(c, id, which, attempt, follow)
+            client::logs_of(c, id.resolve(c)?.id, which, attempt, follow)
         }
-        Command::Hold { id } => workflow::hold(c, id),
-        Command::Release { id } => workflow::release(c, id),
+        Command::Hold { id } => workflow::hold(c, id.resolve(c)?),
+        Command::Release { id } => workflow::release(c, id.resolve(c)?),
         Command::Update(a) => workflow::update(c, &a),
         Command::History(a) => workflow::history(c, &a),
         Command::Submit {
@@ -512,9 +513,9 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Queue(a) => queue::run(c, &a),
-        Command::Describe { id } => client::describe(c, id, false),
-        Command::Why { id } => client::describe(c, id, true),
-        Command::Cancel { id, wait } => client::cancel(c, id, wait),
+        Command::Describe { id } => client::describe(c, id.resolve(c)?.id, false),
+        Command::Why { id } => client::describe(c, id.resolve(c)?.id, true),
+        Command::Cancel { id, wait } => client::cancel(c, id.resolve(c)?, wait),
         Command::Nodes { action: None } => client::nodes(c),
         Command::Nodes { action: Some(a) } => {
             let (verb, name) = match &a {

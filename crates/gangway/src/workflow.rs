@@ -47,8 +47,13 @@ impl SubmitFlags {
 }
 
 /// `gangway hold ID`.
-pub fn hold(c: &Conn, id: u64) -> Result<()> {
-    let v = c.post(&format!("/v1/jobs/{id}/hold"), "application/json", "")?;
+pub fn hold(c: &Conn, t: crate::jobref::Target) -> Result<()> {
+    let id = t.id;
+    let v = c.post(
+        &format!("/v1/jobs/{id}/hold{}", t.query()),
+        "application/json",
+        "",
+    )?;
     c.print(&v, |v| {
         format!(
             "job {id} held ({})\n",
@@ -58,16 +63,21 @@ pub fn hold(c: &Conn, id: u64) -> Result<()> {
 }
 
 /// `gangway release ID`.
-pub fn release(c: &Conn, id: u64) -> Result<()> {
-    let v = c.post(&format!("/v1/jobs/{id}/release"), "application/json", "")?;
+pub fn release(c: &Conn, t: crate::jobref::Target) -> Result<()> {
+    let id = t.id;
+    let v = c.post(
+        &format!("/v1/jobs/{id}/release{}", t.query()),
+        "application/json",
+        "",
+    )?;
     c.print(&v, |_| format!("job {id} released\n"))
 }
 
 /// What `gangway update` changes.
 #[derive(Args, Clone, Debug)]
 pub struct UpdateArgs {
-    /// Job id.
-    pub id: u64,
+    /// Job id, or an array task's `ID_INDEX` (`5_7`).
+    pub id: crate::jobref::JobRef,
     /// New priority class (within what the queue allows).
     #[arg(long)]
     pub priority: Option<String>,
@@ -98,8 +108,9 @@ pub fn update(c: &Conn, a: &UpdateArgs) -> Result<()> {
     if body.is_empty() {
         bail!("nothing to update: give --priority, --time-limit, --queue or --name");
     }
+    let id = a.id.resolve(c)?.id;
     let v = c.post(
-        &format!("/v1/jobs/{}/update", a.id),
+        &format!("/v1/jobs/{id}/update"),
         "application/json",
         &Value::Object(body).to_string(),
     )?;
