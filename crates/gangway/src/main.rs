@@ -398,6 +398,19 @@ fn cli_command() -> clap::Command {
     ))
 }
 
+/// A client command piped into `head` ends as coreutils do when `head`
+/// exits: killed by SIGPIPE (status 141), with no `Broken pipe` error or
+/// panic. Rust ignores SIGPIPE by default; the daemons keep that (a closed
+/// socket or rank pipe must not kill them). The CLI's own sockets are
+/// unaffected: std writes them with `MSG_NOSIGNAL`.
+fn quiet_on_closed_pipe() {
+    // SAFETY: sets a signal's disposition to the default; no handler runs
+    // Rust code, and nothing else in the process changes SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn run() -> Result<()> {
     use clap::FromArgMatches;
     let matches = cli_command().get_matches();
@@ -437,6 +450,9 @@ fn run() -> Result<()> {
                 );
             }
         }
+    }
+    if !daemon {
+        quiet_on_closed_pipe();
     }
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;
