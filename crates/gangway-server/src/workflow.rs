@@ -61,6 +61,17 @@ pub fn state_name(s: JobState) -> String {
         .unwrap_or_else(|| format!("{s:?}"))
 }
 
+/// A job's state as the rest of a sentence after `job 12`: `is pending`,
+/// `succeeded`, `was cancelled`, `timed out` (never `is succeeded`).
+pub fn state_phrase(state: &str) -> String {
+    match state {
+        "succeeded" | "failed" => state.to_string(),
+        "cancelled" => "was cancelled".into(),
+        "timeout" => "timed out".into(),
+        other => format!("is {other}"),
+    }
+}
+
 /// Tasks an array spec expands to (1 for a plain job), for the pending-jobs limit.
 pub fn task_count(spec: &JobSpec) -> u64 {
     spec.array
@@ -183,6 +194,21 @@ pub fn updated_spec(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn states_read_as_sentences() {
+        use crate::control::ControlError;
+        use gangway_core::{JobId, JobState};
+        assert_eq!(super::state_phrase("running"), "is running");
+        assert_eq!(super::state_phrase("succeeded"), "succeeded");
+        assert_eq!(super::state_phrase("timeout"), "timed out");
+        let e = ControlError::Finished(JobId(12), JobState::Succeeded).to_string();
+        assert_eq!(e, "job 12 has already succeeded");
+        let e = ControlError::Finished(JobId(12), JobState::Cancelled).to_string();
+        assert_eq!(e, "job 12 was already cancelled");
+        let e = super::WorkflowError::NotPending(JobId(3), "failed".into(), "held").to_string();
+        assert_eq!(e, "job 3 failed; only pending jobs can be held");
+    }
+
     use super::*;
     use crate::control::{Control, ControlError};
     use gangway_core::BeginAt;

@@ -585,7 +585,10 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
                 .unwrap_or_default();
             return match j.get("reason").and_then(Value::as_str) {
                 Some(r) => format!("job {id} ({}): {code}{r}\n{start}", s(j, "state")),
-                None => format!("job {id} is {}\n", s(j, "state")),
+                None => format!(
+                    "job {id} {}\n",
+                    gangway_server::workflow::state_phrase(&s(j, "state"))
+                ),
             };
         }
         let now = crate::human::now();
