@@ -715,10 +715,12 @@ fn contract_lines(j: &Value) -> String {
         if f.get("oom_killed") == Some(&Value::Bool(true)) {
             how += ", OOM-killed";
         }
+        // The record is the latest failed attempt's; attempts are numbered
+        // from 0 as in `logs --attempt` and the restart events.
         out += &format!(
-            "  first failure: {rank} on {} in attempt {} ({how})\n",
-            s(f, "node"),
-            s(f, "attempt")
+            "  failed in attempt {}: {rank} on {} failed first ({how})\n",
+            s(f, "attempt"),
+            s(f, "node")
         );
         let tail: Vec<&str> = f
             .get("log_tail")
@@ -1007,6 +1009,20 @@ pub fn usage(c: &Conn, from: Option<u64>, to: Option<u64>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn describe_names_the_attempt_that_failed_as_logs_and_events_number_it() {
+        // Attempt 0 failed and restarted; attempt 1 failed too: the record is attempt 1's.
+        let j = json!({ "failure": {
+            "attempt": 1, "node": "n-a", "rank": 0, "exit_code": 1, "log_tail": []
+        }});
+        let text = super::contract_lines(&j);
+        assert_eq!(
+            text,
+            "  failed in attempt 1: rank 0 on n-a failed first (exit code 1)\n"
+        );
+        assert!(!text.contains("first failure"), "{text}");
+    }
 
     #[test]
     fn folded_events_show_their_count_and_dropped_ones_are_counted() {
