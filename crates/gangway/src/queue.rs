@@ -146,34 +146,13 @@ pub fn header(wide: bool) -> String {
     }
 }
 
-/// `0-2,7,9-11`: sorted indexes as Slurm writes them, runs as ranges.
-pub fn ranges(indexes: &[u64]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < indexes.len() {
-        let start = indexes[i];
-        let mut end = start;
-        while i + 1 < indexes.len() && end.checked_add(1) == Some(indexes[i + 1]) {
-            i += 1;
-            end = indexes[i];
-        }
-        parts.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
-        i += 1;
-    }
-    parts.join(",")
-}
-
 /// An array's pending tasks in one row, as `squeue` shows them:
 /// `5_[3-99%4]` (`%4`: at most 4 run at once). One task keeps its own id.
 pub fn collapsed_label(array: u64, indexes: &[u64], limit: Option<u64>) -> String {
     match (indexes, limit) {
         ([one], _) => format!("{array}_{one}"),
-        (_, Some(l)) => format!("{array}_[{}%{l}]", ranges(indexes)),
-        (_, None) => format!("{array}_[{}]", ranges(indexes)),
+        (_, Some(l)) => format!("{array}_[{}%{l}]", human::ranges(indexes)),
+        (_, None) => format!("{array}_[{}]", human::ranges(indexes)),
     }
 }
 
@@ -394,9 +373,9 @@ mod tests {
 
     #[test]
     fn pending_tasks_of_an_array_collapse_into_one_row_with_ranges() {
-        assert_eq!(ranges(&[0, 1, 2, 7, 9, 10, 11]), "0-2,7,9-11");
-        assert_eq!(ranges(&[4]), "4");
-        assert_eq!(ranges(&[]), "");
+        assert_eq!(human::ranges(&[0, 1, 2, 7, 9, 10, 11]), "0-2,7,9-11");
+        assert_eq!(human::ranges(&[4]), "4");
+        assert_eq!(human::ranges(&[]), "");
         assert_eq!(collapsed_label(5, &[3], Some(4)), "5_3");
         assert_eq!(collapsed_label(5, &[0, 1, 2, 7, 9, 10, 11], None), "5_[0-2,7,9-11]");
         let task = |id: u64, index: u64, state: &str| {

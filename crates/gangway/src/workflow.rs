@@ -238,22 +238,25 @@ pub fn to_csv(rows: &[HistoryEntry]) -> String {
     out
 }
 
+/// The history table: columns as wide as their content (names, nodes and
+/// queues vary a lot), numbers right-aligned.
 fn table(rows: &[HistoryEntry]) -> String {
-    let mut out = format!(
-        "{:<7} {:<18} {:<10} {:<10} {:<10} {:<20} {:<20} {:<16} {:>5} {:>10}\n",
-        "ID", "NAME", "USER", "QUEUE", "STATE", "START", "END", "NODES", "EXIT", "GPU-HOURS"
-    );
-    let mut total = 0.0;
     use gangway_core::text::printable;
+    let mut cells: Vec<Vec<String>> = vec![[
+        "ID", "NAME", "USER", "QUEUE", "STATE", "START", "END", "NODES", "EXIT", "GPU-HOURS",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect()];
+    let mut total = 0.0;
     for e in rows {
         total += e.gpu_hours;
         let name: String = printable(&e.name).chars().take(18).collect();
-        out += &format!(
-            "{:<7} {:<18} {:<10} {:<10} {:<10} {:<20} {:<20} {:<16} {:>5} {:>10.2}\n",
-            e.id,
+        cells.push(vec![
+            e.id.to_string(),
             name,
-            printable(&e.user),
-            printable(&e.queue),
+            printable(&e.user).into_owned(),
+            printable(&e.queue).into_owned(),
             gangway_server::workflow::state_name(e.state),
             when(e.started_at),
             when(e.ended_at),
@@ -263,9 +266,10 @@ fn table(rows: &[HistoryEntry]) -> String {
                 printable(&e.nodes.join(",")).into_owned()
             },
             e.exit_code.map_or("-".into(), |c| c.to_string()),
-            e.gpu_hours
-        );
+            format!("{:.2}", e.gpu_hours),
+        ]);
     }
+    let mut out = crate::human::align(&cells, &[0, 8, 9]);
     out += &format!("{} jobs, {total:.2} GPU-hours in all\n", rows.len());
     out
 }
