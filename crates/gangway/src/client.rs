@@ -18,8 +18,10 @@ pub enum Output {
     Wide,
 }
 
-/// Where the server is and who we are.
+/// Where the server is and who we are (every client command takes these;
+/// `--help` lists them once, under "Connection").
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Connection")]
 pub struct Conn {
     /// Server address, or several replicas comma-separated (flag, then $GANGWAY_ADDR, then the config file, then http://127.0.0.1:7070).
     #[arg(long, global = true, env = "GANGWAY_ADDR")]
