@@ -448,6 +448,12 @@ fn run() -> Result<()> {
     use clap::FromArgMatches;
     let matches = cli_command().get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
+    if !matches!(
+        cli.command,
+        Command::Up(_) | Command::Server { .. } | Command::Agent(_)
+    ) {
+        quiet_on_closed_pipe();
+    }
     if let Command::Completions { shell } = cli.command {
         let mut cmd = cli_command();
         clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
@@ -483,9 +489,6 @@ fn run() -> Result<()> {
                 );
             }
         }
-    }
-    if !daemon {
-        quiet_on_closed_pipe();
     }
     let conn = cli.conn.clone().resolve()?;
     let c = &conn;
