@@ -215,9 +215,18 @@ mod tests {
         .collect();
         let t = super::align(&rows, &[0, 3]);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines[0], "     ID USER             QUEUE          GPU-HOURS");
-        assert_eq!(lines[1], "      7 a-very-long-user q                   1.50");
-        assert_eq!(lines[2], "1234567 bob              research-queue    123.25");
+        assert_eq!(
+            lines[0],
+            "     ID USER             QUEUE          GPU-HOURS"
+        );
+        assert_eq!(
+            lines[1],
+            "      7 a-very-long-user q                   1.50"
+        );
+        assert_eq!(
+            lines[2],
+            "1234567 bob              research-queue    123.25"
+        );
     }
 
     use super::*;

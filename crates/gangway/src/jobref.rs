@@ -35,10 +35,7 @@ impl std::str::FromStr for JobRef {
         }
         Ok(JobRef {
             id: id.parse().map_err(|_| bad())?,
-            index: index
-                .map(str::parse)
-                .transpose()
-                .map_err(|_| bad())?,
+            index: index.map(str::parse).transpose().map_err(|_| bad())?,
         })
     }
 }

@@ -372,30 +372,141 @@ const GROUPS: &[(&str, &[&str])] = &[
 /// Two examples for each command's `--help` (a unit test checks that every
 /// command has them).
 const EXAMPLES: &[(&str, [&str; 2])] = &[
-    ("submit", ["gangway submit examples/job.yaml", "gangway submit job.yaml --array 0-99%4 --wait"]),
-    ("queue", ["gangway queue --me", "gangway queue --start -q research"]),
-    ("describe", ["gangway describe 12", "gangway describe 5_7          # task 7 of array 5"]),
+    (
+        "submit",
+        [
+            "gangway submit examples/job.yaml",
+            "gangway submit job.yaml --array 0-99%4 --wait",
+        ],
+    ),
+    (
+        "queue",
+        ["gangway queue --me", "gangway queue --start -q research"],
+    ),
+    (
+        "describe",
+        [
+            "gangway describe 12",
+            "gangway describe 5_7          # task 7 of array 5",
+        ],
+    ),
     ("why", ["gangway why 12", "gangway why 5_3"]),
     ("logs", ["gangway logs 12 -f", "gangway logs 5_7 --failed"]),
-    ("cancel", ["gangway cancel 5_7          # one task of array 5", "gangway cancel 5 --wait     # the whole array"]),
-    ("hold", ["gangway hold 12", "gangway hold 5               # every pending task of array 5"]),
+    (
+        "cancel",
+        [
+            "gangway cancel 5_7          # one task of array 5",
+            "gangway cancel 5 --wait     # the whole array",
+        ],
+    ),
+    (
+        "hold",
+        [
+            "gangway hold 12",
+            "gangway hold 5               # every pending task of array 5",
+        ],
+    ),
     ("release", ["gangway release 12", "gangway release 5_3"]),
-    ("update", ["gangway update 12 --time-limit 2h", "gangway update 12 --queue research --name retry"]),
-    ("history", ["gangway history --since 7d", "gangway history -o csv > jobs.csv"]),
+    (
+        "update",
+        [
+            "gangway update 12 --time-limit 2h",
+            "gangway update 12 --queue research --name retry",
+        ],
+    ),
+    (
+        "history",
+        [
+            "gangway history --since 7d",
+            "gangway history -o csv > jobs.csv",
+        ],
+    ),
     ("nodes", ["gangway nodes", "gangway nodes drain gpu-07"]),
     ("queues", ["gangway queues", "gangway queues -o json"]),
-    ("usage", ["gangway usage --from 7d", "gangway usage --from 2026-12-01T00:00:00Z --to 1d"]),
-    ("reservation", ["gangway reservation list", "gangway reservation create --name bios --nodes gpu-01 --start now+1h --duration 2h"]),
-    ("policy", ["gangway policy show", "gangway policy what-if candidate.yaml"]),
-    ("admin", ["gangway admin backup store.backup", "gangway admin backup store.backup --data-dir /var/lib/gangway"]),
-    ("audit", ["gangway audit --since 2h", "gangway audit --limit 20 -o json"]),
-    ("alerts", ["gangway alerts > gangway-rules.yaml", "gangway alerts | promtool check rules /dev/stdin"]),
-    ("server", ["gangway server --config examples/server.yaml", "gangway server --config server.yaml --listen 0.0.0.0:7070 --data-dir /var/lib/gangway"]),
-    ("agent", ["gangway agent --server https://head:7070 --join-token TOKEN --node gpu-01", "gangway agent --check"]),
-    ("up", ["gangway up", "gangway up --nodes 2 --gpus-per-node 8 --config examples/server.yaml"]),
-    ("sim", ["gangway sim --trace trace.csv", "gangway sim --trace trace.csv --out report"]),
-    ("openapi", ["gangway openapi > openapi.json", "gangway openapi | jq '.paths | keys'"]),
-    ("completions", ["source <(gangway completions bash)", "gangway completions zsh > ~/.zfunc/_gangway"]),
+    (
+        "usage",
+        [
+            "gangway usage --from 7d",
+            "gangway usage --from 2026-12-01T00:00:00Z --to 1d",
+        ],
+    ),
+    (
+        "reservation",
+        [
+            "gangway reservation list",
+            "gangway reservation create --name bios --nodes gpu-01 --start now+1h --duration 2h",
+        ],
+    ),
+    (
+        "policy",
+        [
+            "gangway policy show",
+            "gangway policy what-if candidate.yaml",
+        ],
+    ),
+    (
+        "admin",
+        [
+            "gangway admin backup store.backup",
+            "gangway admin backup store.backup --data-dir /var/lib/gangway",
+        ],
+    ),
+    (
+        "audit",
+        [
+            "gangway audit --since 2h",
+            "gangway audit --limit 20 -o json",
+        ],
+    ),
+    (
+        "alerts",
+        [
+            "gangway alerts > gangway-rules.yaml",
+            "gangway alerts | promtool check rules /dev/stdin",
+        ],
+    ),
+    (
+        "server",
+        [
+            "gangway server --config examples/server.yaml",
+            "gangway server --config server.yaml --listen 0.0.0.0:7070 --data-dir /var/lib/gangway",
+        ],
+    ),
+    (
+        "agent",
+        [
+            "gangway agent --server https://head:7070 --join-token TOKEN --node gpu-01",
+            "gangway agent --check",
+        ],
+    ),
+    (
+        "up",
+        [
+            "gangway up",
+            "gangway up --nodes 2 --gpus-per-node 8 --config examples/server.yaml",
+        ],
+    ),
+    (
+        "sim",
+        [
+            "gangway sim --trace trace.csv",
+            "gangway sim --trace trace.csv --out report",
+        ],
+    ),
+    (
+        "openapi",
+        [
+            "gangway openapi > openapi.json",
+            "gangway openapi | jq '.paths | keys'",
+        ],
+    ),
+    (
+        "completions",
+        [
+            "source <(gangway completions bash)",
+            "gangway completions zsh > ~/.zfunc/_gangway",
+        ],
+    ),
 ];
 
 /// The CLI with its commands listed by [`GROUPS`] in `--help` (clap lists
@@ -620,10 +731,22 @@ mod tests {
                     .split("Connection:\n")
                     .nth(1)
                     .unwrap_or_else(|| panic!("{name}: no Connection heading in\n{help}"));
-                for flag in ["--addr", "--token", "--cli-config", "--server-ca", "--output"] {
-                    assert!(conn.contains(flag), "{name}: {flag} not under Connection:\n{help}");
+                for flag in [
+                    "--addr",
+                    "--token",
+                    "--cli-config",
+                    "--server-ca",
+                    "--output",
+                ] {
+                    assert!(
+                        conn.contains(flag),
+                        "{name}: {flag} not under Connection:\n{help}"
+                    );
                     let before = help.split("Connection:\n").next().unwrap_or("");
-                    assert!(!before.contains(flag), "{name}: {flag} outside Connection:\n{help}");
+                    assert!(
+                        !before.contains(flag),
+                        "{name}: {flag} outside Connection:\n{help}"
+                    );
                 }
             }
         }

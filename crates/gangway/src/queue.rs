@@ -377,7 +377,10 @@ mod tests {
         assert_eq!(human::ranges(&[4]), "4");
         assert_eq!(human::ranges(&[]), "");
         assert_eq!(collapsed_label(5, &[3], Some(4)), "5_3");
-        assert_eq!(collapsed_label(5, &[0, 1, 2, 7, 9, 10, 11], None), "5_[0-2,7,9-11]");
+        assert_eq!(
+            collapsed_label(5, &[0, 1, 2, 7, 9, 10, 11], None),
+            "5_[0-2,7,9-11]"
+        );
         let task = |id: u64, index: u64, state: &str| {
             json!({
                 "id": id, "user": "alice", "state": state,
@@ -392,7 +395,11 @@ mod tests {
             let state = if i < 3 { "running" } else { "pending" };
             out += &c.push(&task(5 + i, i, state), false, 0);
         }
-        out += &c.push(&json!({"id": 200, "state": "pending", "spec": {}}), false, 0);
+        out += &c.push(
+            &json!({"id": 200, "state": "pending", "spec": {}}),
+            false,
+            0,
+        );
         out += &c.finish(false, 0);
         let ids: Vec<&str> = out
             .lines()

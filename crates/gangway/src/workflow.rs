@@ -243,7 +243,16 @@ pub fn to_csv(rows: &[HistoryEntry]) -> String {
 fn table(rows: &[HistoryEntry]) -> String {
     use gangway_core::text::printable;
     let mut cells: Vec<Vec<String>> = vec![[
-        "ID", "NAME", "USER", "QUEUE", "STATE", "START", "END", "NODES", "EXIT", "GPU-HOURS",
+        "ID",
+        "NAME",
+        "USER",
+        "QUEUE",
+        "STATE",
+        "START",
+        "END",
+        "NODES",
+        "EXIT",
+        "GPU-HOURS",
     ]
     .iter()
     .map(|h| h.to_string())

@@ -37,7 +37,10 @@ fn no_table_header_is_printed_before_an_error() {
             "{args:?} printed before its error: {:?}",
             String::from_utf8_lossy(&out.stdout)
         );
-        assert!(stderr.contains("cannot reach the server"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot reach the server"),
+            "{args:?}: {stderr}"
+        );
     }
 }
 

@@ -146,7 +146,11 @@ fn array_tasks_are_addressed_as_id_index_by_logs_describe_why_cancel_and_queue()
         .skip(1)
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    assert_eq!(ids, [format!("{a}_0"), format!("{a}_[1-2,5,7-9%2]")], "{queue}");
+    assert_eq!(
+        ids,
+        [format!("{a}_0"), format!("{a}_[1-2,5,7-9%2]")],
+        "{queue}"
+    );
     let d = cli(&c, &["describe", &format!("{a}_7")]);
     assert!(d.starts_with(&format!("job {}:", a + 4)), "{d}");
     let w = cli(&c, &["why", &format!("{a}_9")]);
@@ -157,11 +161,20 @@ fn array_tasks_are_addressed_as_id_index_by_logs_describe_why_cancel_and_queue()
     for (arg, want) in [
         (format!("{a}_3"), format!("array {a} has no task 3")),
         (format!("{a}_10"), format!("array {a} has no task 10")),
-        (format!("{}_0", a + 1), format!("job {} is task {a}_1, not an array", a + 1)),
-        (format!("{a}_x"), format!("job id \"{a}_x\": expected ID or ID_INDEX")),
+        (
+            format!("{}_0", a + 1),
+            format!("job {} is task {a}_1, not an array", a + 1),
+        ),
+        (
+            format!("{a}_x"),
+            format!("job id \"{a}_x\": expected ID or ID_INDEX"),
+        ),
     ] {
         let (ok, out, err) = try_cli(&c, &["describe", &arg]);
-        assert!(!ok && out.is_empty() && err.contains(&want), "{arg}: {out}{err}");
+        assert!(
+            !ok && out.is_empty() && err.contains(&want),
+            "{arg}: {out}{err}"
+        );
     }
     // `cancel ID_INDEX` cancels that task only, the first one included.
     cli(&c, &["cancel", &format!("{a}_5")]);
