@@ -401,6 +401,38 @@ mod tests {
     }
 
     #[test]
+    fn an_arrays_id_in_task_scope_names_its_first_task_only() {
+        let (_d, mut c) = control();
+        let mut arr = JobSpec::new("arr", "q", 1, 4);
+        arr.array = Some("0-2".into());
+        let arr = c.submit("alice", arr, 1).expect("array");
+        // Nothing placed yet: every task pending.
+        assert_eq!(
+            c.hold_in(arr, Scope::Task, Hold::User, "alice", 2)
+                .expect("hold 0"),
+            1
+        );
+        assert_eq!(c.jobs[&arr].0.held, Some(Hold::User));
+        assert_eq!(c.jobs[&JobId(arr.0 + 1)].0.held, None);
+        assert_eq!(
+            c.release_in(arr, Scope::Task, false, "alice", 3)
+                .expect("release 0"),
+            1
+        );
+        let gone = c.cancel_in(arr, Scope::Task, "alice", 4).expect("cancel 0");
+        assert_eq!(gone, vec![arr]);
+        assert_eq!(c.jobs[&arr].0.state, JobState::Cancelled);
+        for k in 1..3 {
+            assert_ne!(c.jobs[&JobId(arr.0 + k)].0.state, JobState::Cancelled);
+        }
+        // The array's scope still reaches every task left.
+        let gone = c
+            .cancel_in(arr, Scope::Array, "alice", 5)
+            .expect("cancel all");
+        assert_eq!(gone, vec![JobId(arr.0 + 1), JobId(arr.0 + 2)]);
+    }
+
+    #[test]
     fn the_largest_array_is_one_commit_and_keeps_its_limit() {
         let (_d, mut c) = control();
         let mut arr = JobSpec::new("big", "q", 1, 1);
