@@ -594,8 +594,14 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             };
         }
         let now = crate::human::now();
+        let task = crate::workflow::array_label(j);
+        let task = if task.is_empty() {
+            task
+        } else {
+            format!(" (array task {task})")
+        };
         let mut out = format!(
-            "job {id}: {}\n  queue {}  user {}  state {}  gpus {}\n",
+            "job {id}: {}{task}\n  queue {}  user {}  state {}  gpus {}\n",
             at(j, "/spec/name"),
             at(j, "/spec/queue"),
             s(j, "user"),

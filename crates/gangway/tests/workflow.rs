@@ -152,7 +152,10 @@ fn array_tasks_are_addressed_as_id_index_by_logs_describe_why_cancel_and_queue()
         "{queue}"
     );
     let d = cli(&c, &["describe", &format!("{a}_7")]);
-    assert!(d.starts_with(&format!("job {}:", a + 4)), "{d}");
+    assert!(
+        d.starts_with(&format!("job {}: sweep (array task {a}_7)\n", a + 4)),
+        "{d}"
+    );
     let w = cli(&c, &["why", &format!("{a}_9")]);
     assert!(w.starts_with(&format!("job {} ", a + 6)), "{w}");
     // A task's own id works too.
