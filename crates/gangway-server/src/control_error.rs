@@ -37,7 +37,7 @@ pub enum ControlError {
     #[error(
         "job {id} {phrase}; cannot report {what}",
         id = .0,
-        phrase = crate::workflow::state_phrase(&crate::workflow::state_name(*.1)),
+        phrase = state_phrase(&state_name(*.1)),
         what = .2
     )]
     BadReport(JobId, JobState, &'static str),
@@ -65,7 +65,7 @@ pub enum WorkflowError {
     #[error(
         "job {id} {phrase}; only pending jobs can be {verb}",
         id = .0,
-        phrase = crate::workflow::state_phrase(.1),
+        phrase = state_phrase(.1),
         verb = .2
     )]
     NotPending(JobId, String, &'static str),
@@ -103,11 +103,48 @@ pub(crate) fn encode<T: serde::Serialize>(v: &T) -> Vec<u8> {
 /// `has already succeeded`, `was already cancelled`: an ended job's state
 /// as the rest of a sentence.
 fn already(s: JobState) -> String {
-    match crate::workflow::state_name(s).as_str() {
+    match state_name(s).as_str() {
         "succeeded" => "has already succeeded".into(),
         "failed" => "has already failed".into(),
         "cancelled" => "was already cancelled".into(),
         "timeout" => "has already timed out".into(),
         other => format!("is already {other}"),
+    }
+}
+
+/// A state as the API spells it (`running`).
+pub fn state_name(s: JobState) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{s:?}"))
+}
+
+/// A job's state as the rest of a sentence after `job 12`: `is pending`,
+/// `succeeded`, `was cancelled`, `timed out` (never `is succeeded`).
+pub fn state_phrase(state: &str) -> String {
+    match state {
+        "succeeded" | "failed" => state.to_string(),
+        "cancelled" => "was cancelled".into(),
+        "timeout" => "timed out".into(),
+        other => format!("is {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_read_as_sentences() {
+        assert_eq!(super::state_phrase("running"), "is running");
+        assert_eq!(super::state_phrase("succeeded"), "succeeded");
+        assert_eq!(super::state_phrase("timeout"), "timed out");
+        let e = ControlError::Finished(JobId(12), JobState::Succeeded).to_string();
+        assert_eq!(e, "job 12 has already succeeded");
+        let e = ControlError::Finished(JobId(12), JobState::Cancelled).to_string();
+        assert_eq!(e, "job 12 was already cancelled");
+        let e = WorkflowError::NotPending(JobId(3), "failed".into(), "held").to_string();
+        assert_eq!(e, "job 3 failed; only pending jobs can be held");
     }
 }

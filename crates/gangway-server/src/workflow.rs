@@ -11,13 +11,12 @@
 
 use crate::authz::Principal;
 use crate::config::ServerConfig;
-pub use crate::control_error::WorkflowError;
+pub use crate::control_error::{state_name, state_phrase, WorkflowError};
 pub use crate::records::Hold;
 use crate::records::JobRecord;
 use gangway_core::workflow::parse_array;
 use gangway_core::{
-    format_time_span, ArrayTask, JobId, JobSpec, JobState, PriorityClass, ReasonCode, Time,
-    TimeSpan,
+    format_time_span, ArrayTask, JobId, JobSpec, PriorityClass, ReasonCode, Time, TimeSpan,
 };
 use serde::{Deserialize, Serialize};
 
@@ -51,25 +50,6 @@ pub enum Gate {
     Wait(ReasonCode, String),
     /// A dependency can never be met: it is cancelled (`DependencyNeverSatisfied`).
     Never(String),
-}
-
-/// A state as the API spells it (`running`).
-pub fn state_name(s: JobState) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{s:?}"))
-}
-
-/// A job's state as the rest of a sentence after `job 12`: `is pending`,
-/// `succeeded`, `was cancelled`, `timed out` (never `is succeeded`).
-pub fn state_phrase(state: &str) -> String {
-    match state {
-        "succeeded" | "failed" => state.to_string(),
-        "cancelled" => "was cancelled".into(),
-        "timeout" => "timed out".into(),
-        other => format!("is {other}"),
-    }
 }
 
 /// Tasks an array spec expands to (1 for a plain job), for the pending-jobs limit.
@@ -194,24 +174,10 @@ pub fn updated_spec(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn states_read_as_sentences() {
-        use crate::control::ControlError;
-        use gangway_core::{JobId, JobState};
-        assert_eq!(super::state_phrase("running"), "is running");
-        assert_eq!(super::state_phrase("succeeded"), "succeeded");
-        assert_eq!(super::state_phrase("timeout"), "timed out");
-        let e = ControlError::Finished(JobId(12), JobState::Succeeded).to_string();
-        assert_eq!(e, "job 12 has already succeeded");
-        let e = ControlError::Finished(JobId(12), JobState::Cancelled).to_string();
-        assert_eq!(e, "job 12 was already cancelled");
-        let e = super::WorkflowError::NotPending(JobId(3), "failed".into(), "held").to_string();
-        assert_eq!(e, "job 3 failed; only pending jobs can be held");
-    }
-
     use super::*;
     use crate::control::{Control, ControlError};
     use gangway_core::BeginAt;
+    use gangway_core::JobState;
     use gangway_core::{NodeSpec, QueueSpec};
     use gangway_store::RedbStore;
 

@@ -263,6 +263,11 @@ impl Conn {
         })
     }
 
+    /// A job id as typed (`12`, `5_7`) resolved to the job the server knows.
+    pub fn job(&self, r: crate::jobref::JobRef) -> Result<crate::jobref::Target> {
+        r.resolve_with(|id| self.get(&format!("/v1/jobs/{id}")))
+    }
+
     /// DELETE a path.
     pub fn delete(&self, path: &str) -> Result<Value> {
         self.send(|a| {
@@ -594,7 +599,7 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
             };
         }
         let now = crate::human::now();
-        let task = crate::workflow::array_label(j);
+        let task = crate::jobref::array_label(j);
         let task = if task.is_empty() {
             task
         } else {

@@ -1,10 +1,18 @@
 //! Job ids as users type them: `12`, or an array task's `5_7` (Slurm's
 //! `ARRAYID_INDEX`, as `gangway queue` prints it). Every command that takes
 //! a job id parses it here and resolves it to the task's own job id.
+//! (A leaf module: it reads jobs through the function it is given.)
 
-use crate::client::Conn;
 use anyhow::{bail, Result};
 use serde_json::Value;
+
+/// `ARRAY_INDEX` of an array task (Slurm's `1234_7`), empty for other jobs.
+pub fn array_label(job: &Value) -> String {
+    match (job.pointer("/array/job"), job.pointer("/array/index")) {
+        (Some(j), Some(i)) => format!("{j}_{i}"),
+        _ => String::new(),
+    }
+}
 
 /// A job id as typed: `ID` or `ID_INDEX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,14 +92,15 @@ impl JobRef {
     /// The job id the server knows this by. An array's tasks have the
     /// consecutive ids `array .. array + count` in index order, so `ID_INDEX`
     /// is found by a guess (dense arrays) and then a binary search.
-    pub fn resolve(&self, c: &Conn) -> Result<Target> {
+    /// `get` reads a job's record (`GET /v1/jobs/{id}`).
+    pub fn resolve_with(&self, get: impl Fn(u64) -> Result<Value>) -> Result<Target> {
         let Some(want) = self.index.map(u64::from) else {
             return Ok(Target {
                 id: self.id,
                 task: false,
             });
         };
-        let first = c.get(&format!("/v1/jobs/{}", self.id))?;
+        let first = get(self.id)?;
         let (array, first_index, count) = match array_of(&first) {
             Some((a, i, n)) if a == self.id => (a, i, n),
             Some((a, i, _)) => bail!(
@@ -104,7 +113,7 @@ impl JobRef {
         let missing = || anyhow::anyhow!("array {array} has no task {want}");
         let index_at = |pos: u64| -> Result<u64> {
             let id = array.checked_add(pos).ok_or_else(missing)?;
-            let j = c.get(&format!("/v1/jobs/{id}"))?;
+            let j = get(id)?;
             match array_of(&j) {
                 Some((a, i, _)) if a == array => Ok(i),
                 _ => Err(missing()),

@@ -647,10 +647,10 @@ fn run() -> Result<()> {
                 (_, true) => client::Ranks::All,
                 _ => client::Ranks::One(rank.unwrap_or(0)),
             };
-            client::logs_of(c, id.resolve(c)?.id, which, attempt, follow)
+            client::logs_of(c, c.job(id)?.id, which, attempt, follow)
         }
-        Command::Hold { id } => workflow::hold(c, id.resolve(c)?),
-        Command::Release { id } => workflow::release(c, id.resolve(c)?),
+        Command::Hold { id } => workflow::hold(c, c.job(id)?),
+        Command::Release { id } => workflow::release(c, c.job(id)?),
         Command::Update(a) => workflow::update(c, &a),
         Command::History(a) => workflow::history(c, &a),
         Command::Submit {
@@ -676,9 +676,9 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Queue(a) => queue::run(c, &a),
-        Command::Describe { id } => client::describe(c, id.resolve(c)?.id, false),
-        Command::Why { id } => client::describe(c, id.resolve(c)?.id, true),
-        Command::Cancel { id, wait } => client::cancel(c, id.resolve(c)?, wait),
+        Command::Describe { id } => client::describe(c, c.job(id)?.id, false),
+        Command::Why { id } => client::describe(c, c.job(id)?.id, true),
+        Command::Cancel { id, wait } => client::cancel(c, c.job(id)?, wait),
         Command::Nodes { action: None } => client::nodes(c),
         Command::Nodes { action: Some(a) } => {
             let (verb, name) = match &a {

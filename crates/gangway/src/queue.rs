@@ -113,7 +113,7 @@ fn code(j: &Value) -> String {
 
 /// The job's id, or an array task's `ARRAYID_INDEX` (as Slurm prints it).
 fn id_label(j: &Value) -> String {
-    let label = crate::workflow::array_label(j);
+    let label = crate::jobref::array_label(j);
     if label.is_empty() {
         text(j.get("id"))
     } else {

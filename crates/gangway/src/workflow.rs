@@ -108,7 +108,7 @@ pub fn update(c: &Conn, a: &UpdateArgs) -> Result<()> {
     if body.is_empty() {
         bail!("nothing to update: give --priority, --time-limit, --queue or --name");
     }
-    let id = a.id.resolve(c)?.id;
+    let id = c.job(a.id)?.id;
     let v = c.post(
         &format!("/v1/jobs/{id}/update"),
         "application/json",
@@ -304,14 +304,6 @@ pub fn history(c: &Conn, a: &HistoryArgs) -> Result<()> {
         Output::Table | Output::Wide => print!("{}", table(&rows)),
     }
     Ok(())
-}
-
-/// `ARRAY_INDEX` of an array task (Slurm's `1234_7`), empty for other jobs.
-pub fn array_label(job: &Value) -> String {
-    match (job.pointer("/array/job"), job.pointer("/array/index")) {
-        (Some(j), Some(i)) => format!("{j}_{i}"),
-        _ => String::new(),
-    }
 }
 
 #[cfg(test)]
