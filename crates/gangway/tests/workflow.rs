@@ -179,6 +179,12 @@ fn array_tasks_are_addressed_as_id_index_by_logs_describe_why_cancel_and_queue()
             "{arg}: {out}{err}"
         );
     }
+    // `hold`/`release ID_INDEX` take that task only (an admin hold: the CLI runs as admin).
+    cli(&c, &["hold", &format!("{a}_1")]);
+    assert_eq!(c.job(a + 1)["held"], "admin", "{:#}", c.job(a + 1));
+    assert!(c.job(a + 2)["held"].is_null(), "{:#}", c.job(a + 2));
+    cli(&c, &["release", &format!("{a}_1")]);
+    assert!(c.job(a + 1)["held"].is_null(), "{:#}", c.job(a + 1));
     // `cancel ID_INDEX` cancels that task only, the first one included.
     cli(&c, &["cancel", &format!("{a}_5")]);
     assert_eq!(state(&c.job(a + 3)), "cancelled");
