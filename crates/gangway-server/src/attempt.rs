@@ -129,9 +129,13 @@ pub(crate) fn ended(mut rec: JobRecord, ending: Ending, now: Time) -> (JobRecord
             rec.state = JobState::Restarting;
             rec.restart_at = Some(now.saturating_add(backoff));
             rec.placement.clear();
+            // Attempts count from 0, as `logs --attempt` and `describe` show them.
             let text = format!(
-                "{msg}; restart {} of {} in {backoff}s",
-                rec.restarts, rec.spec.restart.max_restarts
+                "{msg}; restart {} of {} in {backoff}s (attempt {} failed; attempt {} next)",
+                rec.restarts,
+                rec.spec.restart.max_restarts,
+                rec.attempt.saturating_sub(1),
+                rec.attempt
             );
             rec.events.push(JobEvent::new(now, "restarting", text));
             AfterEnd::Restart

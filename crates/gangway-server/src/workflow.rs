@@ -11,15 +11,26 @@
 
 use crate::authz::Principal;
 use crate::config::ServerConfig;
-pub use crate::control_error::WorkflowError;
+pub use crate::control_error::{state_name, state_phrase, WorkflowError};
 pub use crate::records::Hold;
 use crate::records::JobRecord;
 use gangway_core::workflow::parse_array;
 use gangway_core::{
-    format_time_span, ArrayTask, JobId, JobSpec, JobState, PriorityClass, ReasonCode, Time,
-    TimeSpan,
+    format_time_span, ArrayTask, JobId, JobSpec, PriorityClass, ReasonCode, Time, TimeSpan,
 };
 use serde::{Deserialize, Serialize};
+
+/// What an array's id names in hold, release and cancel: the whole array
+/// (Slurm's `scancel 5`) or only its first task (`scancel 5_0`). Other ids
+/// name one job either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every task of the array.
+    #[default]
+    Array,
+    /// The one task with this id.
+    Task,
+}
 
 /// Pending jobs kept out of the scheduler's state, each with its reason code
 /// and sentence (derived from the records; never stored).
@@ -39,14 +50,6 @@ pub enum Gate {
     Wait(ReasonCode, String),
     /// A dependency can never be met: it is cancelled (`DependencyNeverSatisfied`).
     Never(String),
-}
-
-/// A state as the API spells it (`running`).
-pub fn state_name(s: JobState) -> String {
-    serde_json::to_value(s)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{s:?}"))
 }
 
 /// Tasks an array spec expands to (1 for a plain job), for the pending-jobs limit.
@@ -174,6 +177,7 @@ mod tests {
     use super::*;
     use crate::control::{Control, ControlError};
     use gangway_core::BeginAt;
+    use gangway_core::JobState;
     use gangway_core::{NodeSpec, QueueSpec};
     use gangway_store::RedbStore;
 
@@ -360,6 +364,38 @@ mod tests {
             e,
             ControlError::Workflow(WorkflowError::NotHeld(_))
         ));
+    }
+
+    #[test]
+    fn an_arrays_id_in_task_scope_names_its_first_task_only() {
+        let (_d, mut c) = control();
+        let mut arr = JobSpec::new("arr", "q", 1, 4);
+        arr.array = Some("0-2".into());
+        let arr = c.submit("alice", arr, 1).expect("array");
+        // Nothing placed yet: every task pending.
+        assert_eq!(
+            c.hold_in(arr, Scope::Task, Hold::User, "alice", 2)
+                .expect("hold 0"),
+            1
+        );
+        assert_eq!(c.jobs[&arr].0.held, Some(Hold::User));
+        assert_eq!(c.jobs[&JobId(arr.0 + 1)].0.held, None);
+        assert_eq!(
+            c.release_in(arr, Scope::Task, false, "alice", 3)
+                .expect("release 0"),
+            1
+        );
+        let gone = c.cancel_in(arr, Scope::Task, "alice", 4).expect("cancel 0");
+        assert_eq!(gone, vec![arr]);
+        assert_eq!(c.jobs[&arr].0.state, JobState::Cancelled);
+        for k in 1..3 {
+            assert_ne!(c.jobs[&JobId(arr.0 + k)].0.state, JobState::Cancelled);
+        }
+        // The array's scope still reaches every task left.
+        let gone = c
+            .cancel_in(arr, Scope::Array, "alice", 5)
+            .expect("cancel all");
+        assert_eq!(gone, vec![JobId(arr.0 + 1), JobId(arr.0 + 2)]);
     }
 
     #[test]

@@ -18,8 +18,10 @@ pub enum Output {
     Wide,
 }
 
-/// Where the server is and who we are.
+/// Where the server is and who we are (every client command takes these;
+/// `--help` lists them once, under "Connection").
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Connection")]
 pub struct Conn {
     /// Server address, or several replicas comma-separated (flag, then $GANGWAY_ADDR, then the config file, then http://127.0.0.1:7070).
     #[arg(long, global = true, env = "GANGWAY_ADDR")]
@@ -267,6 +269,11 @@ impl Conn {
             }
             r.send_string(body).map_err(Box::new)
         })
+    }
+
+    /// A job id as typed (`12`, `5_7`) resolved to the job the server knows.
+    pub fn job(&self, r: crate::jobref::JobRef) -> Result<crate::jobref::Target> {
+        r.resolve_with(|id| self.get(&format!("/v1/jobs/{id}")))
     }
 
     /// DELETE a path.
@@ -594,12 +601,21 @@ pub fn describe(c: &Conn, id: u64, why_only: bool) -> Result<()> {
                 .unwrap_or_default();
             return match j.get("reason").and_then(Value::as_str) {
                 Some(r) => format!("job {id} ({}): {code}{r}\n{start}", s(j, "state")),
-                None => format!("job {id} is {}\n", s(j, "state")),
+                None => format!(
+                    "job {id} {}\n",
+                    gangway_server::workflow::state_phrase(&s(j, "state"))
+                ),
             };
         }
         let now = crate::human::now();
+        let task = crate::jobref::array_label(j);
+        let task = if task.is_empty() {
+            task
+        } else {
+            format!(" (array task {task})")
+        };
         let mut out = format!(
-            "job {id}: {}\n  queue {}  user {}  state {}  gpus {}\n",
+            "job {id}: {}{task}\n  queue {}  user {}  state {}  gpus {}\n",
             at(j, "/spec/name"),
             at(j, "/spec/queue"),
             s(j, "user"),
@@ -721,10 +737,12 @@ fn contract_lines(j: &Value) -> String {
         if f.get("oom_killed") == Some(&Value::Bool(true)) {
             how += ", OOM-killed";
         }
+        // The record is the latest failed attempt's; attempts are numbered
+        // from 0 as in `logs --attempt` and the restart events.
         out += &format!(
-            "  first failure: {rank} on {} in attempt {} ({how})\n",
-            s(f, "node"),
-            s(f, "attempt")
+            "  failed in attempt {}: {rank} on {} failed first ({how})\n",
+            s(f, "attempt"),
+            s(f, "node")
         );
         let tail: Vec<&str> = f
             .get("log_tail")
@@ -748,8 +766,13 @@ fn contract_lines(j: &Value) -> String {
 /// A job whose ranks run is `cancelling` until every node reports none of
 /// its processes left (they get the checkpoint signal and at most 10 s);
 /// with `wait`, returns once it is `cancelled` (or ended otherwise).
-pub fn cancel(c: &Conn, id: u64, wait: bool) -> Result<()> {
-    let v = c.post(&format!("/v1/jobs/{id}/cancel"), "application/json", "")?;
+pub fn cancel(c: &Conn, t: crate::jobref::Target, wait: bool) -> Result<()> {
+    let id = t.id;
+    let v = c.post(
+        &format!("/v1/jobs/{id}/cancel{}", t.query()),
+        "application/json",
+        "",
+    )?;
     // An array's id cancels every task.
     let ids: Vec<u64> = match v.get("jobs").and_then(Value::as_array) {
         Some(a) if !a.is_empty() => a.iter().filter_map(Value::as_u64).collect(),
@@ -1008,6 +1031,20 @@ pub fn usage(c: &Conn, from: Option<u64>, to: Option<u64>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn describe_names_the_attempt_that_failed_as_logs_and_events_number_it() {
+        // Attempt 0 failed and restarted; attempt 1 failed too: the record is attempt 1's.
+        let j = json!({ "failure": {
+            "attempt": 1, "node": "n-a", "rank": 0, "exit_code": 1, "log_tail": []
+        }});
+        let text = super::contract_lines(&j);
+        assert_eq!(
+            text,
+            "  failed in attempt 1: rank 0 on n-a failed first (exit code 1)\n"
+        );
+        assert!(!text.contains("first failure"), "{text}");
+    }
 
     #[test]
     fn folded_events_show_their_count_and_dropped_ones_are_counted() {

@@ -109,7 +109,7 @@ pub fn ranges(xs: &[u64]) -> String {
     while i < v.len() {
         let start = v[i];
         let mut end = start;
-        while i + 1 < v.len() && v[i + 1] == end + 1 {
+        while i + 1 < v.len() && end.checked_add(1) == Some(v[i + 1]) {
             i += 1;
             end = v[i];
         }
@@ -121,6 +121,44 @@ pub fn ranges(xs: &[u64]) -> String {
         i += 1;
     }
     out.join(",")
+}
+
+/// Rows as a table whose columns are as wide as their widest cell (in
+/// characters), one space apart; the columns in `right` are right-aligned
+/// (numbers). The first row is the header.
+pub fn align(rows: &[Vec<String>], right: &[usize]) -> String {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|x| x.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            if c > 0 {
+                line.push(' ');
+            }
+            let pad = width[c].saturating_sub(cell.chars().count());
+            if right.contains(&c) {
+                line.extend(std::iter::repeat_n(' ', pad));
+                line += cell;
+            } else {
+                line += cell;
+                if c + 1 < r.len() {
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+        }
+        out += line.trim_end();
+        out.push('\n');
+    }
+    out
 }
 
 /// A job's placement grouped by node, in first-rank order: one line per
@@ -165,6 +203,32 @@ pub fn rank_groups(placement: &[Value]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn aligned_columns_are_as_wide_as_their_widest_cell() {
+        let rows: Vec<Vec<String>> = [
+            ["ID", "USER", "QUEUE", "GPU-HOURS"],
+            ["7", "a-very-long-user", "q", "1.50"],
+            ["1234567", "bob", "research-queue", "123.25"],
+        ]
+        .iter()
+        .map(|r| r.iter().map(|c| c.to_string()).collect())
+        .collect();
+        let t = super::align(&rows, &[0, 3]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0],
+            "     ID USER             QUEUE          GPU-HOURS"
+        );
+        assert_eq!(
+            lines[1],
+            "      7 a-very-long-user q                   1.50"
+        );
+        assert_eq!(
+            lines[2],
+            "1234567 bob              research-queue    123.25"
+        );
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -4,6 +4,7 @@ mod admin_cmd;
 mod client;
 mod gpu_check;
 mod human;
+mod jobref;
 mod local;
 mod policy_cmd;
 mod queue;
@@ -79,8 +80,8 @@ enum Command {
     Up(Box<local::UpArgs>),
     /// Prints a rank's log (rank 0 unless told otherwise).
     Logs {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
         /// Rank.
         #[arg(long, conflicts_with_all = ["failed", "all"])]
         rank: Option<u32>,
@@ -111,13 +112,13 @@ enum Command {
     },
     /// Holds a pending job: it does not start until released.
     Hold {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Releases a held job.
     Release {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Changes a pending job's priority, time limit, queue or name.
     Update(workflow::UpdateArgs),
@@ -134,19 +135,19 @@ enum Command {
     Queue(queue::QueueArgs),
     /// Shows a job, its events and why it waits.
     Describe {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Says why a job waits.
     Why {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
     },
     /// Cancels a job: prints `cancelling` while its ranks get the checkpoint
     /// signal and at most 10 s to stop, `cancelled` once none is left.
     Cancel {
-        /// Job id.
-        id: u64,
+        /// Job id, or an array task's `ID_INDEX` (`5_7`).
+        id: jobref::JobRef,
         /// Wait until the job is `cancelled` (no process of it left).
         #[arg(long)]
         wait: bool,
@@ -416,11 +417,155 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("Tools", &["sim", "openapi", "completions", "help"]),
 ];
 
+/// Two examples for each command's `--help` (a unit test checks that every
+/// command has them).
+const EXAMPLES: &[(&str, [&str; 2])] = &[
+    (
+        "submit",
+        [
+            "gangway submit examples/job.yaml",
+            "gangway submit job.yaml --array 0-99%4 --wait",
+        ],
+    ),
+    (
+        "queue",
+        ["gangway queue --me", "gangway queue --start -q research"],
+    ),
+    (
+        "describe",
+        [
+            "gangway describe 12",
+            "gangway describe 5_7          # task 7 of array 5",
+        ],
+    ),
+    ("why", ["gangway why 12", "gangway why 5_3"]),
+    ("logs", ["gangway logs 12 -f", "gangway logs 5_7 --failed"]),
+    (
+        "cancel",
+        [
+            "gangway cancel 5_7          # one task of array 5",
+            "gangway cancel 5 --wait     # the whole array",
+        ],
+    ),
+    (
+        "hold",
+        [
+            "gangway hold 12",
+            "gangway hold 5               # every pending task of array 5",
+        ],
+    ),
+    ("release", ["gangway release 12", "gangway release 5_3"]),
+    (
+        "update",
+        [
+            "gangway update 12 --time-limit 2h",
+            "gangway update 12 --queue research --name retry",
+        ],
+    ),
+    (
+        "history",
+        [
+            "gangway history --since 7d",
+            "gangway history -o csv > jobs.csv",
+        ],
+    ),
+    ("nodes", ["gangway nodes", "gangway nodes drain gpu-07"]),
+    ("queues", ["gangway queues", "gangway queues -o json"]),
+    (
+        "usage",
+        [
+            "gangway usage --from 7d",
+            "gangway usage --from 2026-12-01T00:00:00Z --to 1d",
+        ],
+    ),
+    (
+        "reservation",
+        [
+            "gangway reservation list",
+            "gangway reservation create --name bios --nodes gpu-01 --start now+1h --duration 2h",
+        ],
+    ),
+    (
+        "policy",
+        [
+            "gangway policy show",
+            "gangway policy what-if candidate.yaml",
+        ],
+    ),
+    (
+        "admin",
+        [
+            "gangway admin backup store.backup",
+            "gangway admin backup store.backup --data-dir /var/lib/gangway",
+        ],
+    ),
+    (
+        "audit",
+        [
+            "gangway audit --since 2h",
+            "gangway audit --limit 20 -o json",
+        ],
+    ),
+    (
+        "alerts",
+        [
+            "gangway alerts > gangway-rules.yaml",
+            "gangway alerts | promtool check rules /dev/stdin",
+        ],
+    ),
+    (
+        "server",
+        [
+            "gangway server --config examples/server.yaml",
+            "gangway server --config server.yaml --listen 0.0.0.0:7070 --data-dir /var/lib/gangway",
+        ],
+    ),
+    (
+        "agent",
+        [
+            "gangway agent --server https://head:7070 --join-token TOKEN --node gpu-01",
+            "gangway agent --check",
+        ],
+    ),
+    (
+        "up",
+        [
+            "gangway up",
+            "gangway up --nodes 2 --gpus-per-node 8 --config examples/server.yaml",
+        ],
+    ),
+    (
+        "sim",
+        [
+            "gangway sim --trace trace.csv",
+            "gangway sim --trace trace.csv --out report",
+        ],
+    ),
+    (
+        "openapi",
+        [
+            "gangway openapi > openapi.json",
+            "gangway openapi | jq '.paths | keys'",
+        ],
+    ),
+    (
+        "completions",
+        [
+            "source <(gangway completions bash)",
+            "gangway completions zsh > ~/.zfunc/_gangway",
+        ],
+    ),
+];
+
 /// The CLI with its commands listed by [`GROUPS`] in `--help` (clap lists
 /// subcommands under one heading only, so the list is written here).
 fn cli_command() -> clap::Command {
     use clap::CommandFactory;
     let mut cmd = Cli::command();
+    for (name, lines) in EXAMPLES {
+        let text = format!("Examples:\n  {}\n  {}", lines[0], lines[1]);
+        cmd = cmd.mut_subcommand(*name, |c| c.after_help(text));
+    }
     cmd.build();
     let width = GROUPS
         .iter()
@@ -445,10 +590,29 @@ fn cli_command() -> clap::Command {
     ))
 }
 
+/// A client command piped into `head` ends as coreutils do when `head`
+/// exits: killed by SIGPIPE (status 141), with no `Broken pipe` error or
+/// panic. Rust ignores SIGPIPE by default; the daemons keep that (a closed
+/// socket or rank pipe must not kill them). The CLI's own sockets are
+/// unaffected: std writes them with `MSG_NOSIGNAL`.
+fn quiet_on_closed_pipe() {
+    // SAFETY: sets a signal's disposition to the default; no handler runs
+    // Rust code, and nothing else in the process changes SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn run() -> Result<()> {
     use clap::FromArgMatches;
     let matches = cli_command().get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
+    if !matches!(
+        cli.command,
+        Command::Up(_) | Command::Server { .. } | Command::Agent(_)
+    ) {
+        quiet_on_closed_pipe();
+    }
     if let Command::Completions { shell } = cli.command {
         let mut cmd = cli_command();
         clap_complete::generate(shell, &mut cmd, "gangway", &mut std::io::stdout());
@@ -537,10 +701,10 @@ fn run() -> Result<()> {
                 (_, true) => client::Ranks::All,
                 _ => client::Ranks::One(rank.unwrap_or(0)),
             };
-            client::logs_of(c, id, which, attempt, follow)
+            client::logs_of(c, c.job(id)?.id, which, attempt, follow)
         }
-        Command::Hold { id } => workflow::hold(c, id),
-        Command::Release { id } => workflow::release(c, id),
+        Command::Hold { id } => workflow::hold(c, c.job(id)?),
+        Command::Release { id } => workflow::release(c, c.job(id)?),
         Command::Update(a) => workflow::update(c, &a),
         Command::History(a) => workflow::history(c, &a),
         Command::Submit {
@@ -566,9 +730,9 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Queue(a) => queue::run(c, &a),
-        Command::Describe { id } => client::describe(c, id, false),
-        Command::Why { id } => client::describe(c, id, true),
-        Command::Cancel { id, wait } => client::cancel(c, id, wait),
+        Command::Describe { id } => client::describe(c, c.job(id)?.id, false),
+        Command::Why { id } => client::describe(c, c.job(id)?.id, true),
+        Command::Cancel { id, wait } => client::cancel(c, c.job(id)?, wait),
         Command::Nodes { action: None } => client::nodes(c),
         Command::Nodes { action: Some(a) } => {
             let (verb, name) = match &a {
@@ -597,6 +761,50 @@ fn run() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_command_has_two_examples_and_the_connection_flags_under_one_heading() {
+        let mut cmd = cli_command();
+        cmd.build();
+        let names: Vec<String> = cmd
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+            .map(|c| c.get_name().to_string())
+            .collect();
+        for name in names {
+            let sub = cmd.find_subcommand_mut(&name).expect("subcommand");
+            let help = sub.render_help().to_string();
+            let examples = help
+                .split("Examples:\n")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{name}: no examples in\n{help}"));
+            let lines: Vec<&str> = examples.lines().filter(|l| l.contains("gangway")).collect();
+            assert_eq!(lines.len(), 2, "{name}: {help}");
+            if !matches!(name.as_str(), "server" | "agent" | "up") {
+                let conn = help
+                    .split("Connection:\n")
+                    .nth(1)
+                    .unwrap_or_else(|| panic!("{name}: no Connection heading in\n{help}"));
+                for flag in [
+                    "--addr",
+                    "--token",
+                    "--cli-config",
+                    "--server-ca",
+                    "--output",
+                ] {
+                    assert!(
+                        conn.contains(flag),
+                        "{name}: {flag} not under Connection:\n{help}"
+                    );
+                    let before = help.split("Connection:\n").next().unwrap_or("");
+                    assert!(
+                        !before.contains(flag),
+                        "{name}: {flag} outside Connection:\n{help}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_command_is_in_exactly_one_help_group() {

@@ -113,7 +113,7 @@ fn code(j: &Value) -> String {
 
 /// The job's id, or an array task's `ARRAYID_INDEX` (as Slurm prints it).
 fn id_label(j: &Value) -> String {
-    let label = crate::workflow::array_label(j);
+    let label = crate::jobref::array_label(j);
     if label.is_empty() {
         text(j.get("id"))
     } else {
@@ -146,12 +146,91 @@ pub fn header(wide: bool) -> String {
     }
 }
 
+/// An array's pending tasks in one row, as `squeue` shows them:
+/// `5_[3-99%4]` (`%4`: at most 4 run at once). One task keeps its own id.
+pub fn collapsed_label(array: u64, indexes: &[u64], limit: Option<u64>) -> String {
+    match (indexes, limit) {
+        ([one], _) => format!("{array}_{one}"),
+        (_, Some(l)) => format!("{array}_[{}%{l}]", human::ranges(indexes)),
+        (_, None) => format!("{array}_[{}]", human::ranges(indexes)),
+    }
+}
+
+/// Pending tasks of one array waiting to be printed as one row: the first
+/// task's record (its other columns) and every index seen.
+struct Group {
+    first: Value,
+    array: u64,
+    indexes: Vec<u64>,
+    limit: Option<u64>,
+}
+
+impl Group {
+    /// A group for `j` when it is a pending array task.
+    fn of(j: &Value) -> Option<Group> {
+        if human::shown_state(j) != "pending" {
+            return None;
+        }
+        let a = j.get("array").filter(|a| !a.is_null())?;
+        Some(Group {
+            first: j.clone(),
+            array: a.get("job")?.as_u64()?,
+            indexes: vec![a.get("index")?.as_u64()?],
+            limit: a.get("limit").and_then(Value::as_u64),
+        })
+    }
+
+    fn row(&self, wide: bool, now: u64) -> String {
+        let label = collapsed_label(self.array, &self.indexes, self.limit);
+        row_as(&self.first, &label, wide, now)
+    }
+}
+
+/// Rows in listing order, with each run of pending tasks of one array in
+/// one row; running and ended tasks keep a row each.
+#[derive(Default)]
+pub struct Collapser {
+    open: Option<Group>,
+}
+
+impl Collapser {
+    /// The rows `j` completes (none while a group may still grow).
+    pub fn push(&mut self, j: &Value, wide: bool, now: u64) -> String {
+        let next = Group::of(j);
+        if let (Some(g), Some(n)) = (self.open.as_mut(), next.as_ref()) {
+            if g.array == n.array {
+                g.indexes.extend_from_slice(&n.indexes);
+                return String::new();
+            }
+        }
+        let mut out = self.finish(wide, now);
+        match next {
+            Some(g) => self.open = Some(g),
+            None => out += &row(j, wide, now),
+        }
+        out
+    }
+
+    /// The last group's row.
+    pub fn finish(&mut self, wide: bool, now: u64) -> String {
+        self.open
+            .take()
+            .map(|g| g.row(wide, now))
+            .unwrap_or_default()
+    }
+}
+
 /// One job's row: relative times in the table, ISO-8601 in the wide one.
 pub fn row(j: &Value, wide: bool, now: u64) -> String {
+    row_as(j, &id_label(j), wide, now)
+}
+
+/// [`row`] with `label` in the ID column.
+fn row_as(j: &Value, label: &str, wide: bool, now: u64) -> String {
     let start = j.get("estimated_start").and_then(Value::as_u64);
     let common = format!(
         "{:<7} {:<20} {:<12} {:<10} {:<10} {:>5}  ",
-        id_label(j),
+        label,
         cut(&text(j.pointer("/spec/name")), 20),
         cut(&text(j.pointer("/spec/queue")), 12),
         cut(&text(j.get("user")), 10),
@@ -222,27 +301,29 @@ pub fn run(c: &Conn, a: &QueueArgs) -> Result<()> {
     let now = human::now();
     let mut cursor: Option<String> = None;
     let mut first = true;
-    if json {
-        write!(out, "[")?;
-    } else {
-        write!(out, "{}", header(wide))?;
-    }
+    let mut rows = Collapser::default();
     loop {
         let path = match &cursor {
             Some(k) => format!("/v1/jobs?{base}&cursor={}", enc(k)),
             None => format!("/v1/jobs?{base}"),
         };
         let (page, next) = c.get_page(&path)?;
+        // The header only once the server has answered: an error is then
+        // the only output.
+        if cursor.is_none() {
+            if json {
+                write!(out, "[")?;
+            } else {
+                write!(out, "{}", header(wide))?;
+            }
+        }
         for j in page.as_array().into_iter().flatten() {
             if json {
                 let sep = if first { "\n" } else { ",\n" };
                 write!(out, "{sep}{}", serde_json::to_string_pretty(j)?)?;
             } else {
-                write!(
-                    out,
-                    "{}",
-                    row(&crate::client::printable_value(j), wide, now)
-                )?;
+                let text = rows.push(&crate::client::printable_value(j), wide, now);
+                write!(out, "{text}")?;
             }
             first = false;
         }
@@ -254,6 +335,8 @@ pub fn run(c: &Conn, a: &QueueArgs) -> Result<()> {
     }
     if json {
         writeln!(out, "{}]", if first { "" } else { "\n" })?;
+    } else {
+        write!(out, "{}", rows.finish(wide, now))?;
     }
     Ok(())
 }
@@ -286,6 +369,54 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(a.query(None), "limit=500&state=pending,running");
+    }
+
+    #[test]
+    fn pending_tasks_of_an_array_collapse_into_one_row_with_ranges() {
+        assert_eq!(human::ranges(&[0, 1, 2, 7, 9, 10, 11]), "0-2,7,9-11");
+        assert_eq!(human::ranges(&[4]), "4");
+        assert_eq!(human::ranges(&[]), "");
+        assert_eq!(collapsed_label(5, &[3], Some(4)), "5_3");
+        assert_eq!(
+            collapsed_label(5, &[0, 1, 2, 7, 9, 10, 11], None),
+            "5_[0-2,7,9-11]"
+        );
+        let task = |id: u64, index: u64, state: &str| {
+            json!({
+                "id": id, "user": "alice", "state": state,
+                "array": { "job": 5, "index": index, "count": 100, "limit": 4 },
+                "spec": { "name": "sweep", "queue": "q", "replicas": 1, "resources": { "gpus": 1 } }
+            })
+        };
+        let mut c = Collapser::default();
+        let mut out = String::new();
+        // Tasks 0..=2 run, 3..=99 wait: three rows and one for the rest.
+        for i in 0..100u64 {
+            let state = if i < 3 { "running" } else { "pending" };
+            out += &c.push(&task(5 + i, i, state), false, 0);
+        }
+        out += &c.push(
+            &json!({"id": 200, "state": "pending", "spec": {}}),
+            false,
+            0,
+        );
+        out += &c.finish(false, 0);
+        let ids: Vec<&str> = out
+            .lines()
+            .map(|l| l.split_whitespace().next().unwrap_or(""))
+            .collect();
+        assert_eq!(ids, ["5_0", "5_1", "5_2", "5_[3-99%4]", "200"], "{out}");
+        // Gaps (a task that ended or was cancelled) stay in the ranges.
+        let mut c = Collapser::default();
+        let mut out = String::new();
+        for i in [0u64, 1, 2, 7, 9, 10, 11] {
+            let mut t = task(5 + i, i, "pending");
+            t["array"]["limit"] = Value::Null;
+            out += &c.push(&t, false, 0);
+        }
+        out += &c.finish(false, 0);
+        assert!(out.starts_with("5_[0-2,7,9-11] "), "{out}");
+        assert_eq!(out.lines().count(), 1, "{out}");
     }
 
     #[test]

@@ -47,8 +47,13 @@ impl SubmitFlags {
 }
 
 /// `gangway hold ID`.
-pub fn hold(c: &Conn, id: u64) -> Result<()> {
-    let v = c.post(&format!("/v1/jobs/{id}/hold"), "application/json", "")?;
+pub fn hold(c: &Conn, t: crate::jobref::Target) -> Result<()> {
+    let id = t.id;
+    let v = c.post(
+        &format!("/v1/jobs/{id}/hold{}", t.query()),
+        "application/json",
+        "",
+    )?;
     c.print(&v, |v| {
         format!(
             "job {id} held ({})\n",
@@ -58,16 +63,21 @@ pub fn hold(c: &Conn, id: u64) -> Result<()> {
 }
 
 /// `gangway release ID`.
-pub fn release(c: &Conn, id: u64) -> Result<()> {
-    let v = c.post(&format!("/v1/jobs/{id}/release"), "application/json", "")?;
+pub fn release(c: &Conn, t: crate::jobref::Target) -> Result<()> {
+    let id = t.id;
+    let v = c.post(
+        &format!("/v1/jobs/{id}/release{}", t.query()),
+        "application/json",
+        "",
+    )?;
     c.print(&v, |_| format!("job {id} released\n"))
 }
 
 /// What `gangway update` changes.
 #[derive(Args, Clone, Debug)]
 pub struct UpdateArgs {
-    /// Job id.
-    pub id: u64,
+    /// Job id, or an array task's `ID_INDEX` (`5_7`).
+    pub id: crate::jobref::JobRef,
     /// New priority class (within what the queue allows).
     #[arg(long)]
     pub priority: Option<String>,
@@ -98,8 +108,9 @@ pub fn update(c: &Conn, a: &UpdateArgs) -> Result<()> {
     if body.is_empty() {
         bail!("nothing to update: give --priority, --time-limit, --queue or --name");
     }
+    let id = c.job(a.id)?.id;
     let v = c.post(
-        &format!("/v1/jobs/{}/update", a.id),
+        &format!("/v1/jobs/{id}/update"),
         "application/json",
         &Value::Object(body).to_string(),
     )?;
@@ -227,22 +238,34 @@ pub fn to_csv(rows: &[HistoryEntry]) -> String {
     out
 }
 
+/// The history table: columns as wide as their content (names, nodes and
+/// queues vary a lot), numbers right-aligned.
 fn table(rows: &[HistoryEntry]) -> String {
-    let mut out = format!(
-        "{:<7} {:<18} {:<10} {:<10} {:<10} {:<20} {:<20} {:<16} {:>5} {:>10}\n",
-        "ID", "NAME", "USER", "QUEUE", "STATE", "START", "END", "NODES", "EXIT", "GPU-HOURS"
-    );
-    let mut total = 0.0;
     use gangway_core::text::printable;
+    let mut cells: Vec<Vec<String>> = vec![[
+        "ID",
+        "NAME",
+        "USER",
+        "QUEUE",
+        "STATE",
+        "START",
+        "END",
+        "NODES",
+        "EXIT",
+        "GPU-HOURS",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect()];
+    let mut total = 0.0;
     for e in rows {
         total += e.gpu_hours;
         let name: String = printable(&e.name).chars().take(18).collect();
-        out += &format!(
-            "{:<7} {:<18} {:<10} {:<10} {:<10} {:<20} {:<20} {:<16} {:>5} {:>10.2}\n",
-            e.id,
+        cells.push(vec![
+            e.id.to_string(),
             name,
-            printable(&e.user),
-            printable(&e.queue),
+            printable(&e.user).into_owned(),
+            printable(&e.queue).into_owned(),
             gangway_server::workflow::state_name(e.state),
             when(e.started_at),
             when(e.ended_at),
@@ -252,9 +275,10 @@ fn table(rows: &[HistoryEntry]) -> String {
                 printable(&e.nodes.join(",")).into_owned()
             },
             e.exit_code.map_or("-".into(), |c| c.to_string()),
-            e.gpu_hours
-        );
+            format!("{:.2}", e.gpu_hours),
+        ]);
     }
+    let mut out = crate::human::align(&cells, &[0, 8, 9]);
     out += &format!("{} jobs, {total:.2} GPU-hours in all\n", rows.len());
     out
 }
@@ -280,14 +304,6 @@ pub fn history(c: &Conn, a: &HistoryArgs) -> Result<()> {
         Output::Table | Output::Wide => print!("{}", table(&rows)),
     }
     Ok(())
-}
-
-/// `ARRAY_INDEX` of an array task (Slurm's `1234_7`), empty for other jobs.
-pub fn array_label(job: &Value) -> String {
-    match (job.pointer("/array/job"), job.pointer("/array/index")) {
-        (Some(j), Some(i)) => format!("{j}_{i}"),
-        _ => String::new(),
-    }
 }
 
 #[cfg(test)]

@@ -472,7 +472,7 @@ fn the_first_failing_rank_is_named_in_events_describe_and_logs() {
     assert!(ok, "{err}");
     assert!(
         out.contains(&format!(
-            "first failure: rank 3 on {node} in attempt 0 (exit code 7)"
+            "failed in attempt 0: rank 3 on {node} failed first (exit code 7)"
         )),
         "{out}"
     );

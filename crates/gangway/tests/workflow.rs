@@ -65,7 +65,11 @@ fn a_sixteen_task_array_runs_at_most_four_at_once_and_each_rank_sees_its_index()
     let first = submit_cli(&c, &spec, &["--array", "0-15%4"]);
     let tasks: Vec<u64> = (first..first + 16).collect();
     let queue = cli(&c, &["queue"]);
-    assert!(queue.contains(&format!("{first}_15")), "{queue}");
+    // Pending tasks share one row, squeue's `ID_[4-15%4]`.
+    assert!(
+        queue.contains(&format!("{first}_[")) && queue.contains("-15%4] "),
+        "{queue}"
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut most = 0;
     loop {
@@ -105,6 +109,95 @@ fn a_sixteen_task_array_runs_at_most_four_at_once_and_each_rank_sees_its_index()
         seen.insert(env["GANGWAY_JOB_ID"].parse::<u64>().expect("job id"));
     }
     assert_eq!(seen.len(), 16, "one job per task");
+}
+
+/// Runs the CLI as the admin: (success, stdout, stderr).
+fn try_cli(c: &Cluster, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .env("GANGWAY_CONFIG", "/nonexistent")
+        .output()
+        .expect("gangway");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn array_tasks_are_addressed_as_id_index_by_logs_describe_why_cancel_and_queue() {
+    let c = Cluster::one_node(&server_config(""), "node-a", 1, &[]);
+    let spec = sh_job(&c, "sweep", "echo task $GANGWAY_ARRAY_TASK_ID; sleep 120");
+    // Sparse indexes: 7 is the fifth task, found by search, not arithmetic.
+    let a = submit_cli(&c, &spec, &["--array", "0-2,5,7-9%2"]);
+    c.wait_job(a, "task 0 running", 60, |j| state(j) == "running");
+    let log = wait_for("task 0's log", 30, || {
+        let l = cli(&c, &["logs", &format!("{a}_0")]);
+        l.contains("task 0").then_some(l)
+    });
+    assert_eq!(log.trim(), "task 0");
+    // One GPU: task 0 runs, the other six wait in one row.
+    let queue = cli(&c, &["queue"]);
+    let ids: Vec<&str> = queue
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        ids,
+        [format!("{a}_0"), format!("{a}_[1-2,5,7-9%2]")],
+        "{queue}"
+    );
+    let d = cli(&c, &["describe", &format!("{a}_7")]);
+    assert!(
+        d.starts_with(&format!("job {}: sweep (array task {a}_7)\n", a + 4)),
+        "{d}"
+    );
+    let w = cli(&c, &["why", &format!("{a}_9")]);
+    assert!(w.starts_with(&format!("job {} ", a + 6)), "{w}");
+    // A task's own id works too.
+    let d = cli(&c, &["describe", &(a + 3).to_string()]);
+    assert!(d.starts_with(&format!("job {}:", a + 3)), "{d}");
+    for (arg, want) in [
+        (format!("{a}_3"), format!("array {a} has no task 3")),
+        (format!("{a}_10"), format!("array {a} has no task 10")),
+        (
+            format!("{}_0", a + 1),
+            format!("job {} is task {a}_1, not an array", a + 1),
+        ),
+        (
+            format!("{a}_x"),
+            format!("job id \"{a}_x\": expected ID or ID_INDEX"),
+        ),
+    ] {
+        let (ok, out, err) = try_cli(&c, &["describe", &arg]);
+        assert!(
+            !ok && out.is_empty() && err.contains(&want),
+            "{arg}: {out}{err}"
+        );
+    }
+    // `hold`/`release ID_INDEX` take that task only (an admin hold: the CLI runs as admin).
+    cli(&c, &["hold", &format!("{a}_1")]);
+    assert_eq!(c.job(a + 1)["held"], "admin", "{:#}", c.job(a + 1));
+    assert!(c.job(a + 2)["held"].is_null(), "{:#}", c.job(a + 2));
+    cli(&c, &["release", &format!("{a}_1")]);
+    assert!(c.job(a + 1)["held"].is_null(), "{:#}", c.job(a + 1));
+    // `cancel ID_INDEX` cancels that task only, the first one included.
+    cli(&c, &["cancel", &format!("{a}_5")]);
+    assert_eq!(state(&c.job(a + 3)), "cancelled");
+    cli(&c, &["cancel", &format!("{a}_0")]);
+    c.wait_job(a, "task 0 cancelled", 30, |j| state(j) == "cancelled");
+    for t in [a + 1, a + 2, a + 4, a + 5, a + 6] {
+        assert_ne!(state(&c.job(t)), "cancelled", "task {t} was cancelled too");
+    }
+    // The array's id cancels every task left (`scancel 5`).
+    cli(&c, &["cancel", &a.to_string()]);
+    for t in a..a + 7 {
+        c.wait_job(t, "cancelled", 30, |j| state(j) == "cancelled");
+    }
 }
 
 #[test]

@@ -484,6 +484,15 @@ fn a_failing_rank_stops_the_gang_and_the_restart_waits_for_it() {
         .events
         .iter()
         .any(|e| e.kind == "restarting" && e.message.starts_with("exited with code 1 on n")));
+    // Numbered as `describe` and `logs --attempt` number attempts.
+    assert!(
+        rec.events
+            .iter()
+            .any(|e| e.kind == "restarting"
+                && e.message.ends_with("(attempt 0 failed; attempt 1 next)")),
+        "{:?}",
+        rec.events
+    );
     assert_eq!(free_gpus(&c), 4);
 }
 

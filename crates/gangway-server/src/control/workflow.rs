@@ -308,9 +308,19 @@ impl<S: Store> Control<S> {
 
     /// The pending jobs `id` names: every pending task when `id` is an
     /// array's id (with any pending), else `id` itself if it is pending (404, 409).
-    fn targets(&self, id: JobId, verb: &'static str) -> Result<Vec<JobId>, ControlError> {
+    /// With `scope` [`Scope::Task`], only `id` itself (an array's first task).
+    fn targets(
+        &self,
+        id: JobId,
+        verb: &'static str,
+        scope: Scope,
+    ) -> Result<Vec<JobId>, ControlError> {
         let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
-        if let Some(t) = rec.array.as_ref().filter(|t| t.job == id) {
+        if let Some(t) = rec
+            .array
+            .as_ref()
+            .filter(|t| t.job == id && scope == Scope::Array)
+        {
             let end = JobId(id.0.saturating_add(u64::from(t.count)));
             let pending: Vec<JobId> = self
                 .jobs
@@ -337,7 +347,20 @@ impl<S: Store> Control<S> {
         by: &str,
         now: Time,
     ) -> Result<usize, ControlError> {
-        let ids = self.targets(id, "held")?;
+        self.hold_in(id, Scope::Array, kind, by, now)
+    }
+
+    /// [`Self::hold`] with `scope` saying whether an array's id names the
+    /// array or only its first task (`5_0`).
+    pub fn hold_in(
+        &mut self,
+        id: JobId,
+        scope: Scope,
+        kind: Hold,
+        by: &str,
+        now: Time,
+    ) -> Result<usize, ControlError> {
+        let ids = self.targets(id, "held", scope)?;
         let mut recs = Vec::new();
         for i in &ids {
             let Some((rec, _)) = self.jobs.get(i) else {
@@ -378,7 +401,19 @@ impl<S: Store> Control<S> {
         by: &str,
         now: Time,
     ) -> Result<usize, ControlError> {
-        let ids = self.targets(id, "released")?;
+        self.release_in(id, Scope::Array, by_admin, by, now)
+    }
+
+    /// [`Self::release`] with `scope` as in [`Self::hold_in`].
+    pub fn release_in(
+        &mut self,
+        id: JobId,
+        scope: Scope,
+        by_admin: bool,
+        by: &str,
+        now: Time,
+    ) -> Result<usize, ControlError> {
+        let ids = self.targets(id, "released", scope)?;
         let held: Vec<JobRecord> = ids
             .iter()
             .filter_map(|i| self.jobs.get(i).map(|(r, _)| r))
@@ -454,9 +489,20 @@ impl<S: Store> Control<S> {
         by: &str,
         now: Time,
     ) -> Result<Vec<JobId>, ControlError> {
+        self.cancel_in(id, Scope::Array, by, now)
+    }
+
+    /// [`Self::cancel_job_or_array`] with `scope` as in [`Self::hold_in`].
+    pub fn cancel_in(
+        &mut self,
+        id: JobId,
+        scope: Scope,
+        by: &str,
+        now: Time,
+    ) -> Result<Vec<JobId>, ControlError> {
         let (rec, _) = self.jobs.get(&id).ok_or(ControlError::NoSuchJob(id))?;
         let tasks: Vec<JobId> = match &rec.array {
-            Some(t) if t.job == id => {
+            Some(t) if t.job == id && scope == Scope::Array => {
                 let end = JobId(id.0.saturating_add(u64::from(t.count)));
                 self.jobs
                     .range(id..end)

@@ -406,8 +406,8 @@ pub async fn get_job(
 
 #[utoipa::path(
     post, path = "/v1/jobs/{id}/cancel", tag = "jobs",
-    summary = "Cancel a job (owner or admin)",
-    params(("id" = u64, Path, description = "Job id")),
+    summary = "Cancel a job, or every task of an array by its id (owner or admin)",
+    params(("id" = u64, Path, description = "Job id"), crate::http::workflow::TaskQuery),
     responses(
         (status = 200, description = "Cancelled (running ranks get their checkpoint signal)", body = crate::http::jobs::Cancelled),
         Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
@@ -418,6 +418,7 @@ pub async fn cancel_job(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(id): Path<u64>,
+    Query(t): Query<crate::http::workflow::TaskQuery>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let p = authenticate_person(&app, &headers)?;
     let mut c = lock(&app)?;
@@ -431,8 +432,8 @@ pub async fn cancel_job(
             return Err(forbidden(format!("job {id} belongs to {owner}")));
         }
     }
-    // An array's id cancels all of its tasks.
-    let tasks = c.cancel_job_or_array(JobId(id), &p.name(), now())?;
+    // An array's id cancels all of its tasks (`?task=true`: only the first).
+    let tasks = c.cancel_in(JobId(id), t.scope(), &p.name(), now())?;
     drop(c);
     app.wake.notify_one();
     Ok(Json(

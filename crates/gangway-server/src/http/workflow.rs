@@ -4,7 +4,7 @@
 
 use super::common::*;
 use crate::workflow::{updated_spec, Hold, JobUpdate};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use gangway_core::JobId;
@@ -30,12 +30,32 @@ fn owned(c: &crate::control::Control<crate::SharedStore>, p: &Principal, id: u64
     }
 }
 
+/// `?task=true`: an array's id names only its first task, not the array.
+#[derive(serde::Deserialize, utoipa::IntoParams, Default)]
+#[into_params(parameter_in = Query)]
+pub struct TaskQuery {
+    /// Only this task when the id is an array's (Slurm's `5_0` against `5`).
+    #[serde(default)]
+    task: bool,
+}
+
+impl TaskQuery {
+    /// What the id names.
+    pub fn scope(&self) -> crate::workflow::Scope {
+        if self.task {
+            crate::workflow::Scope::Task
+        } else {
+            crate::workflow::Scope::Array
+        }
+    }
+}
+
 /// `POST /v1/jobs/{id}/hold`: the owner's hold (`JobHeldUser`), or an
 /// admin's (`JobHeldAdmin`), which only an admin can release.
 #[utoipa::path(
     post, path = "/v1/jobs/{id}/hold", tag = "jobs",
     summary = "Hold a pending job, or every pending task of an array by its id (owner: JobHeldUser; admin: JobHeldAdmin)",
-    params(("id" = u64, Path, description = "Job id")),
+    params(("id" = u64, Path, description = "Job id"), TaskQuery),
     responses(
         (status = 200, description = "Held: {id, held, reason_code, jobs}", body = Object),
         Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
@@ -46,6 +66,7 @@ pub async fn hold(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(id): Path<u64>,
+    Query(t): Query<TaskQuery>,
 ) -> ApiResult<Json<Value>> {
     let p = authenticate_person(&app, &headers)?;
     let mut c = lock(&app)?;
@@ -56,7 +77,7 @@ pub async fn hold(
         Hold::User
     };
     // An array's id holds every pending task.
-    let n = c.hold(JobId(id), kind, &p.name(), now())?;
+    let n = c.hold_in(JobId(id), t.scope(), kind, &p.name(), now())?;
     let code = kind.code();
     drop(c);
     app.wake.notify_one();
@@ -69,7 +90,7 @@ pub async fn hold(
 #[utoipa::path(
     post, path = "/v1/jobs/{id}/release", tag = "jobs",
     summary = "Release a held job or array (an admin hold by an admin only)",
-    params(("id" = u64, Path, description = "Job id")),
+    params(("id" = u64, Path, description = "Job id"), TaskQuery),
     responses(
         (status = 200, description = "Released: {id, released, jobs}", body = Object),
         Errors<{ MALFORMED | UNAUTHENTICATED | FORBIDDEN | NOT_FOUND | CONFLICT | RATE_LIMITED | INTERNAL | UNAVAILABLE }>
@@ -80,11 +101,12 @@ pub async fn release(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
     Path(id): Path<u64>,
+    Query(t): Query<TaskQuery>,
 ) -> ApiResult<Json<Value>> {
     let p = authenticate_person(&app, &headers)?;
     let mut c = lock(&app)?;
     owned(&c, &p, id)?;
-    let n = c.release(JobId(id), p.is_admin(), &p.name(), now())?;
+    let n = c.release_in(JobId(id), t.scope(), p.is_admin(), &p.name(), now())?;
     drop(c);
     app.wake.notify_one();
     Ok(Json(json!({ "id": id, "released": true, "jobs": n })))
