@@ -33,6 +33,7 @@ const STATE: &[&str] = &[
     "records.rs",
     "reservations.rs",
     "retention.rs",
+    "spec_parse.rs",
     "view.rs",
     "workflow.rs",
     "yaml.rs",
