@@ -721,6 +721,7 @@ impl Agent {
             health_check: self.health.configured(),
             health_check_run: self.health.report(),
             reads_rendezvous_ports: true,
+            reads_gang_nodes: true,
             gpus: self.discovery.health(&self.cfg.state_dir),
             tasks: self
                 .tasks
@@ -1308,8 +1309,13 @@ impl Agent {
         }
         let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
         let (account, dir) = (sb.account.clone(), ckpt.clone());
-        let env = crate::sandbox::off_loop(move || crate::sandbox::job_dirs(&account, &dir, &tmp))
-            .await
+        let nodes = a.nodes.clone();
+        let env = crate::sandbox::off_loop(move || {
+            let mut env = crate::sandbox::job_dirs(&account, &dir, &tmp)?;
+            env.extend(crate::sandbox::write_hostfiles(&account, &tmp, &nodes)?);
+            Ok(env)
+        })
+        .await
             .map_err(|e| crate::sandbox::SandboxError::JobDirs {
                 account: sb.account.name.clone(),
                 msg: e.to_string(),

@@ -1,0 +1,202 @@
+//! `gangway run` against a real server and agents: labelled output, the
+//! job's exit code, `--env`, refused flags, Ctrl-C, and the gang's node
+//! list and hostfile every rank gets.
+
+mod common;
+
+use common::*;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `gangway run ARGS` as admin against `c`, from `/` (a directory the
+/// ranks' account may enter).
+fn run_cmd(c: &Cluster, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .args(args)
+        .env("GANGWAY_ADDR", &c.addr)
+        .env("GANGWAY_TOKEN", ADMIN)
+        .env_remove("GANGWAY_CONFIG")
+        .current_dir("/");
+    cmd
+}
+
+fn run(c: &Cluster, args: &[&str]) -> Output {
+    run_cmd(c, args).output().expect("gangway run")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_string()
+}
+
+fn two_nodes(tag: &str) -> (Cluster, [String; 2]) {
+    let mut c = Cluster::start_with("127.0.0.1", &server_config(""));
+    let n = [
+        format!("{tag}a-{}", std::process::id()),
+        format!("{tag}b-{}", std::process::id()),
+    ];
+    c.agent(&n[0], 1, &[], &[]);
+    c.agent(&n[1], 1, &[], &[]);
+    c.wait_nodes(2);
+    (c, n)
+}
+
+#[test]
+fn run_prints_the_rank_labelled_and_exits_with_its_code() {
+    let node = format!("runexit-{}", std::process::id());
+    let c = Cluster::one_node(&server_config(""), &node, 1, &[]);
+    let out = run(&c, &["--gpus", "1", "--", "sh", "-c", "echo hi; exit 3"]);
+    assert_eq!(text(&out.stdout), "0: hi\n", "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("failed"), "{}", text(&out.stderr));
+    // Success is 0, and --no-label prints the lines as they are.
+    let out = run(&c, &["--no-label", "--", "sh", "-c", "printf 'a\\nb'"]);
+    assert_eq!(text(&out.stdout), "a\nb\n", "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[test]
+fn run_labels_every_rank_and_passes_env() {
+    let (c, _) = two_nodes("runtwo");
+    let out = run(
+        &c,
+        &[
+            "--replicas",
+            "2",
+            "--gpus",
+            "1",
+            "--env",
+            "GREETING=hello there",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$GREETING from $RANK\"",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mut lines: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["0: hello there from 0", "1: hello there from 1"],
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn run_refuses_a_bad_time_naming_the_flag() {
+    let node = format!("runtime-{}", std::process::id());
+    let c = Cluster::one_node(&server_config(""), &node, 1, &[]);
+    let out = run(&c, &["--time", "soon", "--", "true"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("--time") && err.contains("soon"), "{err}");
+    // Nothing was submitted.
+    let jobs = c.get("/v1/jobs");
+    assert_eq!(jobs.as_array().map_or(0, |a| a.len()), 0, "{jobs:#}");
+    // A job the server refuses (a queue that does not exist) exits 125.
+    let out = run(&c, &["--gpus", "9", "--queue", "nosuch", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("refused"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn ctrl_c_cancels_the_job_and_a_second_stops_waiting() {
+    let node = format!("runint-{}", std::process::id());
+    let c = Cluster::one_node(&server_config(""), &node, 1, &[]);
+    let mut child = run_cmd(
+        &c,
+        &["--gpus", "1", "--", "sh", "-c", "echo started; exec sleep 120"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    // The rank is up once a job is running and its line came out.
+    let id = wait_for("the job to run", 30, || {
+        let jobs = c.get("/v1/jobs");
+        let j = jobs.as_array()?.first()?.clone();
+        (j["state"] == "running").then(|| j["id"].as_u64())?
+    });
+    wait_for("the rank's output", 30, || {
+        let log = c.get(&format!("/v1/jobs/{id}/logs?rank=0"));
+        log["data"]
+            .as_str()
+            .is_some_and(|d| d.contains("started"))
+            .then_some(())
+    });
+    let sigint = |pid: u32| {
+        let _ = Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status();
+    };
+    sigint(child.id());
+    let j = c.wait_end(id, "cancel", 60);
+    assert_eq!(state(&j), "cancelled", "{j:#}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "gangway run did not exit");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("output");
+    assert_eq!(status.code(), Some(130), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "0: started\n");
+    assert!(text(&out.stderr).contains("cancelling job"), "{}", text(&out.stderr));
+
+    // A second Ctrl-C exits at once, while the job is still in its grace.
+    let mut child = run_cmd(
+        &c,
+        &[
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "trap '' TERM; echo started; while :; do sleep 1; done",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    let id2 = wait_for("the second job to run", 30, || {
+        let jobs = c.get("/v1/jobs");
+        let j = jobs
+            .as_array()?
+            .iter()
+            .find(|j| j["id"].as_u64() != Some(id))?
+            .clone();
+        (j["state"] == "running").then(|| j["id"].as_u64())?
+    });
+    wait_for("the second rank's output", 30, || {
+        let log = c.get(&format!("/v1/jobs/{id2}/logs?rank=0"));
+        log["data"]
+            .as_str()
+            .is_some_and(|d| d.contains("started"))
+            .then_some(())
+    });
+    sigint(child.id());
+    wait_for("cancelling", 20, || {
+        (c.job(id2)["state"] != "running" || has_event(&c.job(id2), Some("cancelling"), ""))
+            .then_some(())
+    });
+    sigint(child.id());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a second Ctrl-C did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    let j = c.wait_end(id2, "cancel after the grace", 60);
+    assert_eq!(state(&j), "cancelled", "{j:#}");
+}
