@@ -200,3 +200,64 @@ fn ctrl_c_cancels_the_job_and_a_second_stops_waiting() {
     let j = c.wait_end(id2, "cancel after the grace", 60);
     assert_eq!(state(&j), "cancelled", "{j:#}");
 }
+
+#[test]
+fn every_rank_of_a_two_node_gang_gets_the_node_list_and_hostfiles() {
+    let (c, names) = two_nodes("runhosts");
+    let out = run(
+        &c,
+        &[
+            "--nodes",
+            "2",
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo \"list $NODE_RANK $GANGWAY_NODELIST\"; sed 's/^/ompi /' \"$GANGWAY_HOSTFILE\"; \
+             sed 's/^/mpich /' \"$GANGWAY_HOSTFILE_MPICH\"; stat -c 'mode %a' \"$GANGWAY_HOSTFILE\"; \
+             echo x >> \"$GANGWAY_HOSTFILE\" 2>/dev/null && echo writable || echo read-only",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let jobs = c.get("/v1/jobs");
+    let job = jobs.as_array().and_then(|a| a.first()).expect("the job").clone();
+    // Rank 0's node is node rank 0: the list is the nodes in rank order.
+    let ran_on: Vec<String> = job["ran_on"]
+        .as_array()
+        .expect("ran_on")
+        .iter()
+        .map(|n| n.as_str().expect("node").to_string())
+        .collect();
+    assert_eq!(ran_on.len(), 2);
+    assert_ne!(ran_on[0], ran_on[1], "one rank per node");
+    for n in &ran_on {
+        assert!(names.contains(n), "{n}");
+    }
+    let host = |n: &str| {
+        let a = c.node(n)["address"].as_str().unwrap_or("").to_string();
+        if a.is_empty() {
+            n.to_string()
+        } else {
+            a
+        }
+    };
+    let hosts: Vec<String> = ran_on.iter().map(|n| host(n)).collect();
+    for rank in 0..2 {
+        let mine: Vec<&str> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("{rank}: ")))
+            .collect();
+        let expect = vec![
+            format!("list {rank} {}", hosts.join(",")),
+            format!("ompi {} slots=1", hosts[0]),
+            format!("ompi {} slots=1", hosts[1]),
+            format!("mpich {}:1", hosts[0]),
+            format!("mpich {}:1", hosts[1]),
+            "mode 444".to_string(),
+            "read-only".to_string(),
+        ];
+        assert_eq!(mine, expect, "rank {rank}: {stdout}");
+    }
+}
