@@ -1316,10 +1316,10 @@ impl Agent {
             Ok(env)
         })
         .await
-            .map_err(|e| crate::sandbox::SandboxError::JobDirs {
-                account: sb.account.name.clone(),
-                msg: e.to_string(),
-            })?;
+        .map_err(|e| crate::sandbox::SandboxError::JobDirs {
+            account: sb.account.name.clone(),
+            msg: e.to_string(),
+        })?;
         sb.base_env.extend(env);
         Ok(sb)
     }

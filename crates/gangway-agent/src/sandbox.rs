@@ -446,7 +446,10 @@ mod tests {
         assert!(write_hostfiles(&me, &tmp, &[]).expect("none").is_empty());
         let env = write_hostfiles(&me, &tmp, &nodes).expect("written");
         let read = |v: &str| std::fs::read_to_string(&env[v]).expect("hostfile");
-        assert_eq!(read("GANGWAY_HOSTFILE"), "10.0.0.1 slots=2\nnode-b slots=1\n");
+        assert_eq!(
+            read("GANGWAY_HOSTFILE"),
+            "10.0.0.1 slots=2\nnode-b slots=1\n"
+        );
         assert_eq!(read("GANGWAY_HOSTFILE_MPICH"), "10.0.0.1:2\nnode-b:1\n");
         let meta = std::fs::metadata(&env["GANGWAY_HOSTFILE"]).expect("meta");
         assert_eq!(meta.permissions().mode() & 0o777, 0o444);

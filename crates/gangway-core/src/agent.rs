@@ -895,7 +895,10 @@ mod tests {
         let mut a = two_node_assignment();
         assert!(!rank_env(&a, &a.ranks[0]).contains_key("GANGWAY_NODELIST"));
         a.nodes = nodes;
-        assert_eq!(rank_env(&a, &a.ranks[0])["GANGWAY_NODELIST"], "10.0.0.2,gpu-b");
+        assert_eq!(
+            rank_env(&a, &a.ranks[0])["GANGWAY_NODELIST"],
+            "10.0.0.2,gpu-b"
+        );
         // A host that would add a line or a field leaves the lists out.
         for bad in ["a b", "a\nevil slots=99", "", "a,b", &"x".repeat(254)] {
             let nodes = vec![n("ok", 1), n(bad, 1)];

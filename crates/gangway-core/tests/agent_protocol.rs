@@ -15,10 +15,9 @@
 //! directory is written (`GANGWAY_BLESS=1`); the previous one stays.
 
 use gangway_core::agent::{
-    GangNode,
-    check_skew, Assignment, CheckpointCleanup, CheckpointReport, GpuHealth, HealthCheckReport,
-    HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules, SyncRequest, SyncResponse,
-    TaskReport, TaskState, Version,
+    check_skew, Assignment, CheckpointCleanup, CheckpointReport, GangNode, GpuHealth,
+    HealthCheckReport, HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules,
+    SyncRequest, SyncResponse, TaskReport, TaskState, Version,
 };
 use gangway_core::workflow::ArrayTask;
 use gangway_core::{JobId, NodeSpec, RunSpec};

@@ -367,8 +367,8 @@ const GROUPS: &[(&str, &[&str])] = &[
     (
         "Jobs",
         &[
-            "submit", "run", "queue", "describe", "why", "logs", "cancel", "hold", "release", "update",
-            "history",
+            "submit", "run", "queue", "describe", "why", "logs", "cancel", "hold", "release",
+            "update", "history",
         ],
     ),
     ("Cluster", &["nodes", "queues", "usage", "reservation"]),

@@ -401,7 +401,9 @@ pub fn run(c: &Conn, a: &RunArgs) -> Result<()> {
         Some(q) => q.clone(),
         None => default_queue(c)?,
     };
-    let cwd = std::env::current_dir().ok().map(|d| d.display().to_string());
+    let cwd = std::env::current_dir()
+        .ok()
+        .map(|d| d.display().to_string());
     let spec = spec_from_flags(a, &queue, cwd.as_deref())?;
     let key = gangway_server::control::fresh_token();
     let body = serde_json::to_string(&spec)?;
@@ -577,7 +579,10 @@ mod tests {
         assert_eq!(s["run"]["mounts"][0]["read_only"], true);
         assert_eq!(s["run"]["workdir"], "/home/u");
         assert_eq!(s["restart"]["max_restarts"], 0);
-        assert_eq!(s["run"]["command"], json!(["/usr/bin/python3", "-c", "print(1)"]));
+        assert_eq!(
+            s["run"]["command"],
+            json!(["/usr/bin/python3", "-c", "print(1)"])
+        );
         // The spec is one the core accepts.
         let _: gangway_core::job::JobSpec = serde_json::from_value(s).expect("a JobSpec");
     }
@@ -610,8 +615,14 @@ mod tests {
             (&["--cpus", "x"], "--cpus"),
             (&["--cpus", "0"], "--cpus"),
             (&["--replicas", "0"], "--replicas"),
-            (&["--nodes", "65536", "--ranks-per-node", "65536"], "--nodes"),
-            (&["--replicas", "2", "--ranks-per-node", "2"], "--ranks-per-node"),
+            (
+                &["--nodes", "65536", "--ranks-per-node", "65536"],
+                "--nodes",
+            ),
+            (
+                &["--replicas", "2", "--ranks-per-node", "2"],
+                "--ranks-per-node",
+            ),
         ];
         for (flags, name) in cases {
             let mut v: Vec<&str> = flags.to_vec();
@@ -647,7 +658,13 @@ mod tests {
         // A line without an end is cut at the bound.
         let mut out = Vec::new();
         let mut st = RankStream::default();
-        emit(&mut out, 0, &mut st, &vec![b'x'; MAX_PARTIAL_LINE + 1], true);
+        emit(
+            &mut out,
+            0,
+            &mut st,
+            &vec![b'x'; MAX_PARTIAL_LINE + 1],
+            true,
+        );
         assert_eq!(out.len(), 3 + MAX_PARTIAL_LINE + 1 + 1);
         assert!(st.partial.is_empty());
     }

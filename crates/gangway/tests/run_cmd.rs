@@ -48,7 +48,11 @@ fn run_prints_the_rank_labelled_and_exits_with_its_code() {
     let out = run(&c, &["--gpus", "1", "--", "sh", "-c", "echo hi; exit 3"]);
     assert_eq!(text(&out.stdout), "0: hi\n", "{}", text(&out.stderr));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("failed"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("failed"),
+        "{}",
+        text(&out.stderr)
+    );
     // Success is 0, and --no-label prints the lines as they are.
     let out = run(&c, &["--no-label", "--", "sh", "-c", "printf 'a\\nb'"]);
     assert_eq!(text(&out.stdout), "a\nb\n", "{}", text(&out.stderr));
@@ -98,7 +102,11 @@ fn run_refuses_a_bad_time_naming_the_flag() {
     // A job the server refuses (a queue that does not exist) exits 125.
     let out = run(&c, &["--gpus", "9", "--queue", "nosuch", "--", "true"]);
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("refused"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("refused"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -107,7 +115,14 @@ fn ctrl_c_cancels_the_job_and_a_second_stops_waiting() {
     let c = Cluster::one_node(&server_config(""), &node, 1, &[]);
     let mut child = run_cmd(
         &c,
-        &["--gpus", "1", "--", "sh", "-c", "echo started; exec sleep 120"],
+        &[
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 120",
+        ],
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
@@ -145,7 +160,11 @@ fn ctrl_c_cancels_the_job_and_a_second_stops_waiting() {
     let out = child.wait_with_output().expect("output");
     assert_eq!(status.code(), Some(130), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "0: started\n");
-    assert!(text(&out.stderr).contains("cancelling job"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cancelling job"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // A second Ctrl-C exits at once, while the job is still in its grace.
     let mut child = run_cmd(
@@ -216,13 +235,17 @@ fn every_rank_of_a_two_node_gang_gets_the_node_list_and_hostfiles() {
             "-c",
             "echo \"list $NODE_RANK $GANGWAY_NODELIST\"; sed 's/^/ompi /' \"$GANGWAY_HOSTFILE\"; \
              sed 's/^/mpich /' \"$GANGWAY_HOSTFILE_MPICH\"; stat -c 'mode %a' \"$GANGWAY_HOSTFILE\"; \
-             echo x >> \"$GANGWAY_HOSTFILE\" 2>/dev/null && echo writable || echo read-only",
+             (echo x >> \"$GANGWAY_HOSTFILE\") 2>/dev/null && echo writable || echo read-only",
         ],
     );
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     let jobs = c.get("/v1/jobs");
-    let job = jobs.as_array().and_then(|a| a.first()).expect("the job").clone();
+    let job = jobs
+        .as_array()
+        .and_then(|a| a.first())
+        .expect("the job")
+        .clone();
     // Rank 0's node is node rank 0: the list is the nodes in rank order.
     let ran_on: Vec<String> = job["ran_on"]
         .as_array()

@@ -345,12 +345,19 @@ mod tests {
             // address is listed by name.
             let me = if node == "a" { "10.0.0.1" } else { "b" };
             assert_eq!(hosts.len(), 2, "{hosts:?}");
-            assert_eq!(hosts[a.node_rank as usize], (me.to_string(), 2), "{hosts:?}");
+            assert_eq!(
+                hosts[a.node_rank as usize],
+                (me.to_string(), 2),
+                "{hosts:?}"
+            );
             seen.push(hosts);
             let old = gangway_core::agent::SyncRequest::default();
             let (answer, _) = c.sync(node, &old, 13).expect("sync");
             let json = serde_json::to_string(&answer.work.build()[0]).expect("json");
-            assert!(!json.contains("\"nodes\""), "an older agent refuses it: {json}");
+            assert!(
+                !json.contains("\"nodes\""),
+                "an older agent refuses it: {json}"
+            );
         }
         assert_eq!(seen[0], seen[1], "every node gets the same list");
     }
