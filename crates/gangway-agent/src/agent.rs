@@ -1545,6 +1545,17 @@ impl Agent {
                 &ckpt.path().display().to_string(),
                 resume_from.as_deref(),
             );
+            // A rank whose TMPDIR is bound on /tmp reads the hostfiles there:
+            // the host path may lie under a directory it cannot enter.
+            if let (Ok(sb), Some(s)) = (&sandbox, &scratch) {
+                if s.binds_tmp() {
+                    for (name, var, _) in crate::sandbox::HOSTFILES {
+                        if sb.base_env.contains_key(var) {
+                            env.insert(var.to_string(), format!("/tmp/{name}"));
+                        }
+                    }
+                }
+            }
             let rk = RankKey {
                 job: a.job,
                 attempt: a.attempt,

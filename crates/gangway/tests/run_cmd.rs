@@ -284,3 +284,41 @@ fn every_rank_of_a_two_node_gang_gets_the_node_list_and_hostfiles() {
         assert_eq!(mine, expect, "rank {rank}: {stdout}");
     }
 }
+
+#[test]
+fn a_rank_with_a_private_tmp_reads_its_hostfiles_there() {
+    if skip_unless_root("needs root (private /tmp per job)") {
+        return;
+    }
+    // Outside /tmp, so the agent binds each attempt's TMPDIR on /tmp; the
+    // cluster's directory is root's 0700, as `gangway up`'s data directory:
+    // the host path of TMPDIR is out of the rank's reach.
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = tempfile::tempdir_in(base).expect("tmp");
+    let mut c = Cluster::start_in(dir, "127.0.0.1", &server_config(""));
+    c.agent("node-p", 1, &[], &["--job-scratch", "private"]);
+    c.wait_nodes(1);
+    let _ = Command::new("chmod").arg("0700").arg(c.dir.path()).status();
+    let out = run(
+        &c,
+        &[
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$GANGWAY_HOSTFILE\"; cat \"$GANGWAY_HOSTFILE\" \"$GANGWAY_HOSTFILE_MPICH\"",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let host = c.node("node-p")["address"]
+        .as_str()
+        .filter(|a| !a.is_empty())
+        .unwrap_or("node-p")
+        .to_string();
+    assert_eq!(
+        stdout,
+        format!("0: /tmp/gangway-hostfile\n0: {host} slots=1\n0: {host}:1\n")
+    );
+}
