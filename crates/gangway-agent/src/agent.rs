@@ -1545,10 +1545,12 @@ impl Agent {
                 &ckpt.path().display().to_string(),
                 resume_from.as_deref(),
             );
-            // A rank whose TMPDIR is bound on /tmp reads the hostfiles there:
-            // the host path may lie under a directory it cannot enter.
+            // A rank whose TMPDIR is bound on /tmp reaches it (and the
+            // hostfiles in it) there: the host path may lie under a
+            // directory it cannot enter (`gangway up`'s data directory).
             if let (Ok(sb), Some(s)) = (&sandbox, &scratch) {
                 if s.binds_tmp() {
+                    env.insert("TMPDIR".into(), "/tmp".into());
                     for (name, var, _) in crate::sandbox::HOSTFILES {
                         if sb.base_env.contains_key(var) {
                             env.insert(var.to_string(), format!("/tmp/{name}"));

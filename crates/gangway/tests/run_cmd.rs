@@ -286,7 +286,7 @@ fn every_rank_of_a_two_node_gang_gets_the_node_list_and_hostfiles() {
 }
 
 #[test]
-fn a_rank_with_a_private_tmp_reads_its_hostfiles_there() {
+fn a_rank_with_a_private_tmp_reads_its_tmpdir_and_hostfiles_there() {
     if skip_unless_root("needs root (private /tmp per job)") {
         return;
     }
@@ -307,7 +307,8 @@ fn a_rank_with_a_private_tmp_reads_its_hostfiles_there() {
             "--",
             "sh",
             "-c",
-            "echo \"$GANGWAY_HOSTFILE\"; cat \"$GANGWAY_HOSTFILE\" \"$GANGWAY_HOSTFILE_MPICH\"",
+            "echo \"$GANGWAY_HOSTFILE\"; cat \"$GANGWAY_HOSTFILE\" \"$GANGWAY_HOSTFILE_MPICH\"; \
+             echo \"$TMPDIR\"; echo mine > \"$TMPDIR/own\" && cat \"$TMPDIR/own\"",
         ],
     );
     let stdout = text(&out.stdout);
@@ -319,6 +320,6 @@ fn a_rank_with_a_private_tmp_reads_its_hostfiles_there() {
         .to_string();
     assert_eq!(
         stdout,
-        format!("0: /tmp/gangway-hostfile\n0: {host} slots=1\n0: {host}:1\n")
+        format!("0: /tmp/gangway-hostfile\n0: {host} slots=1\n0: {host}:1\n0: /tmp\n0: mine\n")
     );
 }
