@@ -323,3 +323,23 @@ fn a_rank_with_a_private_tmp_reads_its_tmpdir_and_hostfiles_there() {
         format!("0: /tmp/gangway-hostfile\n0: {host} slots=1\n0: {host}:1\n0: /tmp\n0: mine\n")
     );
 }
+
+#[test]
+fn run_picks_the_only_queue_and_asks_when_there_are_several() {
+    let config = server_config(
+        "  - name: other\nusers:\n  - { name: bob, token: bob-token, queues: [default, other] }\n",
+    );
+    let node = format!("runq-{}", std::process::id());
+    let c = Cluster::one_node(&config, &node, 1, &[]);
+    let out = run_cmd(&c, &["--", "true"])
+        .env("GANGWAY_TOKEN", "bob-token")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--queue") && err.contains("default, other"),
+        "{err}"
+    );
+    assert_eq!(c.get("/v1/jobs").as_array().map_or(0, |a| a.len()), 0);
+}
