@@ -397,6 +397,9 @@ fn pump(
 
 /// `gangway run`.
 pub fn run(c: &Conn, a: &RunArgs) -> Result<()> {
+    // From here a Ctrl-C is counted, not fatal: one during the submission
+    // cancels the job as soon as its id is known.
+    install_sigint();
     let queue = match &a.queue {
         Some(q) => q.clone(),
         None => default_queue(c)?,
@@ -409,15 +412,23 @@ pub fn run(c: &Conn, a: &RunArgs) -> Result<()> {
     let body = serde_json::to_string(&spec)?;
     let v = c
         .post_with_key("/v1/jobs", "application/json", &body, Some(&key))
-        .map_err(|e| RunExit {
-            code: EXIT_REFUSED,
-            message: format!("gangway run: the job was refused: {e:#}"),
+        .map_err(|e| {
+            // A refusal is the server's 4xx answer; anything else (no
+            // server, a 5xx) is an error like any other command's.
+            if e.to_string().starts_with("server answered 4") {
+                RunExit {
+                    code: EXIT_REFUSED,
+                    message: format!("gangway run: the job was refused: {e:#}"),
+                }
+                .into()
+            } else {
+                e
+            }
         })?;
     let id = v
         .get("id")
         .and_then(Value::as_u64)
         .context("the server's answer has no job id")?;
-    install_sigint();
     eprintln!("gangway run: job {id} submitted");
     follow(c, id, !a.no_label)
 }
