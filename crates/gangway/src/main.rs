@@ -430,6 +430,13 @@ const GROUPS: &[(&str, &[&str])] = &[
 /// command has them).
 const EXAMPLES: &[(&str, [&str; 2])] = &[
     (
+        "run",
+        [
+            "gangway run --gpus 1 -- nvidia-smi -L",
+            "gangway run --nodes 2 --ranks-per-node 8 --time 2:00:00 -- torchrun train.py",
+        ],
+    ),
+    (
         "submit",
         [
             "gangway submit examples/job.yaml",
