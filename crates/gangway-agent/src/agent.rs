@@ -736,6 +736,7 @@ impl Agent {
             health_check: self.health.configured(),
             health_check_run: self.health.report(),
             reads_rendezvous_ports: true,
+            reads_gang_nodes: true,
             gpus: self.discovery.health(&self.cfg.state_dir),
             tasks: self
                 .tasks
@@ -1331,12 +1332,17 @@ impl Agent {
         }
         let tmp = crate::sandbox::tmp_dir(&self.cfg.state_dir, a.job.0, a.attempt);
         let (account, dir) = (sb.account.clone(), ckpt.clone());
-        let env = crate::sandbox::off_loop(move || crate::sandbox::job_dirs(&account, &dir, &tmp))
-            .await
-            .map_err(|e| crate::sandbox::SandboxError::JobDirs {
-                account: sb.account.name.clone(),
-                msg: e.to_string(),
-            })?;
+        let nodes = a.nodes.clone();
+        let env = crate::sandbox::off_loop(move || {
+            let mut env = crate::sandbox::job_dirs(&account, &dir, &tmp)?;
+            env.extend(crate::sandbox::write_hostfiles(&account, &tmp, &nodes)?);
+            Ok(env)
+        })
+        .await
+        .map_err(|e| crate::sandbox::SandboxError::JobDirs {
+            account: sb.account.name.clone(),
+            msg: e.to_string(),
+        })?;
         sb.base_env.extend(env);
         Ok(sb)
     }
@@ -1562,6 +1568,19 @@ impl Agent {
                 &ckpt.path().display().to_string(),
                 resume_from.as_deref(),
             );
+            // A rank whose TMPDIR is bound on /tmp reaches it (and the
+            // hostfiles in it) there: the host path may lie under a
+            // directory it cannot enter (`gangway up`'s data directory).
+            if let (Ok(sb), Some(s)) = (&sandbox, &scratch) {
+                if s.binds_tmp() {
+                    env.insert("TMPDIR".into(), "/tmp".into());
+                    for (name, var, _) in crate::sandbox::HOSTFILES {
+                        if sb.base_env.contains_key(var) {
+                            env.insert(var.to_string(), format!("/tmp/{name}"));
+                        }
+                    }
+                }
+            }
             let rk = RankKey {
                 job: a.job,
                 attempt: a.attempt,

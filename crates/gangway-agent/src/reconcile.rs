@@ -140,6 +140,7 @@ mod tests {
             array: None,
             restart_count: None,
             rendezvous_ports: None,
+            nodes: Vec::new(),
         }
     }
 

@@ -212,6 +212,70 @@ pub fn job_dirs(
     Ok(env)
 }
 
+/// The hostfiles written into a process rank's `TMPDIR`: (file name,
+/// variable, format).
+pub const HOSTFILES: [(&str, &str, gangway_core::agent::HostfileFormat); 2] = [
+    (
+        "gangway-hostfile",
+        "GANGWAY_HOSTFILE",
+        gangway_core::agent::HostfileFormat::OpenMpi,
+    ),
+    (
+        "gangway-hostfile-mpich",
+        "GANGWAY_HOSTFILE_MPICH",
+        gangway_core::agent::HostfileFormat::Mpich,
+    ),
+];
+
+/// Writes the gang's hostfiles ([`HOSTFILES`]) into the attempt's `TMPDIR`
+/// (made by [`job_dirs`]) and returns their variables. The directory is the
+/// account's: it is opened by descriptor from the state directory and each
+/// file is created fresh (`O_EXCL | O_NOFOLLOW`) in it, root's and
+/// read-only (0444); whatever already has the name (a link, a FIFO, a file
+/// the rank left) is unlinked first, never followed or opened. No nodes, a
+/// host that is not plain, or a list past the bound: no file, no variable.
+pub fn write_hostfiles(
+    account: &Account,
+    tmp: &Path,
+    nodes: &[gangway_core::agent::GangNode],
+) -> std::io::Result<BTreeMap<String, String>> {
+    use std::io::Write;
+    let mut env = BTreeMap::new();
+    if nodes.is_empty() {
+        return Ok(env);
+    }
+    let dir = open_tmp(account, tmp).map_err(io)?;
+    for (name, var, format) in HOSTFILES {
+        let Some(text) = gangway_core::agent::hostfile(nodes, format) else {
+            continue;
+        };
+        let name = std::ffi::OsStr::new(name);
+        let fresh = || {
+            crate::safefs::create_file(
+                std::os::fd::AsFd::as_fd(&dir),
+                name,
+                0o444,
+                crate::safefs::Create::Fresh,
+            )
+        };
+        let mut f = match fresh() {
+            Ok(f) => f,
+            Err(crate::safefs::FsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AlreadyExists =>
+            {
+                rustix::fs::unlinkat(&dir, name, rustix::fs::AtFlags::empty())?;
+                fresh().map_err(io)?
+            }
+            Err(e) => return Err(io(e)),
+        };
+        f.write_all(text.as_bytes())?;
+        // The umask may have narrowed the mode: every rank of the job reads it.
+        rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o444))?;
+        env.insert(var.to_string(), tmp.join(name).display().to_string());
+    }
+    Ok(env)
+}
+
 /// Removes a job attempt's `TMPDIR` (absent is fine), by descriptor from the
 /// state directory and without ever leaving the tree (a rank's links in it
 /// are removed, never followed).
@@ -373,6 +437,75 @@ mod tests {
             groups: vec![1234, 99],
             home: "/home/alice".into(),
         }
+    }
+
+    #[test]
+    fn hostfiles_are_written_fresh_and_never_through_what_a_rank_planted() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let me = Account {
+            name: "me".into(),
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
+            groups: vec![],
+            home: "/nonexistent".into(),
+        };
+        let d = tempfile::tempdir().expect("tmp");
+        let tmp = tmp_dir(d.path(), 7, 0);
+        let nodes = vec![
+            gangway_core::agent::GangNode {
+                host: "10.0.0.1".into(),
+                slots: 2,
+            },
+            gangway_core::agent::GangNode {
+                host: "node-b".into(),
+                slots: 1,
+            },
+        ];
+        assert!(write_hostfiles(&me, &tmp, &[]).expect("none").is_empty());
+        let env = write_hostfiles(&me, &tmp, &nodes).expect("written");
+        let read = |v: &str| std::fs::read_to_string(&env[v]).expect("hostfile");
+        assert_eq!(
+            read("GANGWAY_HOSTFILE"),
+            "10.0.0.1 slots=2\nnode-b slots=1\n"
+        );
+        assert_eq!(read("GANGWAY_HOSTFILE_MPICH"), "10.0.0.1:2\nnode-b:1\n");
+        let meta = std::fs::metadata(&env["GANGWAY_HOSTFILE"]).expect("meta");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o444);
+        // A rank replaces them with a link to a file it may not write and
+        // a FIFO: the next write unlinks both, follows and opens neither.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "keep").expect("victim");
+        std::fs::remove_file(&env["GANGWAY_HOSTFILE"]).expect("rm");
+        std::os::unix::fs::symlink(&victim, &env["GANGWAY_HOSTFILE"]).expect("link");
+        std::fs::remove_file(&env["GANGWAY_HOSTFILE_MPICH"]).expect("rm");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            env["GANGWAY_HOSTFILE_MPICH"].as_str(),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            0,
+        )
+        .expect("fifo");
+        let again = write_hostfiles(&me, &tmp, &nodes).expect("rewritten");
+        assert_eq!(again, env);
+        assert_eq!(std::fs::read_to_string(&victim).expect("victim"), "keep");
+        assert_eq!(read("GANGWAY_HOSTFILE_MPICH"), "10.0.0.1:2\nnode-b:1\n");
+        let meta = std::fs::symlink_metadata(&env["GANGWAY_HOSTFILE"]).expect("meta");
+        assert!(meta.is_file() && meta.nlink() == 1);
+        // A directory in its place is refused, not emptied.
+        std::fs::remove_file(&env["GANGWAY_HOSTFILE"]).expect("rm");
+        std::fs::create_dir(&env["GANGWAY_HOSTFILE"]).expect("dir");
+        std::fs::write(Path::new(&env["GANGWAY_HOSTFILE"]).join("x"), "x").expect("x");
+        assert!(write_hostfiles(&me, &tmp, &nodes).is_err());
+        assert!(Path::new(&env["GANGWAY_HOSTFILE"]).join("x").exists());
+        // A host that would add a line: no file, no variable.
+        let bad = vec![gangway_core::agent::GangNode {
+            host: "a\nb slots=64".into(),
+            slots: 1,
+        }];
+        let t2 = tmp_dir(d.path(), 8, 0);
+        assert!(write_hostfiles(&me, &t2, &bad).expect("none").is_empty());
+        assert!(!t2.join("gangway-hostfile").exists());
     }
 
     #[test]

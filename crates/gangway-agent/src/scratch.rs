@@ -136,6 +136,12 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// Whether the rank sees its attempt's `TMPDIR` on `/tmp` (then the
+    /// files in it are reached there, not by the host path).
+    pub fn binds_tmp(&self) -> bool {
+        self.tmp.is_some()
+    }
+
     /// In the rank's child, as root, before the identity drop: a mount
     /// namespace of its own (host mounts still propagate in, none out),
     /// the attempt's `TMPDIR` on `/tmp` and its tmpfs on `/dev/shm`. Only

@@ -7,6 +7,7 @@ mod chaos;
 mod cluster;
 mod common;
 mod dashboard;
+mod run_trip;
 mod sched;
 mod slurm;
 mod sync;
@@ -39,6 +40,8 @@ enum Which {
     Dashboard(crate::dashboard::DashboardArgs),
     /// The whole server (real binary, HTTP and store) with hollow agents.
     Cluster(crate::cluster::ClusterArgs),
+    /// `gangway run -- true` round trips on a `gangway up` cluster.
+    Run(crate::run_trip::RunArgs),
     /// Submissions per second against Slurm's sbatch on this machine.
     Slurm(crate::slurm::SlurmArgs),
     /// What one agent sync costs the server, in process.
@@ -62,6 +65,7 @@ fn run(which: Which) -> Result<()> {
         Which::Chaos(a) => crate::chaos::run(&a),
         Which::Dashboard(a) => crate::dashboard::run(&a),
         Which::Cluster(a) => crate::cluster::run(&a),
+        Which::Run(a) => crate::run_trip::run(&a),
         Which::Slurm(a) => crate::slurm::run(&a),
         Which::Sync(a) => crate::sync::run(&a),
     }

@@ -258,6 +258,10 @@ pub struct SyncRequest {
     /// an older agent, which refuses unknown fields, never receives it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reads_rendezvous_ports: bool,
+    /// The agent reads [`Assignment::nodes`] (`GANGWAY_NODELIST` and the
+    /// hostfiles): sent to such agents only, as with the rendezvous range.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reads_gang_nodes: bool,
 }
 
 /// One run of the node's own health check, as its agent reports it.
@@ -383,6 +387,85 @@ pub struct Assignment {
     /// older server): the node only detects a port held by someone else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous_ports: Option<PortRange>,
+    /// The gang's nodes in node-rank order, each with how many of the
+    /// job's ranks it runs (`GANGWAY_NODELIST`, the hostfiles). Empty (an
+    /// older server, or an agent that does not read it): not set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<GangNode>,
+}
+
+/// One node of a gang, as its ranks' launchers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GangNode {
+    /// Its address (the node's advertised address, else its name).
+    pub host: String,
+    /// The job's ranks on it (a hostfile's `slots`).
+    pub slots: u32,
+}
+
+/// The longest `GANGWAY_NODELIST` set: one environment string may be at
+/// most 128 KiB on Linux (`MAX_ARG_STRLEN`); past this bound only the
+/// hostfiles list the nodes.
+pub const MAX_NODELIST_BYTES: usize = 64 * 1024;
+
+/// The largest hostfile the agent writes (about 10,000 nodes of 100-byte
+/// addresses); past it no hostfile is written.
+pub const MAX_HOSTFILE_BYTES: usize = 1024 * 1024;
+
+/// Whether `host` may go into a node list or hostfile as it is: letters,
+/// digits, `.`, `-`, `_` and `:` (IPv6), at most 253 bytes. Anything else
+/// (a space or newline would add a line to every hostfile of the gang)
+/// leaves the whole list out.
+pub fn is_plain_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
+}
+
+/// `GANGWAY_NODELIST`: the gang's hosts, comma-separated in node-rank order;
+/// `None` when there are none, one is not [`is_plain_host`], or the list
+/// is longer than [`MAX_NODELIST_BYTES`].
+pub fn nodelist(nodes: &[GangNode]) -> Option<String> {
+    if nodes.is_empty() || !nodes.iter().all(|n| is_plain_host(&n.host)) {
+        return None;
+    }
+    let list = nodes
+        .iter()
+        .map(|n| n.host.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    (list.len() <= MAX_NODELIST_BYTES).then_some(list)
+}
+
+/// A hostfile's text in one of the formats launchers read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostfileFormat {
+    /// `host slots=N` (Open MPI's `--hostfile`, DeepSpeed's `--hostfile`).
+    OpenMpi,
+    /// `host:N` (MPICH/Hydra's `-f`, Intel MPI's `-machinefile`).
+    Mpich,
+}
+
+/// The hostfile for `nodes` in `format`, a line per node in node-rank
+/// order; `None` as for [`nodelist`] or past [`MAX_HOSTFILE_BYTES`].
+pub fn hostfile(nodes: &[GangNode], format: HostfileFormat) -> Option<String> {
+    if nodes.is_empty() || !nodes.iter().all(|n| is_plain_host(&n.host)) {
+        return None;
+    }
+    let mut out = String::new();
+    for n in nodes {
+        match format {
+            HostfileFormat::OpenMpi => out.push_str(&format!("{} slots={}\n", n.host, n.slots)),
+            HostfileFormat::Mpich => out.push_str(&format!("{}:{}\n", n.host, n.slots)),
+        }
+        if out.len() > MAX_HOSTFILE_BYTES {
+            return None;
+        }
+    }
+    Some(out)
 }
 
 /// Who a job's ranks run as and what its queue lets them do on the node; the
@@ -507,6 +590,9 @@ pub fn rank_env(a: &Assignment, r: &RankAssignment) -> BTreeMap<String, String> 
         }
         env.insert("GANGWAY_ARRAY_TASK_COUNT".into(), t.count.to_string());
         env.insert("SLURM_ARRAY_TASK_COUNT".into(), t.count.to_string());
+    }
+    if let Some(list) = nodelist(&a.nodes) {
+        env.insert("GANGWAY_NODELIST".into(), list);
     }
     env
 }
@@ -656,6 +742,7 @@ mod tests {
             disk_pressure: None,
             health_check: true,
             reads_rendezvous_ports: true,
+            reads_gang_nodes: true,
             health_check_run: Some(HealthCheckReport {
                 run: 3,
                 result: Some(HealthCheckResult {
@@ -785,7 +872,46 @@ mod tests {
             array: None,
             restart_count: None,
             rendezvous_ports: None,
+            nodes: Vec::new(),
         }
+    }
+
+    #[test]
+    fn node_lists_and_hostfiles_in_node_rank_order_and_bounded() {
+        let n = |h: &str, slots| GangNode {
+            host: h.into(),
+            slots,
+        };
+        let nodes = vec![n("10.0.0.2", 2), n("gpu-b", 1)];
+        assert_eq!(nodelist(&nodes).as_deref(), Some("10.0.0.2,gpu-b"));
+        assert_eq!(
+            hostfile(&nodes, HostfileFormat::OpenMpi).as_deref(),
+            Some("10.0.0.2 slots=2\ngpu-b slots=1\n")
+        );
+        assert_eq!(
+            hostfile(&nodes, HostfileFormat::Mpich).as_deref(),
+            Some("10.0.0.2:2\ngpu-b:1\n")
+        );
+        let mut a = two_node_assignment();
+        assert!(!rank_env(&a, &a.ranks[0]).contains_key("GANGWAY_NODELIST"));
+        a.nodes = nodes;
+        assert_eq!(
+            rank_env(&a, &a.ranks[0])["GANGWAY_NODELIST"],
+            "10.0.0.2,gpu-b"
+        );
+        // A host that would add a line or a field leaves the lists out.
+        for bad in ["a b", "a\nevil slots=99", "", "a,b", &"x".repeat(254)] {
+            let nodes = vec![n("ok", 1), n(bad, 1)];
+            assert_eq!(nodelist(&nodes), None, "{bad:?}");
+            assert_eq!(hostfile(&nodes, HostfileFormat::OpenMpi), None, "{bad:?}");
+        }
+        // Past the bounds: no variable, no file.
+        let many: Vec<GangNode> = (0..6000).map(|i| n(&format!("{i:0>200}"), 1)).collect();
+        assert!(nodelist(&many).is_none());
+        assert!(hostfile(&many, HostfileFormat::Mpich).is_none());
+        let some: Vec<GangNode> = (0..300).map(|i| n(&format!("{i:0>200}"), 1)).collect();
+        assert!(nodelist(&some).is_some());
+        assert!(hostfile(&some, HostfileFormat::Mpich).is_some());
     }
 
     #[test]

@@ -15,9 +15,9 @@
 //! directory is written (`GANGWAY_BLESS=1`); the previous one stays.
 
 use gangway_core::agent::{
-    check_skew, Assignment, CheckpointCleanup, CheckpointReport, GpuHealth, HealthCheckReport,
-    HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules, SyncRequest, SyncResponse,
-    TaskReport, TaskState, Version,
+    check_skew, Assignment, CheckpointCleanup, CheckpointReport, GangNode, GpuHealth,
+    HealthCheckReport, HealthCheckResult, LogChunk, RankAssignment, RankFailure, RankRules,
+    SyncRequest, SyncResponse, TaskReport, TaskState, Version,
 };
 use gangway_core::workflow::ArrayTask;
 use gangway_core::{JobId, NodeSpec, RunSpec};
@@ -87,6 +87,20 @@ fn assignment(full: bool) -> Assignment {
         }),
         restart_count: None,
         rendezvous_ports: None,
+        nodes: if full {
+            vec![
+                GangNode {
+                    host: "10.0.0.1".into(),
+                    slots: 2,
+                },
+                GangNode {
+                    host: "10.0.0.2".into(),
+                    slots: 2,
+                },
+            ]
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -119,6 +133,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         disk_pressure: None,
         health_check: true,
         reads_rendezvous_ports: true,
+        reads_gang_nodes: true,
         health_check_run: Some(HealthCheckReport {
             run: 2,
             result: Some(HealthCheckResult {
@@ -144,6 +159,7 @@ fn samples() -> Vec<(&'static str, Value)> {
         disk_pressure: None,
         health_check: false,
         reads_rendezvous_ports: false,
+        reads_gang_nodes: false,
         health_check_run: None,
         gpus: vec![GpuHealth {
             index: 0,

@@ -1225,7 +1225,7 @@ impl<S: Store> Control<S> {
         let (health_check, c) = self.probation_sync(node, req, now)?;
         changed |= c;
         let answer = SyncAnswer {
-            work: self.node_work_for(node, req.reads_rendezvous_ports),
+            work: self.node_work_for(node, req.reads_rendezvous_ports, req.reads_gang_nodes),
             cleanup: self.take_cleanup(node),
             health_check,
         };

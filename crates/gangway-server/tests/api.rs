@@ -1833,11 +1833,10 @@ fn answers_built_as_json_match_their_documented_schemas() {
         &s.get("/v1/usage", "alice-token").1,
         "UsageView",
     );
-    check(
-        "GET /v1/whoami",
-        &s.get("/v1/whoami", "alice-token").1,
-        "WhoAmI",
-    );
+    let (_, me) = s.get("/v1/whoami", "alice-token");
+    check("GET /v1/whoami", &me, "WhoAmI");
+    // The queues the token may use: what `gangway run` defaults to.
+    assert_eq!(me["queues"], serde_json::json!(["research"]), "{me}");
     check(
         "GET /v1/leader",
         &s.get("/v1/leader", "alice-token").1,

@@ -9,6 +9,7 @@ mod local;
 mod policy_cmd;
 mod queue;
 mod reservation;
+mod run_cmd;
 mod sim;
 mod wait;
 mod workflow;
@@ -98,6 +99,9 @@ enum Command {
         #[arg(long, short = 'f')]
         follow: bool,
     },
+    /// Runs a command on a gang without a job file and streams every rank's
+    /// output (`srun`): `gangway run --gpus 1 -- nvidia-smi -L`.
+    Run(Box<run_cmd::RunArgs>),
     /// Submits a job spec (YAML or JSON).
     Submit {
         /// The job file.
@@ -389,6 +393,11 @@ async fn warn_quota_overcommit(app: std::sync::Arc<gangway_server::http::common:
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<run_cmd::RunExit>().is_some() => {
+            let code = e.downcast_ref::<run_cmd::RunExit>().map_or(1, |o| o.code);
+            eprintln!("{e}");
+            std::process::ExitCode::from(code)
+        }
         Err(e) if e.downcast_ref::<wait::JobOutcome>().is_some() => {
             let code = e.downcast_ref::<wait::JobOutcome>().map_or(1, |o| o.code);
             eprintln!("{e}");
@@ -407,8 +416,8 @@ const GROUPS: &[(&str, &[&str])] = &[
     (
         "Jobs",
         &[
-            "submit", "queue", "describe", "why", "logs", "cancel", "hold", "release", "update",
-            "history",
+            "submit", "run", "queue", "describe", "why", "logs", "cancel", "hold", "release",
+            "update", "history",
         ],
     ),
     ("Cluster", &["nodes", "queues", "usage", "reservation"]),
@@ -420,6 +429,13 @@ const GROUPS: &[(&str, &[&str])] = &[
 /// Two examples for each command's `--help` (a unit test checks that every
 /// command has them).
 const EXAMPLES: &[(&str, [&str; 2])] = &[
+    (
+        "run",
+        [
+            "gangway run --gpus 1 -- nvidia-smi -L",
+            "gangway run --nodes 2 --ranks-per-node 8 --time 2:00:00 -- torchrun train.py",
+        ],
+    ),
     (
         "submit",
         [
@@ -721,6 +737,7 @@ fn run() -> Result<()> {
             eprintln!("job {id} submitted");
             wait::wait(c, id, std::time::Duration::from_millis(500))
         }
+        Command::Run(a) => run_cmd::run(c, &a),
         Command::Completions { .. } => Ok(()),
         Command::Openapi => {
             println!(

@@ -12,7 +12,9 @@
 use super::contract::checkpoint_subdir_of;
 use super::{Control, SHORT_GRACE_SECONDS};
 use crate::records::JobRecord;
-use gangway_core::agent::{Assignment, CheckpointCleanup, PortRange, RankAssignment, SyncResponse};
+use gangway_core::agent::{
+    Assignment, CheckpointCleanup, GangNode, PortRange, RankAssignment, SyncResponse,
+};
 use gangway_core::{signal_number, JobState};
 use gangway_store::Store;
 use std::sync::Arc;
@@ -28,6 +30,9 @@ struct Placed {
     master_addr: String,
     master_port: u16,
     stop_now: bool,
+    /// The gang's nodes' addresses (else names) in node-rank order, when
+    /// the agent reads them.
+    hosts: Vec<String>,
 }
 
 /// A node's assignments as taken under the state lock, to be built after.
@@ -38,6 +43,26 @@ pub struct NodeWork {
     /// The cluster's rendezvous ports (each assignment carries them), for
     /// agents that read them.
     rendezvous_ports: Option<PortRange>,
+}
+
+/// A gang's nodes with their rank counts (the hostfiles' slots), in the
+/// order of `hosts`, which lists the gang's nodes by node rank.
+fn gang_nodes(rec: &JobRecord, hosts: Vec<String>) -> Vec<GangNode> {
+    if hosts.is_empty() {
+        return Vec::new();
+    }
+    let names = rec.nodes();
+    let mut slots = vec![0u32; names.len()];
+    for r in &rec.placement {
+        if let Some(i) = names.iter().position(|n| *n == r.node.as_str()) {
+            slots[i] = slots[i].saturating_add(1);
+        }
+    }
+    hosts
+        .into_iter()
+        .zip(slots)
+        .map(|(host, slots)| GangNode { host, slots })
+        .collect()
 }
 
 /// A sync's answer before its assignments are built.
@@ -128,6 +153,7 @@ impl NodeWork {
                     array: rec.array.clone(),
                     restart_count: Some(rec.attempt.saturating_sub(rec.port_moves)),
                     rendezvous_ports: self.rendezvous_ports,
+                    nodes: gang_nodes(rec, p.hosts),
                 }
             })
             .collect()
@@ -140,6 +166,12 @@ impl<S: Store> Control<S> {
     /// each live job attempt placed there whose ranks on it have not
     /// exited, with the gang's rendezvous.
     pub fn node_work(&self, node: &str) -> NodeWork {
+        self.node_work_with(node, true)
+    }
+
+    /// [`Control::node_work`], with the gang's node list only when
+    /// `with_nodes` (an older agent refuses the field).
+    fn node_work_with(&self, node: &str, with_nodes: bool) -> NodeWork {
         let mut placed = Vec::new();
         if let Some(n) = self.cluster.node_index(node) {
             // A job is listed once per replica on the node.
@@ -161,13 +193,19 @@ impl<S: Store> Control<S> {
                 let Some(node_rank) = nodes.iter().position(|x| *x == node) else {
                     continue;
                 };
-                let master = &rec.placement[0].node;
-                let master_addr = self
-                    .cluster
-                    .node_index(master)
-                    .map(|i| self.cluster.nodes()[i as usize].spec.address.clone())
-                    .filter(|a| !a.is_empty())
-                    .unwrap_or_else(|| master.clone());
+                let address_of = |name: &str| {
+                    self.cluster
+                        .node_index(name)
+                        .map(|i| self.cluster.nodes()[i as usize].spec.address.clone())
+                        .filter(|a| !a.is_empty())
+                        .unwrap_or_else(|| name.to_string())
+                };
+                let master_addr = address_of(&rec.placement[0].node);
+                let hosts = if with_nodes {
+                    nodes.iter().map(|n| address_of(n)).collect()
+                } else {
+                    Vec::new()
+                };
                 placed.push(Placed {
                     rec: rec.clone(),
                     node_rank: node_rank as u32,
@@ -175,6 +213,7 @@ impl<S: Store> Control<S> {
                     master_addr,
                     master_port: self.port_of(rec),
                     stop_now: Self::stop_now(rec),
+                    hosts,
                 });
             }
         }
@@ -191,9 +230,10 @@ impl<S: Store> Control<S> {
     }
 
     /// [`Control::node_work`] for an agent that does (`reads_range`) or does
-    /// not read the rendezvous range: an older agent refuses the field.
-    pub fn node_work_for(&self, node: &str, reads_range: bool) -> NodeWork {
-        let mut w = self.node_work(node);
+    /// not read the rendezvous range, and does (`reads_nodes`) or does not
+    /// read the gang's node list: an older agent refuses either field.
+    pub fn node_work_for(&self, node: &str, reads_range: bool, reads_nodes: bool) -> NodeWork {
+        let mut w = self.node_work_with(node, reads_nodes);
         if !reads_range {
             w.rendezvous_ports = None;
         }
@@ -272,5 +312,53 @@ mod tests {
             answer.work.build()[0].rendezvous_ports,
             Some(gangway_core::agent::PortRange::default())
         );
+    }
+
+    #[test]
+    fn the_gangs_node_list_goes_only_to_agents_that_read_it_in_node_rank_order() {
+        let d = tempfile::tempdir().expect("tmp");
+        let store = RedbStore::open(&d.path().join("s.redb")).expect("store");
+        let mut c =
+            super::Control::open(store, &[QueueSpec::unlimited("q", None)]).expect("control");
+        for (name, addr) in [("a", "10.0.0.1"), ("b", "")] {
+            let mut n = NodeSpec::uniform(name, "l", "s", 2, "H100", 80);
+            n.address = addr.into();
+            c.register_node(n, &crate::nodes::Registrant::Join, true, "join", 10)
+                .expect("node");
+        }
+        c.submit("alice", JobSpec::new("j", "q", 4, 1), 10)
+            .expect("submit");
+        c.cycle(11).expect("cycle");
+        let new = gangway_core::agent::SyncRequest {
+            reads_gang_nodes: true,
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        for node in ["a", "b"] {
+            let (answer, _) = c.sync(node, &new, 12).expect("sync");
+            let built = answer.work.build();
+            assert_eq!(built.len(), 1, "{node}");
+            let a = &built[0];
+            let hosts: Vec<(String, u32)> =
+                a.nodes.iter().map(|n| (n.host.clone(), n.slots)).collect();
+            // Node-rank order: this node is at its NODE_RANK; a node with no
+            // address is listed by name.
+            let me = if node == "a" { "10.0.0.1" } else { "b" };
+            assert_eq!(hosts.len(), 2, "{hosts:?}");
+            assert_eq!(
+                hosts[a.node_rank as usize],
+                (me.to_string(), 2),
+                "{hosts:?}"
+            );
+            seen.push(hosts);
+            let old = gangway_core::agent::SyncRequest::default();
+            let (answer, _) = c.sync(node, &old, 13).expect("sync");
+            let json = serde_json::to_string(&answer.work.build()[0]).expect("json");
+            assert!(
+                !json.contains("\"nodes\""),
+                "an older agent refuses it: {json}"
+            );
+        }
+        assert_eq!(seen[0], seen[1], "every node gets the same list");
     }
 }

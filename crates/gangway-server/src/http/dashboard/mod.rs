@@ -28,6 +28,9 @@ pub struct WhoAmI {
     pub name: String,
     /// Whether it is the admin token.
     pub admin: bool,
+    /// The queues the token may submit to (every queue for admins): what
+    /// `gangway run` picks its default queue from when there is one.
+    pub queues: Vec<String>,
 }
 
 /// One node in the cluster grid: its GPUs' states as one letter each
@@ -137,9 +140,21 @@ async fn whoami(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let p = crate::http::common::authenticate_person(&app, &headers)?;
+    let queues: Vec<String> = match &p {
+        crate::http::common::Principal::User { queues, .. } => queues.clone(),
+        _ => app
+            .control
+            .view()
+            .cluster
+            .queues
+            .iter()
+            .map(|q| q.spec.name.clone())
+            .collect(),
+    };
     Ok(Json(json!({
         "name": p.name(),
         "admin": p == crate::http::common::Principal::Admin,
+        "queues": queues,
     })))
 }
 
