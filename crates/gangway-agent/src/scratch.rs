@@ -17,7 +17,7 @@
 use crate::disk::open_dir_at;
 use std::collections::BTreeSet;
 use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 /// How the node gives jobs their scratch space (`--job-scratch`).
@@ -315,71 +315,24 @@ pub fn sweep_account(uid: u32) -> usize {
     removed
 }
 
-/// [`sweep_account`] in `dir`.
+/// [`sweep_account`] in `dir`: each entry `uid` owns is removed with
+/// [`crate::safefs::remove_tree`] (by descriptor, links removed and never
+/// followed, no mount crossed, bounded in depth).
 pub fn sweep_owned(dir: &Path, uid: u32) -> usize {
-    use rustix::fs::{statat, AtFlags, Dir};
+    use rustix::fs::{statat, AtFlags};
     let Ok(fd) = open_dir_at(rustix::fs::CWD, dir) else {
         return 0;
     };
-    let Ok(mut d) = Dir::read_from(&fd) else {
+    let Ok(names) = crate::safefs::list(&fd) else {
         return 0;
     };
-    let mut names = Vec::new();
-    while let Some(Ok(e)) = d.read() {
-        let n = e.file_name().to_owned();
-        if n.as_bytes() != b"." && n.as_bytes() != b".." {
-            names.push(n);
-        }
-    }
-    let mut removed = 0;
-    for n in names {
-        let Ok(st) = statat(&fd, n.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) else {
-            continue;
-        };
-        if st.st_uid != uid {
-            continue;
-        }
-        if remove_entry(&fd, &n, 0).is_ok() {
-            removed += 1;
-        }
-    }
-    removed
-}
-
-/// Removes entry `name` of directory `at`: a directory with everything in
-/// it (entered by descriptor, not across a mount, at most
-/// [`crate::disk::MAX_DEPTH`] deep), anything else by unlinking its name.
-fn remove_entry<Fd: AsFd>(at: Fd, name: &std::ffi::CStr, depth: usize) -> rustix::io::Result<()> {
-    use rustix::fs::{fstat, unlinkat, AtFlags, Dir};
-    use rustix::io::Errno;
-    let sub: OwnedFd = match open_dir_at(&at, name) {
-        Ok(fd) => fd,
-        Err(Errno::NOTDIR | Errno::LOOP) => return unlinkat(&at, name, AtFlags::empty()),
-        Err(e) => return Err(e),
-    };
-    let same_fs = fstat(&sub)?.st_dev == fstat(&at)?.st_dev;
-    if !same_fs || depth >= crate::disk::MAX_DEPTH {
-        return Err(Errno::XDEV);
-    }
-    for _ in 0..3 {
-        let mut names = Vec::new();
-        let mut d = Dir::read_from(&sub)?;
-        while let Some(e) = d.read() {
-            let n = e?.file_name().to_owned();
-            if n.as_bytes() != b"." && n.as_bytes() != b".." {
-                names.push(n);
-            }
-        }
-        for n in &names {
-            let _ = remove_entry(&sub, n, depth + 1);
-        }
-        match unlinkat(&at, name, AtFlags::REMOVEDIR) {
-            // Written to meanwhile: once more.
-            Err(Errno::NOTEMPTY) => continue,
-            r => return r,
-        }
-    }
-    Err(Errno::NOTEMPTY)
+    names
+        .iter()
+        .filter(|n| {
+            statat(&fd, n.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| st.st_uid == uid)
+        })
+        .filter(|n| crate::safefs::remove_tree(fd.as_fd(), n).is_ok())
+        .count()
 }
 
 #[cfg(test)]
