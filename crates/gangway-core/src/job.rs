@@ -444,8 +444,9 @@ impl JobSpec {
     /// tables and `describe` (names, queue, user, model, image, paths,
     /// array, dependency, begin, signal). `run.command` and `run.env` may
     /// hold any text (a shell script has newlines): they are escaped where
-    /// shown.
-    fn check_printable(&self) -> Result<(), SpecError> {
+    /// shown. Checked where a spec comes in (submission, update), not in
+    /// [`JobSpec::validate`]: a job stored before the rule must still load.
+    pub fn check_printable(&self) -> Result<(), SpecError> {
         let mut fields: Vec<(String, &str)> = vec![
             ("name".into(), &self.name),
             ("queue".into(), &self.queue),
@@ -481,7 +482,6 @@ impl JobSpec {
         if self.name.trim().is_empty() {
             return Err(SpecError::EmptyName);
         }
-        self.check_printable()?;
         if self.queue.trim().is_empty() {
             return Err(SpecError::EmptyQueue);
         }
@@ -732,21 +732,21 @@ mod tests {
         ] {
             let s = JobSpec::new(name, "q", 1, 1);
             assert_eq!(
-                s.validate().map_err(|e| e.to_string()),
+                s.check_printable().map_err(|e| e.to_string()),
                 Err(format!("name: control character U+{code} is not allowed")),
                 "{name:?}"
             );
         }
         let mut s = JobSpec::new("ok", "q\x1b", 1, 1);
         assert!(s
-            .validate()
+            .check_printable()
             .unwrap_err()
             .to_string()
             .starts_with("queue: control character"));
         s.queue = "q".into();
         s.run.image = Some("img\n".into());
         assert!(s
-            .validate()
+            .check_printable()
             .unwrap_err()
             .to_string()
             .starts_with("run.image: control"));
@@ -757,14 +757,14 @@ mod tests {
             read_only: true,
         });
         assert!(s
-            .validate()
+            .check_printable()
             .unwrap_err()
             .to_string()
             .starts_with("run.mounts[0].source: control"));
         // A shell script keeps its newlines, and names their Unicode.
         let mut s = JobSpec::new("résumé-训练", "q", 1, 1);
         s.run.command = vec!["sh".into(), "-c".into(), "a\nb\tc".into()];
-        s.validate().expect("accepted");
+        s.check_printable().expect("accepted");
     }
 
     #[test]

@@ -333,6 +333,11 @@ impl<S: Store> Control<S> {
             .map(|job| {
                 self.apply_queue_time_limit(&mut job.spec)
                     .and_then(|_| self.prepare_workflow(&mut job.spec, now))
+                    .and_then(|_| {
+                        job.spec
+                            .check_printable()
+                            .map_err(|e| ControlError::Rejected(gangway_sched::Rejection::Spec(e)))
+                    })
                     .err()
             })
             .collect();

@@ -166,7 +166,8 @@ pub fn updated_spec(
         ));
     }
     crate::limits::check_submission(cfg, p, &spec)?;
-    spec.validate()
+    spec.check_printable()
+        .and_then(|_| spec.validate())
         .map_err(|e| WorkflowError::Field(e.to_string()))?;
     crate::admission::admit(cfg, &spec).map_err(|e| WorkflowError::Field(e.to_string()))?;
     Ok((spec, what.join(", ")))

@@ -706,3 +706,37 @@ proptest::proptest! {
         }
     }
 }
+
+/// A running job stored before control characters were refused in names
+/// still enters the scheduler at the next open, holding its GPUs; new
+/// submissions with such a name are refused.
+#[test]
+fn a_stored_job_whose_name_predates_the_control_character_rule_keeps_its_gpus() {
+    let (dir, c, id) = one_node_running_job(30);
+    let mut rec = (*c.jobs[&id].0).clone();
+    rec.spec.name = "old\tname\x1b".into();
+    c.store
+        .put(
+            &crate::records::job_key(id),
+            &serde_json::to_vec(&rec).expect("json"),
+        )
+        .expect("put");
+    drop(c);
+    let store = RedbStore::open(&dir.path().join("s.redb")).expect("store");
+    let mut c =
+        Control::open(store, &[gangway_core::QueueSpec::unlimited("q", None)]).expect("control");
+    let other = c
+        .submit("bob", JobSpec::new("other", "q", 1, 4), 4)
+        .expect("submit");
+    c.cycle(5).expect("cycle");
+    assert_eq!(
+        c.jobs[&other].0.state,
+        JobState::Pending,
+        "the old job still holds the node's 4 GPUs"
+    );
+    let refused = c.submit("alice", JobSpec::new("new\x1bname", "q", 1, 1), 6);
+    assert!(refused
+        .unwrap_err()
+        .to_string()
+        .contains("name: control character U+001B is not allowed"));
+}
