@@ -1309,11 +1309,17 @@ impl Agent {
         let names = crate::safefs::open_base(&root)
             .and_then(|fd| crate::safefs::list(&fd))
             .unwrap_or_default();
-        for name in names {
-            let path = root.join(&name);
-            if !keep.contains(&path) {
-                crate::sandbox::remove_tmp(&path);
-            }
+        let stale: Vec<PathBuf> = names
+            .iter()
+            .map(|name| root.join(name))
+            .filter(|path| !keep.contains(path))
+            .collect();
+        // The trees are the users' and of any size: removed off the runtime
+        // (under `gangway up` it also runs the server and the other agents).
+        if !stale.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("gangway-sweep".into())
+                .spawn(move || stale.iter().for_each(|p| crate::sandbox::remove_tmp(p)));
         }
         let keys = self.tasks.keys().map(|k| (k.0 .0, k.1)).collect();
         crate::scratch::sweep(&self.cfg.state_dir, &keys);
