@@ -506,10 +506,7 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
     loop {
         let job = c.get(&format!("/v1/jobs/{id}"))?;
         let state = s(&job, "state");
-        let done = matches!(
-            state.as_str(),
-            "succeeded" | "failed" | "cancelled" | "timeout"
-        );
+        let done = crate::wait::ended(&state);
         let latest = job
             .get("ran_attempt")
             .and_then(Value::as_u64)
