@@ -506,7 +506,10 @@ pub fn logs(c: &Conn, id: u64, rank: u32, attempt: Option<u32>, follow: bool) ->
     loop {
         let job = c.get(&format!("/v1/jobs/{id}"))?;
         let state = s(&job, "state");
-        let done = crate::wait::ended(&state);
+        let done = matches!(
+            state.as_str(),
+            "succeeded" | "failed" | "cancelled" | "timeout"
+        );
         let latest = job
             .get("ran_attempt")
             .and_then(Value::as_u64)

@@ -393,22 +393,19 @@ async fn warn_quota_overcommit(app: std::sync::Arc<gangway_server::http::common:
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<run_cmd::RunExit>().is_some() => {
+            let code = e.downcast_ref::<run_cmd::RunExit>().map_or(1, |o| o.code);
+            eprintln!("{e}");
+            std::process::ExitCode::from(code)
+        }
+        Err(e) if e.downcast_ref::<wait::JobOutcome>().is_some() => {
+            let code = e.downcast_ref::<wait::JobOutcome>().map_or(1, |o| o.code);
+            eprintln!("{e}");
+            std::process::ExitCode::from(code)
+        }
         Err(e) => {
-            // A job's outcome is the exit code, its sentence the message.
-            let outcome = e
-                .downcast_ref::<run_cmd::RunExit>()
-                .map(|o| o.code)
-                .or_else(|| e.downcast_ref::<wait::JobOutcome>().map(|o| o.code));
-            match outcome {
-                Some(code) => {
-                    eprintln!("{e}");
-                    std::process::ExitCode::from(code)
-                }
-                None => {
-                    eprintln!("error: {e:#}");
-                    std::process::ExitCode::FAILURE
-                }
-            }
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
 }

@@ -352,6 +352,10 @@ fn flush_partials(out: &mut impl Write, streams: &mut BTreeMap<u32, RankStream>,
     }
 }
 
+fn is_end(state: &str) -> bool {
+    matches!(state, "succeeded" | "failed" | "cancelled" | "timeout")
+}
+
 /// Reads what each placed rank wrote since the last call; returns whether
 /// anything came.
 fn pump(
@@ -466,7 +470,7 @@ fn follow(c: &Conn, id: u64, label: bool) -> Result<()> {
             .unwrap_or("")
             .to_string();
         let line = crate::wait::progress(&crate::client::printable_value(&job));
-        if line != last_line && !state.starts_with("running") && !crate::wait::ended(&state) {
+        if line != last_line && !state.starts_with("running") && !is_end(&state) {
             eprintln!("gangway run: {line}");
         }
         last_line = line;
@@ -487,7 +491,7 @@ fn follow(c: &Conn, id: u64, label: bool) -> Result<()> {
             Some(at) => pump(c, id, &job, at, &mut streams, label),
             None => false,
         };
-        if crate::wait::ended(&state) {
+        if is_end(&state) {
             // Drain what the ranks wrote before the end was seen.
             if let Some(at) = attempt {
                 while pump(c, id, &job, at, &mut streams, label) {}

@@ -35,8 +35,7 @@ pub fn exit_code(job: &Value) -> u8 {
     }
 }
 
-/// Whether a job in `state` has ended.
-pub(crate) fn ended(state: &str) -> bool {
+fn ended(state: &str) -> bool {
     matches!(state, "succeeded" | "failed" | "cancelled" | "timeout")
 }
 
@@ -136,7 +135,10 @@ pub fn wait_all(c: &Conn, ids: &[u64]) -> Result<()> {
         for id in left {
             let job = c.get(&format!("/v1/jobs/{id}"))?;
             let state = crate::client::show(job.get("state"));
-            if ended(&state) {
+            if matches!(
+                state.as_str(),
+                "succeeded" | "failed" | "cancelled" | "timeout"
+            ) {
                 let last = job
                     .get("events")
                     .and_then(Value::as_array)
